@@ -1,0 +1,1 @@
+"""flexgpu cluster controller (kopf): admission, status, diagnostics, metrics."""

@@ -1,0 +1,1 @@
+"""flexgpu core library: GPU inventory, backends, device model and rendering. Pure: no API server, no gRPC."""

@@ -1,0 +1,1 @@
+"""flexgpu kubelet plugin: registration, DRA gRPC, slice publishing, prepare/unprepare."""
