@@ -1,0 +1,43 @@
+"""Derives the --feature-gates value from what the built binaries accept, so a gate that is
+GA-locked or removed in this version never breaks startup."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+# The DRA features flexgpu uses beyond what is GA: partitionable devices (dynamic MIG),
+# consumable capacity (GPU fractions), device taints (repartitioning without a drain),
+# binding conditions, device health in pod status, prioritized lists and admin access.
+WANTED = (
+    "DRAPartitionableDevices",
+    "DRAConsumableCapacity",
+    "DRADeviceTaints",
+    "DRADeviceTaintRules",
+    "DRADeviceBindingConditions",
+    "DRAResourceClaimDeviceStatus",
+    "ResourceHealthStatus",
+    "DRAPrioritizedList",
+    "DRAAdminAccess",
+)
+
+_GATE_LINE = re.compile(r"(?:kube:)?([A-Za-z0-9]+)=true\|false \((ALPHA|BETA|GA|DEPRECATED)")
+
+
+def settable_gates(binary: Path) -> dict[str, str]:
+    """Gate name -> stage, for every gate the binary's --help lists as settable."""
+    out = subprocess.run(
+        [str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return {m.group(1): m.group(2) for m in _GATE_LINE.finditer(out.stdout + out.stderr)}
+
+
+def feature_gates_arg(binaries: list[Path], wanted: tuple[str, ...] = WANTED) -> str:
+    """Enables each wanted gate that every given binary lists (the same value for all)."""
+    common: set[str] | None = None
+    for binary in binaries:
+        names = set(settable_gates(binary))
+        common = names if common is None else common & names
+    chosen = [g for g in wanted if g in (common or set())]
+    return ",".join(f"{g}=true" for g in chosen)

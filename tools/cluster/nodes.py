@@ -1,0 +1,45 @@
+"""Simulated nodes: Node objects the real scheduler treats as Ready, schedulable targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+
+
+def create_simulated_node(api: Any, name: str, *, labels: dict[str, str] | None = None,
+                          cpu: str = "64", memory: str = "512Gi", pods: str = "110") -> Any:
+    """Creates (or replaces) a Node and marks it Ready, without the not-ready taint."""
+    core = client.CoreV1Api(api)
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", **(labels or {})}
+    body = client.V1Node(metadata=client.V1ObjectMeta(name=name, labels=all_labels))
+    try:
+        core.create_node(body)
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+        core.patch_node(name, {"metadata": {"labels": all_labels}})
+    capacity = {"cpu": cpu, "memory": memory, "pods": pods}
+    status = {"status": {
+        "capacity": capacity,
+        "allocatable": capacity,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "simulated node",
+                        "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
+        "nodeInfo": _node_info(name),
+    }}
+    return core.patch_node_status(name, status)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _node_info(name: str) -> dict[str, str]:
+    return {"machineID": name, "systemUUID": name, "bootID": name, "kernelVersion": "6.1",
+            "osImage": "flexgpu simulated node", "containerRuntimeVersion": "sim://1",
+            "kubeletVersion": "v1.37.2", "kubeProxyVersion": "", "operatingSystem": "linux",
+            "architecture": "amd64"}
