@@ -1,0 +1,31 @@
+"""Names users write into manifests. Changing any of them breaks installed clusters."""
+
+from __future__ import annotations
+
+from typing import Final
+
+DRIVER_NAME: Final = "gpu.flexgpu.dev"
+OPAQUE_API_VERSION: Final = "gpu.flexgpu.dev/v1alpha1"
+CRD_GROUP: Final = "flexgpu.dev"
+
+GPU_DEVICE_CLASS: Final = "gpu.flexgpu.dev"
+MIG_DEVICE_CLASS: Final = "mig.flexgpu.dev"
+SHARED_GPU_DEVICE_CLASS: Final = "shared-gpu.flexgpu.dev"
+
+# Standard attributes shared across drivers (KEP-4381 / k8s.io/dynamic-resource-allocation).
+PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
+
+CDI_VENDOR: Final = "gpu.flexgpu.dev"
+CDI_CLASS: Final = "claim"
+CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+
+def gpu_device_name(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def mig_device_name(parent_index: int, profile: str, placement_start: int) -> str:
+    """``gpu-0-mig-1g10gb-3``: profile names hold dots and '+', which DNS labels forbid."""
+    label = profile.replace(".", "").replace("+", "-")
+    return f"gpu-{parent_index}-mig-{label}-{placement_start}"

@@ -1,0 +1,95 @@
+"""Inventory -> ResourceSlice rendering follows the design's device model and API limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.gpu_model import GpuInfo, HealthState, MigMode
+from driver.resource_slice import (
+    chunk_devices,
+    render_whole_gpus,
+    semver,
+    slice_specs,
+    whole_gpu_device,
+)
+
+
+def _gpu(index: int, **overrides: object) -> GpuInfo:
+    fields: dict[str, object] = {
+        "index": index, "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        "product_name": "NVIDIA H100 80GB HBM3", "brand": "Nvidia", "architecture": "Hopper",
+        "cuda_compute_capability": "9.0", "driver_version": "580.95.05",
+        "cuda_driver_version": "13.0", "memory_mib": 81559, "multiprocessors": 132,
+        "pci_bus_id": f"0000:{0x18 + index:02x}:00.0", "pcie_root": "pci0000:15",
+        "numa_node": 0, "nvlink_domain": "nvl-abc", "mig_capable": True,
+        "mig_mode": MigMode(current=False, pending=False),
+    }
+    fields.update(overrides)
+    return GpuInfo.model_validate(fields)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("9.0", "9.0.0"), ("580.95.05", "580.95.5"), ("13.0", "13.0.0"), ("12", "12.0.0"),
+    ("535.104.12.1", "535.104.12"),
+])
+def test_versions_become_semver_that_cel_accepts(raw: str, expected: str) -> None:
+    assert semver(raw) == expected
+
+
+def test_semver_rejects_text_without_numbers() -> None:
+    with pytest.raises(ValueError, match="no numeric components"):
+        semver("unknown")
+
+
+def test_whole_gpu_device_carries_design_attributes() -> None:
+    device = whole_gpu_device(_gpu(3))
+    assert device["name"] == "gpu-3"
+    attrs = device["attributes"]
+    assert attrs["type"] == {"string": "gpu"}
+    assert attrs["index"] == {"int": 3}
+    assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["driverVersion"] == {"version": "580.95.5"}
+    assert attrs["migCapable"] == {"bool": True}
+    assert attrs["nvlinkDomain"] == {"string": "nvl-abc"}
+    assert attrs["numaNode"] == {"int": 0}
+    assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:1b:00.0"}
+    assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:15"}
+    assert device["capacity"] == {"memory": {"value": "81559Mi"},
+                                  "multiprocessors": {"value": "132"}}
+
+
+def test_unknown_numa_and_root_are_omitted_not_invented() -> None:
+    attrs = whole_gpu_device(_gpu(0, numa_node=None, pcie_root=None))["attributes"]
+    assert "numaNode" not in attrs
+    assert "resource.kubernetes.io/pcieRoot" not in attrs
+
+
+def test_unhealthy_gpus_are_not_published_and_order_is_by_index() -> None:
+    gpus = [_gpu(2), _gpu(0), _gpu(1, health=HealthState.UNHEALTHY)]
+    assert [d["name"] for d in render_whole_gpus(gpus)] == ["gpu-0", "gpu-2"]
+
+
+def test_chunking_respects_the_per_slice_device_limits() -> None:
+    plain = [{"name": f"d{i}"} for i in range(300)]
+    assert [len(c) for c in chunk_devices(plain)] == [128, 128, 44]
+    counted = [{"name": f"d{i}", "consumesCounters": []} for i in range(130)]
+    assert [len(c) for c in chunk_devices(counted)] == [64, 64, 2]
+    assert chunk_devices([]) == [[]]
+
+
+def test_slice_specs_agree_on_pool_generation_and_count() -> None:
+    devices = [{"name": f"d{i}"} for i in range(200)]
+    specs = slice_specs("node-a", devices, generation=7,
+                        shared_counters=[{"name": "gpu-0", "counters": {}}])
+    assert len(specs) == 3
+    assert {s["pool"]["generation"] for s in specs} == {7}
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}
+    assert "sharedCounters" in specs[0] and "devices" not in specs[0]
+    assert sum(len(s.get("devices", [])) for s in specs) == 200
+
+
+def test_too_many_attributes_is_refused_with_the_limit() -> None:
+    device = {"name": "x", "attributes": {f"a{i}": {"int": i} for i in range(33)}}
+    with pytest.raises(ValueError, match="at most 32"):
+        slice_specs("n", [device], generation=1)
