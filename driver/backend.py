@@ -1,0 +1,111 @@
+"""The one interface through which flexgpu reaches GPU hardware.
+
+Implemented by the NVML backend (real nodes) and the simulated backend (development, tests,
+demos). Every method raises only the typed errors of ``driver.backend_errors``. GPUs are named
+by their enumeration index, as NVML numbers them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from types import TracebackType
+from typing import ClassVar, Self
+
+from driver.gpu_model import (
+    ComputeMode,
+    GpuInfo,
+    HealthEvent,
+    MigDevice,
+    MigMode,
+    MigPlacement,
+    MigProfile,
+    ProcessSample,
+    TimeSliceInterval,
+)
+
+
+class GpuBackend(ABC):
+    """Hardware access for one node."""
+
+    # Methods that change GPU state; a read-only wrapper must refuse exactly these.
+    MUTATING_METHODS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "set_mig_mode",
+            "create_mig_device",
+            "destroy_mig_device",
+            "set_compute_mode",
+            "set_time_slice",
+        }
+    )
+
+    @abstractmethod
+    def list_gpus(self) -> list[GpuInfo]:
+        """Every reachable GPU, by index. A GPU that fell off the bus is left out (and reported
+        once through :meth:`wait_health_event`); one field NVML cannot read does not drop it."""
+
+    @abstractmethod
+    def get_mig_mode(self, index: int) -> MigMode:
+        """Current and pending MIG mode. NotSupportedError on a GPU without MIG."""
+
+    @abstractmethod
+    def set_mig_mode(self, index: int, enabled: bool) -> MigMode:
+        """Request a MIG mode. InUseError while MIG instances or processes exist."""
+
+    @abstractmethod
+    def mig_profiles(self, index: int) -> list[MigProfile]:
+        """GPU instance profiles with their possible placements. NotSupportedError without MIG."""
+
+    @abstractmethod
+    def possible_placements(self, index: int, profile_id: int) -> list[MigPlacement]:
+        """Every placement the profile allows, occupied or not."""
+
+    @abstractmethod
+    def create_mig_device(self, index: int, profile_id: int, placement: MigPlacement) -> MigDevice:
+        """Create a GPU instance at ``placement`` and one compute instance spanning it.
+
+        Returns the new device with its ``MIG-`` UUID. NotSupportedError when MIG is disabled,
+        InsufficientResourcesError on overlap or when the profile's instance limit is reached,
+        InvalidArgumentError for an unknown profile or a placement the profile does not offer.
+        """
+
+    @abstractmethod
+    def destroy_mig_device(self, index: int, gpu_instance_id: int) -> None:
+        """Destroy a GPU instance and its compute instances. NotFoundError if it does not
+        exist, InUseError while processes run on it."""
+
+    @abstractmethod
+    def list_mig_devices(self, index: int) -> list[MigDevice]:
+        """Existing GPU instances; empty on a GPU without MIG or with MIG disabled."""
+
+    @abstractmethod
+    def get_compute_mode(self, index: int) -> ComputeMode: ...
+
+    @abstractmethod
+    def set_compute_mode(self, index: int, mode: ComputeMode) -> None: ...
+
+    @abstractmethod
+    def set_time_slice(self, index: int, interval: TimeSliceInterval) -> None:
+        """Set the time-slice length used when several processes share the GPU."""
+
+    @abstractmethod
+    def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
+        """Block up to ``timeout_s`` for the next health event (Xid, GPU lost); ``None`` if none
+        arrived."""
+
+    @abstractmethod
+    def process_samples(self, index: int) -> list[ProcessSample]:
+        """Processes on the GPU with the memory they hold and recent utilisation."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for backends holding nothing
+        """Release library handles. The backend must not be used afterwards."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
