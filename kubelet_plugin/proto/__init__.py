@@ -1,0 +1,1 @@
+"""The kubelet gRPC APIs: our .proto sources and, in gen/, the stubs generated from them."""
