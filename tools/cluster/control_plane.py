@@ -207,8 +207,7 @@ class ControlPlane:
         """A `kubernetes` ApiClient authenticated as cluster admin."""
         from kubernetes import config
 
-        return config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.kubeconfig))
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     def _add(self, name: str, argv: list[str]) -> Component:
         component = Component(name, argv, self.log_dir / f"{name}.log")

@@ -1,0 +1,210 @@
+"""Keeps this node's ResourceSlices equal to what the plugin wants published.
+
+The kubelet deletes a driver's slices when it starts and 30 s after the plugin disconnects,
+and anyone with RBAC can edit them, so publishing is a reconcile loop: a watch on our own
+slices wakes it, a periodic resync catches missed events, and API errors back off
+exponentially instead of spinning.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client, watch
+
+from driver.names import DRIVER_NAME
+from driver.resource_slice import Device, slice_specs
+
+log = logging.getLogger(__name__)
+
+RESYNC_INTERVAL_S = 30.0
+MAX_BACKOFF_S = 30.0
+
+
+def contains(actual: Any, desired: Any) -> bool:
+    """True when every field we set is present and equal in what the server holds (the server
+    may add defaults; lists must match element by element)."""
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and contains(actual[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(actual, list) and len(actual) == len(desired)
+                and all(contains(a, d) for a, d in zip(actual, desired, strict=True)))
+    return bool(actual == desired)
+
+
+class SlicePublisher:
+    """Publishes one pool (named after the node) of driver ``gpu.flexgpu.dev`` devices."""
+
+    def __init__(self, api: Any, node_name: str, resync_interval_s: float = RESYNC_INTERVAL_S):
+        self._api = api
+        self._resource = client.ResourceV1Api(api)
+        self.node_name = node_name
+        self._resync_interval_s = resync_interval_s
+        self._lock = threading.Lock()
+        self._devices: list[Device] = []
+        self._counters: list[dict[str, Any]] = []
+        self._generation = 0
+        self._content_key: str | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._node_uid: str | None = None
+        self.reconciles = 0  # count of reconcile passes that wrote something, for tests
+        self.last_error: str | None = None
+
+    # -- public API --------------------------------------------------------------------
+    def set_devices(self, devices: Sequence[Device],
+                    shared_counters: Sequence[dict[str, Any]] = ()) -> None:
+        """Replaces the desired content; the pool generation is bumped when it changed."""
+        import json
+
+        key = json.dumps([list(devices), list(shared_counters)], sort_keys=True)
+        with self._lock:
+            if key == self._content_key:
+                return
+            self._devices = list(devices)
+            self._counters = list(shared_counters)
+            self._content_key = key
+            self._generation += 1
+        self._wake.set()
+
+    def start(self) -> None:
+        self._stop.clear()
+        for target, name in ((self._reconcile_loop, "slice-reconcile"),
+                             (self._watch_loop, "slice-watch")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads.clear()
+
+    def delete_all(self) -> None:
+        """Removes every slice of ours on this node (used on uninstall, never on restart)."""
+        for item in self._list():
+            self._delete(item["metadata"]["name"])
+
+    # -- reconcile ---------------------------------------------------------------------
+    def _reconcile_loop(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            self._wake.wait(timeout=self._resync_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.reconcile_once()
+                self.last_error = None
+                backoff = 0.5
+            except Exception as err:  # API or network errors: retry, never die
+                self.last_error = str(err)
+                log.warning("publishing slices failed, retrying in %.1fs: %s", backoff, err)
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                self._wake.set()
+
+    def _slice_name(self, i: int) -> str:
+        return f"{self.node_name}-{DRIVER_NAME}-{i}"
+
+    def _owner(self) -> dict[str, Any]:
+        if self._node_uid is None:
+            node: Any = client.CoreV1Api(self._api).read_node(self.node_name)
+            self._node_uid = str(node.metadata.uid)
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
+                "uid": self._node_uid, "controller": True}
+
+    def _list(self) -> list[dict[str, Any]]:
+        result = self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}")
+        items: list[dict[str, Any]] = self._api.sanitize_for_serialization(result)["items"]
+        return items
+
+    def _delete(self, name: str) -> None:
+        try:
+            self._resource.delete_resource_slice(name)
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+
+    def reconcile_once(self) -> bool:
+        """Makes the server match the desired slices. Returns True when it wrote anything."""
+        with self._lock:
+            devices, counters = list(self._devices), list(self._counters)
+            if self._content_key is None:
+                return False
+        existing = {item["metadata"]["name"]: item for item in self._list()}
+        # A restarted plugin must not publish an older generation than what is there.
+        highest = max((i["spec"]["pool"]["generation"] for i in existing.values()), default=0)
+        with self._lock:
+            if self._generation <= highest and not self._matches(existing, devices, counters):
+                self._generation = highest + 1
+            generation = self._generation
+        specs = slice_specs(self.node_name, devices, generation, counters)
+        wanted = {self._slice_name(i): spec for i, spec in enumerate(specs)}
+        wrote = False
+        owner = self._owner()
+        for name, spec in wanted.items():
+            current = existing.get(name)
+            if current is not None and contains(current.get("spec"), spec) and any(
+                    o.get("uid") == owner["uid"] for o in current["metadata"].get(
+                        "ownerReferences") or []):
+                continue
+            body: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                    "metadata": {"name": name, "ownerReferences": [owner]}, "spec": spec}
+            if current is None:
+                self._resource.create_resource_slice(body)
+            else:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                self._resource.replace_resource_slice(name, body)
+            wrote = True
+        for name in existing.keys() - wanted.keys():
+            self._delete(name)
+            wrote = True
+        if wrote:
+            self.reconciles += 1
+            log.info("published %d slice(s), generation %d, %d device(s)",
+                     len(wanted), generation, len(devices))
+        return wrote
+
+    def _matches(self, existing: dict[str, dict[str, Any]], devices: list[Device],
+                 counters: list[dict[str, Any]]) -> bool:
+        if not existing:
+            return False
+        generation = next(iter(existing.values()))["spec"]["pool"]["generation"]
+        specs = slice_specs(self.node_name, devices, generation, counters)
+        return len(specs) == len(existing) and all(
+            contains(existing.get(self._slice_name(i), {}).get("spec"), spec)
+            for i, spec in enumerate(specs))
+
+    # -- watch -------------------------------------------------------------------------
+    def _watch_loop(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            watcher = watch.Watch()
+            try:
+                for _event in watcher.stream(
+                        self._resource.list_resource_slice,
+                        field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}",
+                        timeout_seconds=int(self._resync_interval_s)):
+                    # Any change to our slices (including our own writes) triggers a cheap
+                    # compare; only a real difference leads to a write.
+                    self._wake.set()
+                    if self._stop.is_set():
+                        break
+                backoff = 0.5
+            except Exception as err:
+                log.debug("slice watch ended: %s", err)
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+            finally:
+                watcher.stop()
