@@ -1,0 +1,296 @@
+"""Kubelet plugin configuration: validated settings from command-line flags and FLEXGPU_* env vars.
+
+Precedence is flag, then environment variable, then default. Every rejection names the
+setting, the offending value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+DRIVER_NAME: Final = "gpu.flexgpu.dev"
+DEFAULT_REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
+DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
+DEFAULT_DATA_DIR: Final = DEFAULT_PLUGINS_DIR / DRIVER_NAME
+DEFAULT_HEALTH_INTERVAL_SECONDS: Final = 10.0
+# The kubelet marks a device Unknown when it has had no report for 30 s (its default
+# per-device timeout), so the full list must be re-sent more often than that.
+MAX_HEALTH_INTERVAL_SECONDS: Final = 30.0
+# gRPC's unix listener needs the path plus a terminating NUL in sun_path (108 bytes on Linux).
+MAX_SOCKET_PATH_BYTES: Final = 107
+
+CHECKPOINT_FILE: Final = "checkpoint.json"
+LOCK_FILE: Final = "prepare.lock"
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """A setting was missing or had a value outside what is allowed."""
+
+
+class PluginConfig(BaseModel):
+    """Settings of one kubelet plugin process. Immutable once built."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+    node_name: str = Field(description="Kubernetes node this plugin runs on (its pool name).")
+    driver_name: Literal["gpu.flexgpu.dev"] = DRIVER_NAME
+    registry_dir: Path = DEFAULT_REGISTRY_DIR
+    plugins_dir: Path = DEFAULT_PLUGINS_DIR
+    cdi_dir: Path = DEFAULT_CDI_DIR
+    data_dir: Path = DEFAULT_DATA_DIR
+    pod_uid: str | None = None
+    health_interval_seconds: float = Field(
+        default=DEFAULT_HEALTH_INTERVAL_SECONDS, gt=0, lt=MAX_HEALTH_INTERVAL_SECONDS
+    )
+
+    @field_validator("node_name")
+    @classmethod
+    def _check_node_name(cls, value: str) -> str:
+        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+            raise ValueError(
+                "must be a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("registry_dir", "plugins_dir", "cdi_dir", "data_dir")
+    @classmethod
+    def _check_dir(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        if "\x00" in str(value):
+            raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("pod_uid")
+    @classmethod
+    def _check_pod_uid(cls, value: str | None) -> str | None:
+        if value is not None and not _POD_UID.match(value):
+            raise ValueError(
+                "must be a pod UID: 1-64 letters, digits and '-', starting with a letter or digit"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_socket_paths(self) -> PluginConfig:
+        sockets = (
+            ("registry_dir", self.registration_socket),
+            ("plugins_dir/pod_uid", self.dra_socket),
+        )
+        for fields, path in sockets:
+            size = len(os.fsencode(path))
+            if size > MAX_SOCKET_PATH_BYTES:
+                raise ValueError(
+                    f"{fields}: socket path {str(path)!r} is {size} bytes; unix socket paths "
+                    f"allow at most {MAX_SOCKET_PATH_BYTES}, so {fields} must be shorter"
+                )
+        return self
+
+    @property
+    def plugin_dir(self) -> Path:
+        """Directory of the DRA socket, as the kubelet expects it for this driver."""
+        return self.plugins_dir / self.driver_name
+
+    @property
+    def dra_socket(self) -> Path:
+        # Two instances during a rolling update must not share a socket: the kubelet refuses
+        # a second registration for the same endpoint.
+        suffix = f"-{self.pod_uid}" if self.pod_uid else ""
+        return self.plugin_dir / f"dra{suffix}.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        if self.pod_uid is None:
+            return self.registry_dir / f"{self.driver_name}-reg.sock"
+        return self.registry_dir / rolling_update_socket_name(
+            self.registry_dir, self.driver_name, self.pod_uid
+        )
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.data_dir / CHECKPOINT_FILE
+
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / LOCK_FILE
+
+
+def rolling_update_socket_name(registry_dir: Path, driver_name: str, pod_uid: str) -> str:
+    """Registration socket name of one instance in a rolling update.
+
+    Prefers "<driver>-<pod UID>-reg.sock"; falls back to shorter hashed names (the same
+    scheme the kubelet plugin helper library uses) when the full path would be too long.
+    """
+    uid_hash = hashlib.sha256(pod_uid.encode()).digest()
+    pair_hash = hashlib.sha256(f"{driver_name}\x00{pod_uid}".encode()).digest()
+    candidates = [
+        f"{driver_name}-{pod_uid}-reg.sock",
+        f"{driver_name}-{_b64(uid_hash[:8])}-reg.sock",
+        f"dra-{_b64(pair_hash[:16])}-reg.sock",
+    ]
+    for name in candidates:
+        if len(os.fsencode(registry_dir / name)) <= MAX_SOCKET_PATH_BYTES:
+            return name
+    return candidates[-1]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@dataclass(frozen=True)
+class _Setting:
+    field: str
+    flag: str
+    env: str
+    help: str
+    kind: Literal["str", "path", "seconds"]
+
+
+_SETTINGS: Final = (
+    _Setting("node_name", "--node-name", "FLEXGPU_NODE_NAME", "node name (required)", "str"),
+    _Setting(
+        "registry_dir",
+        "--registry-dir",
+        "FLEXGPU_REGISTRY_DIR",
+        f"kubelet plugin registry directory (default {DEFAULT_REGISTRY_DIR})",
+        "path",
+    ),
+    _Setting(
+        "plugins_dir",
+        "--plugins-dir",
+        "FLEXGPU_PLUGINS_DIR",
+        f"kubelet plugins directory (default {DEFAULT_PLUGINS_DIR})",
+        "path",
+    ),
+    _Setting(
+        "cdi_dir",
+        "--cdi-dir",
+        "FLEXGPU_CDI_DIR",
+        f"CDI spec directory (default {DEFAULT_CDI_DIR})",
+        "path",
+    ),
+    _Setting(
+        "data_dir",
+        "--data-dir",
+        "FLEXGPU_DATA_DIR",
+        f"checkpoint and lock directory (default {DEFAULT_DATA_DIR})",
+        "path",
+    ),
+    _Setting(
+        "pod_uid",
+        "--pod-uid",
+        "FLEXGPU_POD_UID",
+        "UID of this plugin's pod; enables rolling updates",
+        "str",
+    ),
+    _Setting(
+        "health_interval_seconds",
+        "--health-interval",
+        "FLEXGPU_HEALTH_INTERVAL",
+        f"seconds between full health reports (default {DEFAULT_HEALTH_INTERVAL_SECONDS}, "
+        f"below {MAX_HEALTH_INTERVAL_SECONDS})",
+        "seconds",
+    ),
+)
+
+
+def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float:
+    if setting.kind == "path":
+        return Path(raw)
+    if setting.kind == "seconds":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{setting.field} ({source}): value {raw!r} is not a number; "
+                f"allowed: seconds greater than 0 and below {MAX_HEALTH_INTERVAL_SECONDS}"
+            ) from None
+    return raw
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flexgpu-kubelet-plugin",
+        description=f"Kubelet plugin of the {DRIVER_NAME} DRA driver.",
+    )
+    for setting in _SETTINGS:
+        parser.add_argument(
+            setting.flag,
+            dest=setting.field,
+            default=None,
+            help=f"{setting.help} [env {setting.env}]",
+        )
+    return parser
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> PluginConfig:
+    """Build the configuration from flags (argv, without the program name) and env vars."""
+    env = os.environ if environ is None else environ
+    args = build_arg_parser().parse_args(list(argv) if argv is not None else [])
+    values: dict[str, Any] = {}
+    for setting in _SETTINGS:
+        flag_value = getattr(args, setting.field)
+        if flag_value is not None:
+            values[setting.field] = _convert(setting, flag_value, setting.flag)
+        elif env.get(setting.env):  # an empty variable (e.g. unset downward API field) is unset
+            values[setting.field] = _convert(setting, env[setting.env], setting.env)
+    return make_config(**values)
+
+
+def make_config(**values: Any) -> PluginConfig:
+    """PluginConfig(**values), with validation errors turned into one readable ConfigError."""
+    try:
+        return PluginConfig(**values)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, values)) from None
+
+
+def _describe(exc: ValidationError, values: Mapping[str, Any]) -> str:
+    problems = []
+    for error in exc.errors():
+        if not error["loc"]:  # a check across fields; its message names them
+            problems.append(_allowed(error))
+            continue
+        field = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "missing":
+            problems.append(f"{field}: is required")
+            continue
+        value = values.get(field, error.get("input"))
+        shown = str(value) if isinstance(value, Path) else value
+        problems.append(f"{field}: value {shown!r} is not allowed: {_allowed(error)}")
+    return "invalid plugin configuration: " + "; ".join(problems)
+
+
+def _allowed(error: Mapping[str, Any]) -> str:
+    message = str(error["msg"])
+    # Pydantic prefixes messages of our own validators with "Value error, ".
+    message = message.removeprefix("Value error, ")
+    if error["type"] == "literal_error":
+        return f"must be {DRIVER_NAME!r}"
+    if error["type"] == "extra_forbidden":
+        return "unknown setting"
+    return message

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from kubelet_plugin.config import (
+    DRIVER_NAME,
+    ConfigError,
+    PluginConfig,
+    load_config,
+    make_config,
+    rolling_update_socket_name,
+)
+
+
+def test_defaults_and_derived_paths() -> None:
+    config = load_config(["--node-name", "gpu-node-1"], environ={})
+    assert config.driver_name == DRIVER_NAME == "gpu.flexgpu.dev"
+    assert config.registry_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert config.plugins_dir == Path("/var/lib/kubelet/plugins")
+    assert config.cdi_dir == Path("/var/run/cdi")
+    assert config.data_dir == Path("/var/lib/kubelet/plugins/gpu.flexgpu.dev")
+    assert config.pod_uid is None
+    assert config.registration_socket == Path(
+        "/var/lib/kubelet/plugins_registry/gpu.flexgpu.dev-reg.sock"
+    )
+    assert config.dra_socket == Path("/var/lib/kubelet/plugins/gpu.flexgpu.dev/dra.sock")
+    assert config.checkpoint_path == config.data_dir / "checkpoint.json"
+    assert config.lock_path == config.data_dir / "prepare.lock"
+
+
+def test_pod_uid_gives_per_instance_sockets() -> None:
+    uid = "0b7f2c4e-94b5-4b8e-9a0e-5d2f7c1a3e6b"
+    config = load_config(["--node-name", "n1", "--pod-uid", uid], environ={})
+    assert config.registration_socket.name == f"gpu.flexgpu.dev-{uid}-reg.sock"
+    assert config.dra_socket.name == f"dra-{uid}.sock"
+
+
+def test_flags_win_over_env_and_env_over_defaults() -> None:
+    env = {
+        "FLEXGPU_NODE_NAME": "from-env",
+        "FLEXGPU_CDI_DIR": "/etc/cdi",
+        "FLEXGPU_HEALTH_INTERVAL": "5",
+        "FLEXGPU_POD_UID": "",  # an unset downward API value arrives as empty
+    }
+    config = load_config(["--node-name", "from-flag"], environ=env)
+    assert config.node_name == "from-flag"
+    assert config.cdi_dir == Path("/etc/cdi")
+    assert config.health_interval_seconds == 5.0
+    assert config.pod_uid is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], "node_name: is required"),
+        (["--node-name", "Node_1"], "node_name: value 'Node_1' is not allowed: must be a DNS"),
+        (["--registry-dir", "relative/dir"], "registry_dir: value 'relative/dir'"),
+        (["--health-interval", "30"], "health_interval_seconds: value 30.0"),
+        (["--health-interval", "0"], "greater than 0"),
+        (["--health-interval", "soon"], "value 'soon' is not a number"),
+        (["--pod-uid", "a/b"], "pod_uid: value 'a/b' is not allowed"),
+        (["--plugins-dir", "/" + "p" * 90], "plugins_dir/pod_uid: socket path"),
+    ],
+)
+def test_bad_values_name_field_value_and_rule(argv: list[str], expected: str) -> None:
+    if "--node-name" not in argv and argv:
+        argv = ["--node-name", "n1", *argv]
+    with pytest.raises(ConfigError) as info:
+        load_config(argv, environ={})
+    assert expected in str(info.value)
+
+
+def test_driver_name_is_fixed() -> None:
+    with pytest.raises(ConfigError, match=r"driver_name: value 'other\.dev'.*'gpu\.flexgpu\.dev'"):
+        make_config(node_name="n1", driver_name="other.dev")
+
+
+def test_model_is_strict_and_frozen() -> None:
+    with pytest.raises(ValidationError):
+        PluginConfig(node_name="n1", registry_dir="/as/string")  # type: ignore[arg-type]
+    config = make_config(node_name="n1")
+    with pytest.raises(ValidationError):
+        config.node_name = "other"  # type: ignore[misc]
+
+
+def test_long_registry_dir_falls_back_to_hashed_socket_names() -> None:
+    uid = "0b7f2c4e-94b5-4b8e-9a0e-5d2f7c1a3e6b"
+    medium = Path("/" + "r" * 50)
+    name = rolling_update_socket_name(medium, DRIVER_NAME, uid)
+    assert name.startswith("gpu.flexgpu.dev-") and uid not in name
+    long = Path("/" + "r" * 70)
+    name = rolling_update_socket_name(long, DRIVER_NAME, uid)
+    assert name.startswith("dra-") and len(str(long / name)) <= 107
+    # Stable across restarts of the same pod, distinct for another pod.
+    assert name == rolling_update_socket_name(long, DRIVER_NAME, uid)
+    assert name != rolling_update_socket_name(long, DRIVER_NAME, uid.replace("0", "1"))
