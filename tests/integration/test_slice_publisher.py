@@ -1,0 +1,134 @@
+"""The plugin's published slices pass the real apiserver's validation, come back when deleted
+or edited behind its back, and the real scheduler allocates from them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from driver.names import DRIVER_NAME
+from driver.resource_slice import render_whole_gpus
+from driver.sim_backend import SimulatedBackend
+from driver.topology import load_topology
+from kubelet_plugin.slice_publisher import SlicePublisher
+from tests.conftest import wait_for
+from tools.cluster import create_simulated_node
+
+pytestmark = pytest.mark.integration
+
+
+def _our_slices(api: Any, node: str) -> list[Any]:
+    return list(client.ResourceV1Api(api).list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={DRIVER_NAME}").items)
+
+
+@pytest.fixture
+def published(api: Any, tmp_path: Path) -> Iterator[tuple[str, SlicePublisher]]:
+    node = f"sim-pub-{tmp_path.name[-6:].lower().replace('_', '-')}"
+    create_simulated_node(api, node, labels={"flexgpu.dev/test": "publisher"})
+    backend = SimulatedBackend(load_topology("hgx-h100-8"), node, state_path=tmp_path / "s.json")
+    publisher = SlicePublisher(api, node, resync_interval_s=5)
+    publisher.set_devices(render_whole_gpus(backend.list_gpus()))
+    publisher.start()
+    yield node, publisher
+    publisher.stop()
+    publisher.delete_all()
+
+
+def test_published_pool_is_accepted_and_owned_by_the_node(
+        api: Any, published: tuple[str, SlicePublisher]) -> None:
+    node, _ = published
+    slices = wait_for(lambda: _our_slices(api, node), what="slices created")
+    assert len(slices) == 1
+    spec = slices[0].spec
+    assert spec.pool.name == node and spec.pool.resource_slice_count == 1
+    assert [d.name for d in spec.devices] == [f"gpu-{i}" for i in range(8)]
+    owner = slices[0].metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.controller) == ("Node", node, True)
+    attrs = spec.devices[0].attributes
+    assert attrs["productName"].string == "NVIDIA H100 80GB HBM3"
+    assert attrs["resource.kubernetes.io/pcieRoot"].string == "pci0000:15"
+
+
+def test_deleted_slice_comes_back(api: Any, published: tuple[str, SlicePublisher]) -> None:
+    node, _ = published
+    first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
+    client.ResourceV1Api(api).delete_resource_slice(first.metadata.name)
+    again = wait_for(lambda: [s for s in _our_slices(api, node)
+                              if s.metadata.uid != first.metadata.uid],
+                     timeout_s=20, what="slice re-created")
+    assert [d.name for d in again[0].spec.devices] == [f"gpu-{i}" for i in range(8)]
+
+
+def test_edited_slice_is_repaired(api: Any, published: tuple[str, SlicePublisher]) -> None:
+    node, _ = published
+    current = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
+    body = client.ApiClient().sanitize_for_serialization(current)
+    body["spec"]["devices"] = body["spec"]["devices"][:2]
+    client.ResourceV1Api(api).replace_resource_slice(current.metadata.name, body)
+    wait_for(lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 8,
+             timeout_s=20, what="slice repaired to 8 devices")
+
+
+def test_content_change_bumps_generation(api: Any,
+                                         published: tuple[str, SlicePublisher]) -> None:
+    node, publisher = published
+    first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
+    devices = [d for d in _device_dicts(first) if d["name"] != "gpu-7"]
+    publisher.set_devices(devices)
+    updated = wait_for(lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 7
+                       and s[0], what="slice updated to 7 devices")
+    assert updated.spec.pool.generation > first.spec.pool.generation
+
+
+def _device_dicts(slice_obj: Any) -> list[dict[str, Any]]:
+    data = client.ApiClient().sanitize_for_serialization(slice_obj)
+    return list(data["spec"]["devices"])
+
+
+def test_scheduler_allocates_by_product_name_from_published_slices(
+        api: Any, namespace: str, published: tuple[str, SlicePublisher]) -> None:
+    node, _ = published
+    wait_for(lambda: _our_slices(api, node), what="slices created")
+    resource = client.ResourceV1Api(api)
+    try:
+        resource.create_device_class({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "publisher-test.gpu.flexgpu.dev"},
+            "spec": {"selectors": [{"cel": {"expression":
+                f'device.driver == "{DRIVER_NAME}" && '
+                f'device.attributes["{DRIVER_NAME}"].type == "gpu"'}}]},
+        })
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    resource.create_namespaced_resource_claim(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "two-h100"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "publisher-test.gpu.flexgpu.dev", "count": 2,
+                "selectors": [{"cel": {"expression":
+                    f'device.attributes["{DRIVER_NAME}"].productName.startsWith("NVIDIA H100")'
+                    f' && device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("80Gi"))'
+                    " < 0"}}]}}],
+            "constraints": [{"requests": ["gpus"],
+                             "matchAttribute": f"{DRIVER_NAME}/nvlinkDomain"}],
+        }},
+    })
+    client.CoreV1Api(api).create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                 "containers": [{"name": "c", "image": "none",
+                                 "resources": {"claims": [{"name": "g"}]}}],
+                 "resourceClaims": [{"name": "g", "resourceClaimName": "two-h100"}]},
+    })
+    claim = wait_for(lambda: (c := resource.read_namespaced_resource_claim("two-h100", namespace))
+                     .status and c.status.allocation and c, what="claim allocated")
+    results = claim.status.allocation.devices.results
+    assert sorted(r.device for r in results) == ["gpu-0", "gpu-1"]
+    assert {r.pool for r in results} == {node}
