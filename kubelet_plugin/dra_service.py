@@ -1,0 +1,157 @@
+"""The DRAPlugin gRPC service (v1 and v1beta1 from one implementation).
+
+Turns kubelet requests into ClaimRef batches for the ClaimPreparer and its results back into
+responses. Whatever the preparer does, every claim of the request gets an entry: failures
+become per-claim errors, because a gRPC error would make the kubelet drop the whole batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from kubelet_plugin import grpc_handlers as h
+from kubelet_plugin.claims import (
+    ClaimPreparer,
+    ClaimRef,
+    PreparedDevice,
+    PrepareResult,
+    UnprepareResult,
+)
+from kubelet_plugin.proto.gen.dra.v1 import dra_pb2 as v1
+from kubelet_plugin.proto.gen.dra.v1beta1 import dra_pb2 as v1beta1
+
+log = logging.getLogger(__name__)
+
+MISSING_RESULT = "the driver returned no result for this claim"
+
+
+def claim_refs(claims: Iterable[v1.Claim]) -> list[ClaimRef]:
+    """Request claims as ClaimRefs, first occurrence of each UID only."""
+    unique: dict[str, ClaimRef] = {}
+    for claim in claims:
+        unique.setdefault(claim.uid, ClaimRef(claim.namespace, claim.name, claim.uid))
+    return list(unique.values())
+
+
+def _device_message(device: PreparedDevice) -> v1.Device:
+    message = v1.Device(
+        request_names=list(device.request_names),
+        pool_name=device.pool_name,
+        device_name=device.device_name,
+        cdi_device_ids=list(device.cdi_device_ids),
+    )
+    if device.share_id is not None:
+        message.share_id = device.share_id
+    return message
+
+
+def _describe(claim: ClaimRef) -> str:
+    return f"{claim.namespace}/{claim.name} ({claim.uid})"
+
+
+class DRAService:
+    """Implements k8s.io.kubelet.pkg.apis.dra.{v1,v1beta1}.DRAPlugin over a ClaimPreparer."""
+
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        self.preparer = preparer
+
+    def node_prepare_resources(
+        self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext | None = None
+    ) -> v1.NodePrepareResourcesResponse:
+        claims = claim_refs(request.claims)
+        response = v1.NodePrepareResourcesResponse()
+        if not claims:  # liveness probes send an empty request
+            return response
+        results: Mapping[str, PrepareResult]
+        try:
+            results = self.preparer.prepare(claims)
+        except Exception as exc:
+            log.exception("prepare of %d claim(s) failed", len(claims))
+            results = {c.uid: PrepareResult.failed(f"prepare failed: {exc}") for c in claims}
+        for claim in claims:
+            entry = response.claims[claim.uid]
+            result = results.get(claim.uid) or PrepareResult.failed(MISSING_RESULT)
+            try:
+                if result.error:
+                    entry.error = result.error
+                else:
+                    entry.devices.extend(_device_message(d) for d in result.devices)
+            except Exception as exc:  # a malformed result must not take the batch down
+                log.exception("bad prepare result for claim %s", _describe(claim))
+                entry.Clear()
+                entry.error = f"prepare returned an invalid result: {exc}"
+            if entry.error:
+                log.warning("prepare of claim %s failed: %s", _describe(claim), entry.error)
+        return response
+
+    def node_unprepare_resources(
+        self,
+        request: v1.NodeUnprepareResourcesRequest,
+        context: grpc.ServicerContext | None = None,
+    ) -> v1.NodeUnprepareResourcesResponse:
+        claims = claim_refs(request.claims)
+        response = v1.NodeUnprepareResourcesResponse()
+        if not claims:
+            return response
+        results: Mapping[str, UnprepareResult]
+        try:
+            results = self.preparer.unprepare(claims)
+        except Exception as exc:
+            log.exception("unprepare of %d claim(s) failed", len(claims))
+            results = {c.uid: UnprepareResult(f"unprepare failed: {exc}") for c in claims}
+        for claim in claims:
+            entry = response.claims[claim.uid]
+            result = results.get(claim.uid) or UnprepareResult(MISSING_RESULT)
+            try:
+                entry.error = result.error
+            except Exception as exc:
+                log.exception("bad unprepare result for claim %s", _describe(claim))
+                entry.error = f"unprepare returned an invalid result: {exc}"
+            if entry.error:
+                log.warning("unprepare of claim %s failed: %s", _describe(claim), entry.error)
+        return response
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        # v1beta1 requests are byte-for-byte v1 requests, so both versions parse into v1.
+        v1_methods = {
+            "NodePrepareResources": h.unary(
+                self.node_prepare_resources, v1.NodePrepareResourcesRequest.FromString, h.serialize
+            ),
+            "NodeUnprepareResources": h.unary(
+                self.node_unprepare_resources,
+                v1.NodeUnprepareResourcesRequest.FromString,
+                h.serialize,
+            ),
+        }
+        v1beta1_methods = {
+            "NodePrepareResources": h.unary(
+                self.node_prepare_resources,
+                v1.NodePrepareResourcesRequest.FromString,
+                _as_v1beta1(v1beta1.NodePrepareResourcesResponse),
+            ),
+            "NodeUnprepareResources": h.unary(
+                self.node_unprepare_resources,
+                v1.NodeUnprepareResourcesRequest.FromString,
+                _as_v1beta1(v1beta1.NodeUnprepareResourcesResponse),
+            ),
+        }
+        return [
+            h.service(h.service_name(v1.DESCRIPTOR, "DRAPlugin"), v1_methods),
+            h.service(h.service_name(v1beta1.DESCRIPTOR, "DRAPlugin"), v1beta1_methods),
+        ]
+
+
+def _as_v1beta1(message_type: Any) -> h.Serializer:
+    """Serialiser of a v1 response as its v1beta1 twin, dropping what v1beta1 lacks (share_id)."""
+
+    def serialize(response: Any) -> bytes:
+        converted = message_type.FromString(response.SerializeToString())
+        converted.DiscardUnknownFields()
+        data: bytes = converted.SerializeToString()
+        return data
+
+    return serialize
