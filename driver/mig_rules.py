@@ -44,3 +44,16 @@ def check_mig_fit(
             f"{profile.name} needs {profile.compute_slices} compute slices; "
             f"{COMPUTE_SLICES - used} free"
         )
+
+
+def gpu_instance_id_for(placement: MigPlacement) -> int:
+    """The GPU instance id NVML gives an instance at ``placement``.
+
+    Ids number the nodes of the binary tree of memory-slice ranges: the whole GPU is 0, the two
+    halves 1-2, the quarters 3-6, the eighths 7-14 (as `nvidia-smi mig -lgi` shows on A100 and
+    H100). An id therefore names one placement, and two live instances never share one.
+    """
+    first_of_level = {8: 0, 4: 1, 2: 3, 1: 7}
+    if placement.size not in first_of_level or placement.start % placement.size:
+        raise InvalidArgumentError(f"placement {placement.start}:{placement.size} is not aligned")
+    return first_of_level[placement.size] + placement.start // placement.size

@@ -36,7 +36,7 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
-from driver.mig_rules import check_mig_fit
+from driver.mig_rules import check_mig_fit, gpu_instance_id_for
 from driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from driver.sim_faults import FaultPlan
 from driver.sim_state import (
@@ -255,8 +255,7 @@ class SimulatedBackend(GpuBackend):
                 for i in gpu.mig_instances
             ]
             check_mig_fit(profile, placement, existing)
-            used_ids = {i.gpu_instance_id for i in gpu.mig_instances}
-            gi_id = next(n for n in range(1, len(used_ids) + 2) if n not in used_ids)
+            gi_id = gpu_instance_id_for(placement)
             gpu.creations += 1
             instance = SimulatedMigInstance(
                 gpu_instance_id=gi_id,

@@ -23,7 +23,7 @@ class _State(BaseModel):
 
 
 class SimulatedMigInstance(_State):
-    gpu_instance_id: int = Field(ge=1)
+    gpu_instance_id: int = Field(ge=0)
     compute_instance_id: int = Field(ge=0)
     profile_id: int
     start: int = Field(ge=0)
