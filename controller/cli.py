@@ -1,0 +1,104 @@
+"""``flexgpu``: the user-facing command line.
+
+Each subcommand registers its own parser and handler, so new ones (``explain``, ``capacity``)
+slot in beside ``inventory`` without touching the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from driver.backend import GpuBackend
+from driver.backend_errors import BackendUnavailableError, GpuBackendError
+from driver.inventory import collect_inventory
+from driver.inventory_report import gpu_table, mig_table
+from driver.readonly_backend import ReadOnlyBackend
+from driver.sim_backend import SimulatedBackend
+from driver.sim_state import SimulatedStateError
+from driver.topology import TopologyError, builtin_topology_names
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _fail(message: str) -> int:
+    print(f"flexgpu: {message}", file=sys.stderr)
+    return 1
+
+
+def _inventory_backend(args: argparse.Namespace) -> GpuBackend:
+    if args.topology:
+        return SimulatedBackend.from_topology(args.topology, args.node_name, args.state_file)
+    try:
+        from driver.nvml_backend import NvmlBackend  # only needed on GPU nodes
+    except ImportError as exc:
+        raise BackendUnavailableError(f"the pynvml module is missing ({exc})") from None
+    return NvmlBackend()
+
+
+def _run_inventory(args: argparse.Namespace) -> int:
+    try:
+        backend = _inventory_backend(args)
+    except BackendUnavailableError as exc:
+        return _fail(
+            f"NVML is not available on this machine ({exc.message}); "
+            "use --topology NAME to list a simulated node"
+        )
+    except (TopologyError, SimulatedStateError) as exc:
+        return _fail(str(exc))
+    # Listing must never change a GPU setting, whatever the backend.
+    with ReadOnlyBackend(backend) as readonly:
+        try:
+            inventory = collect_inventory(readonly)
+        except GpuBackendError as exc:
+            return _fail(f"cannot read the GPU inventory: {exc.message}")
+    if args.json:
+        print(json.dumps(inventory.model_dump(mode="json"), indent=2))
+        return 0
+    print(gpu_table(inventory))
+    if args.mig:
+        print()
+        print(mig_table(inventory))
+    return 0
+
+
+def _add_inventory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "inventory",
+        help="list the node's GPUs (real ones through NVML, or a simulated topology)",
+        description="List GPUs and, with --mig, every MIG placement. Never changes a GPU setting.",
+    )
+    parser.add_argument(
+        "--topology",
+        metavar="NAME|PATH",
+        help=f"simulate this topology instead of using NVML ({', '.join(builtin_topology_names())}"
+        " or a YAML file)",
+    )
+    parser.add_argument(
+        "--node-name", default="flexgpu-sim", help="simulated node name (UUIDs derive from it)"
+    )
+    parser.add_argument(
+        "--state-file", help="simulated node state to read (MIG instances of a running plugin)"
+    )
+    parser.add_argument("--mig", action="store_true", help="also list MIG profiles and placements")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=_run_inventory)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flexgpu", description="flexgpu GPU driver tools")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_inventory(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

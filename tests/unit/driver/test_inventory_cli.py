@@ -1,0 +1,98 @@
+"""``flexgpu inventory``, the inventory snapshot and the read-only guard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from controller.cli import main
+from driver.backend import GpuBackend
+from driver.backend_errors import ReadOnlyViolationError
+from driver.gpu_model import ComputeMode, MigPlacement, TimeSliceInterval
+from driver.inventory import collect_inventory
+from driver.readonly_backend import ReadOnlyBackend
+from driver.sim_backend import SimulatedBackend
+
+
+def test_table_lists_every_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inventory", "--topology", "hgx-h100-8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["DEVICE", "PRODUCT", "MEMORY"]
+    assert len(lines) == 9
+    assert all("NVIDIA H100 80GB HBM3" in line for line in lines[1:])
+    assert "MIG-" not in "\n".join(lines)
+
+
+def test_mig_table_shows_placements_and_occupants(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state.json"
+    sim = SimulatedBackend.from_topology("mixed", "node-x", state)
+    created = sim.create_mig_device(1, 9, MigPlacement(start=4, size=4))
+    argv = ["inventory", "--topology", "mixed", "--node-name", "node-x", "--state-file"]
+    assert main([*argv, str(state), "--mig"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("gpu-1-mig-3g40gb-4"))
+    assert "4:4" in row and str(created.uuid) in row
+    assert "gpu-1-mig-7g80gb-0" in out and "gpu-0-mig" not in out
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inventory", "--topology", "h200-4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [g["gpu"]["product_name"] for g in data["gpus"]] == ["NVIDIA H200"] * 4
+    assert data["gpus"][0]["mig_profiles"][0]["name"] == "1g.18gb"
+    assert data["gpus"][0]["gpu"]["nvlink_domain"] == data["gpus"][3]["gpu"]["nvlink_domain"]
+
+
+def test_without_nvml_one_line_and_nonzero(capsys: pytest.CaptureFixture[str]) -> None:
+    from driver.backend_errors import BackendUnavailableError
+
+    unavailable = BackendUnavailableError("initialise NVML: NVML_ERROR_LIBRARY_NOT_FOUND")
+    with mock.patch("driver.nvml_backend.NvmlBackend", side_effect=unavailable):
+        assert main(["inventory"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert "NVML is not available" in captured.err and "--topology" in captured.err
+
+
+def test_bad_topology_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inventory", "--topology", "nope"]) == 1
+    assert "unknown topology 'nope'" in capsys.readouterr().err
+
+
+def test_collect_inventory_reads_mig_only_where_capable() -> None:
+    inventory = collect_inventory(SimulatedBackend.from_topology("mixed", "n"))
+    t4, a100 = inventory.gpus
+    assert t4.mig_profiles == () and t4.mig_devices == ()
+    assert len(a100.mig_profiles) == 7
+
+
+def test_readonly_refuses_every_mutation_without_touching_the_backend() -> None:
+    inner = mock.create_autospec(GpuBackend, instance=True)
+    readonly = ReadOnlyBackend(inner)
+    placement = MigPlacement(start=0, size=1)
+    attempts = {
+        "set_mig_mode": lambda: readonly.set_mig_mode(0, True),
+        "create_mig_device": lambda: readonly.create_mig_device(0, 19, placement),
+        "destroy_mig_device": lambda: readonly.destroy_mig_device(0, 7),
+        "set_compute_mode": lambda: readonly.set_compute_mode(0, ComputeMode.PROHIBITED),
+        "set_time_slice": lambda: readonly.set_time_slice(0, TimeSliceInterval.LONG),
+    }
+    assert set(attempts) == GpuBackend.MUTATING_METHODS
+    for name, attempt in attempts.items():
+        with pytest.raises(ReadOnlyViolationError, match=name):
+            attempt()
+        getattr(inner, name).assert_not_called()
+    readonly.list_gpus()
+    inner.list_gpus.assert_called_once()
+
+
+def test_mutating_method_list_covers_the_interface() -> None:
+    prefixes = ("set_", "create_", "destroy_")
+    setters = {name for name in GpuBackend.__abstractmethods__ if name.startswith(prefixes)}
+    assert setters == GpuBackend.MUTATING_METHODS
