@@ -67,7 +67,6 @@ def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
             raise SystemExit(f"protoc failed ({result.returncode}):\n{result.stderr}")
 
         top_levels = {s.parts[0] for s in sources}
-        written: list[Path] = []
         for generated in sorted(staging.rglob("*")):
             if not generated.is_file():
                 continue
@@ -80,10 +79,19 @@ def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
             (directory / "__init__.py").write_text(INIT_TEXT, encoding="utf-8")
 
         if out_dir.exists():
+            _check_is_generated(out_dir)
             shutil.rmtree(out_dir)
         shutil.copytree(staging, out_dir)
         written = sorted(p for p in out_dir.rglob("*") if p.is_file())
     return written
+
+
+def _check_is_generated(out_dir: Path) -> None:
+    # The output directory is replaced wholesale; never do that to a folder we did not write.
+    marker = out_dir / "__init__.py"
+    empty = not any(out_dir.iterdir())
+    if not empty and not (marker.is_file() and marker.read_text(encoding="utf-8") == INIT_TEXT):
+        raise SystemExit(f"refusing to replace {out_dir}: it does not hold generated stubs")
 
 
 def main(argv: list[str] | None = None) -> int:
