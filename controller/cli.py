@@ -15,6 +15,7 @@ from driver.backend import GpuBackend
 from driver.backend_errors import BackendUnavailableError, GpuBackendError
 from driver.inventory import collect_inventory
 from driver.inventory_report import gpu_table, mig_table
+from driver.nvml_readonly import ReadOnlyNvml
 from driver.readonly_backend import ReadOnlyBackend
 from driver.sim_backend import SimulatedBackend
 from driver.sim_state import SimulatedStateError
@@ -32,10 +33,12 @@ def _inventory_backend(args: argparse.Namespace) -> GpuBackend:
     if args.topology:
         return SimulatedBackend.from_topology(args.topology, args.node_name, args.state_file)
     try:
-        from driver.nvml_backend import NvmlBackend  # only needed on GPU nodes
+        import pynvml
+
+        from driver.nvml_backend import NvmlBackend
     except ImportError as exc:
         raise BackendUnavailableError(f"the pynvml module is missing ({exc})") from None
-    return NvmlBackend()
+    return NvmlBackend(nvml=ReadOnlyNvml(pynvml))
 
 
 def _run_inventory(args: argparse.Namespace) -> int:

@@ -96,3 +96,52 @@ def test_mutating_method_list_covers_the_interface() -> None:
     prefixes = ("set_", "create_", "destroy_")
     setters = {name for name in GpuBackend.__abstractmethods__ if name.startswith(prefixes)}
     assert setters == GpuBackend.MUTATING_METHODS
+
+
+def test_readonly_nvml_blocks_mutating_calls_below_the_backend() -> None:
+    from fake_pynvml import FakeNvml, a100_80gb
+
+    from driver.nvml_backend import NvmlBackend
+    from driver.nvml_readonly import ReadOnlyNvml
+
+    fake = FakeNvml([a100_80gb("GPU-00000001-0000-4000-8000-000000000000", "00000000:07:00.0")])
+    backend = NvmlBackend(nvml=ReadOnlyNvml(fake))
+    assert collect_inventory(backend).gpus[0].gpu.product_name == "NVIDIA A100-SXM4-80GB"
+    with pytest.raises(ReadOnlyViolationError, match="nvmlDeviceCreateGpuInstanceWithPlacement"):
+        backend.create_mig_device(0, 19, MigPlacement(start=0, size=1))
+    with pytest.raises(ReadOnlyViolationError, match="nvmlDeviceSetMigMode"):
+        backend.set_mig_mode(0, False)
+    with pytest.raises(ReadOnlyViolationError, match="nvmlDeviceSetComputeMode"):
+        backend.set_compute_mode(0, ComputeMode.DEFAULT)
+    assert fake.gpus[0].instances == {} and fake.gpus[0].mig_enabled
+    assert not [c for c in fake.calls if "Create" in c or "Set" in c or "Destroy" in c]
+
+
+def test_gpu_check_script_runs_read_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import runpy
+
+    import pynvml
+    from fake_pynvml import FakeNvml, a100_80gb, t4
+
+    fake = FakeNvml(
+        [
+            a100_80gb("GPU-00000001-0000-4000-8000-000000000000", "00000000:07:00.0"),
+            t4("GPU-00000002-0000-4000-8000-000000000000", "00000000:3B:00.0"),
+        ]
+    )
+    for name in dir(FakeNvml):
+        if name.startswith("nvml"):
+            monkeypatch.setattr(pynvml, name, getattr(fake, name))
+    script = Path(__file__).resolve().parents[2] / "gpu" / "check_nvml_readonly.py"
+    monkeypatch.setattr("sys.argv", ["check_nvml_readonly.py", "--json"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exited.value.code == 0
+    report = json.loads(capsys.readouterr().out)
+    names = [d["name"] for d in report["publishedDevices"]]
+    assert names[:2] == ["gpu-0", "gpu-1"] and "gpu-0-mig-3g40gb-4" in names
+    assert report["catalogDifferences"] == []
+    mutating = [c for c in fake.calls if any(k in c for k in ("Set", "Create", "Destroy"))]
+    assert mutating == []
