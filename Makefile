@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: setup venv control-plane lint test test-unit test-integration demo demo-down \
-        cluster-up cluster-down bench clean
+        cluster-up cluster-down bench clean protos
 
 setup: venv control-plane
 
@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml
 control-plane:
 	@echo "==> control plane binaries (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/k8s/build.sh >/dev/null
+
+# Regenerates the kubelet gRPC stubs from kubelet_plugin/proto (they are committed).
+protos: venv
+	@$(PY) tools/gen_protos.py
 
 lint: venv
 	@echo "==> ruff"

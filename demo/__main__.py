@@ -48,10 +48,12 @@ def apply_file(dyn: dynamic.DynamicClient, path: Path, namespace: str | None) ->
 
 def claim_names(pod: Any) -> list[str]:
     """Claims a pod uses: named directly in its spec, or generated from a template."""
-    names = [r.resource_claim_name for r in pod.spec.resource_claims or []
-             if r.resource_claim_name]
-    names += [r.resource_claim_name for r in pod.status.resource_claim_statuses or []
-              if r.resource_claim_name]
+    names = [r.resource_claim_name for r in pod.spec.resource_claims or [] if r.resource_claim_name]
+    names += [
+        r.resource_claim_name
+        for r in pod.status.resource_claim_statuses or []
+        if r.resource_claim_name
+    ]
     return names
 
 
@@ -59,8 +61,11 @@ def claim_rows(api: Any) -> list[tuple[str, str, str, str]]:
     core: Any = client.CoreV1Api(api)
     resource: Any = client.ResourceV1Api(api)
     slices = resource.list_resource_slice(field_selector=f"spec.driver={DRIVER_NAME}").items
-    product = {(s.spec.pool.name, d.name): d.attributes["productName"].string
-               for s in slices for d in (s.spec.devices or [])}
+    product = {
+        (s.spec.pool.name, d.name): d.attributes["productName"].string
+        for s in slices
+        for d in (s.spec.devices or [])
+    }
     rows = []
     for pod in core.list_namespaced_pod(NAMESPACE).items:
         devices = []
@@ -69,15 +74,22 @@ def claim_rows(api: Any) -> list[tuple[str, str, str, str]]:
             allocation = claim.status.allocation if claim.status else None
             for r in allocation.devices.results if allocation else []:
                 devices.append(f"{r.device} ({product.get((r.pool, r.device), '?')})")
-        rows.append((str(pod.metadata.name), pod.spec.node_name or "-", str(pod.status.phase),
-                     ", ".join(devices) or "-"))
+        rows.append(
+            (
+                str(pod.metadata.name),
+                pod.spec.node_name or "-",
+                str(pod.status.phase),
+                ", ".join(devices) or "-",
+            )
+        )
     return sorted(rows)
 
 
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:
     headers = ("POD", "NODE", "PHASE", "DEVICES")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     for row in (headers, *rows):
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
@@ -93,8 +105,9 @@ def up() -> int:
     for node, topology in NODES.items():
         step(f"simulated node {node} ({topology}): registering it and publishing its GPUs")
         create_simulated_node(api, node, labels={"flexgpu.dev/topology": topology})
-        backend = SimulatedBackend(load_topology(topology), node,
-                                   state_path=WORKDIR / "nodes" / node / "gpu-state.json")
+        backend = SimulatedBackend(
+            load_topology(topology), node, state_path=WORKDIR / "nodes" / node / "gpu-state.json"
+        )
         publisher = SlicePublisher(api, node)
         publisher.set_devices(render_whole_gpus(backend.list_gpus()))
         publisher.reconcile_once()
@@ -125,9 +138,11 @@ def up() -> int:
         rows = claim_rows(api)
     print_table(rows)
     pending = [r[0] for r in rows if r[3] == "-"]
-    print(f"\nThe cluster keeps running. Try:\n  export KUBECONFIG={kubeconfig}\n"
-          f"  kubectl get resourceslices\n  kubectl -n {NAMESPACE} get resourceclaims -o wide\n"
-          f"Logs: {WORKDIR / 'logs'}/   Stop it with: make demo-down")
+    print(
+        f"\nThe cluster keeps running. Try:\n  export KUBECONFIG={kubeconfig}\n"
+        f"  kubectl get resourceslices\n  kubectl -n {NAMESPACE} get resourceclaims -o wide\n"
+        f"Logs: {WORKDIR / 'logs'}/   Stop it with: make demo-down"
+    )
     if pending:
         print(f"not allocated: {', '.join(pending)}", file=sys.stderr)
         return 1

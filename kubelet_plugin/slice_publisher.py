@@ -29,10 +29,14 @@ def contains(actual: Any, desired: Any) -> bool:
     may add defaults; lists must match element by element)."""
     if isinstance(desired, dict):
         return isinstance(actual, dict) and all(
-            k in actual and contains(actual[k], v) for k, v in desired.items())
+            k in actual and contains(actual[k], v) for k, v in desired.items()
+        )
     if isinstance(desired, list):
-        return (isinstance(actual, list) and len(actual) == len(desired)
-                and all(contains(a, d) for a, d in zip(actual, desired, strict=True)))
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+        )
     return bool(actual == desired)
 
 
@@ -57,8 +61,9 @@ class SlicePublisher:
         self.last_error: str | None = None
 
     # -- public API --------------------------------------------------------------------
-    def set_devices(self, devices: Sequence[Device],
-                    shared_counters: Sequence[dict[str, Any]] = ()) -> None:
+    def set_devices(
+        self, devices: Sequence[Device], shared_counters: Sequence[dict[str, Any]] = ()
+    ) -> None:
         """Replaces the desired content; the pool generation is bumped when it changed."""
         import json
 
@@ -74,8 +79,10 @@ class SlicePublisher:
 
     def start(self) -> None:
         self._stop.clear()
-        for target, name in ((self._reconcile_loop, "slice-reconcile"),
-                             (self._watch_loop, "slice-watch")):
+        for target, name in (
+            (self._reconcile_loop, "slice-reconcile"),
+            (self._watch_loop, "slice-watch"),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -119,12 +126,18 @@ class SlicePublisher:
         if self._node_uid is None:
             node: Any = client.CoreV1Api(self._api).read_node(self.node_name)
             self._node_uid = str(node.metadata.uid)
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
-                "uid": self._node_uid, "controller": True}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self.node_name,
+            "uid": self._node_uid,
+            "controller": True,
+        }
 
     def _list(self) -> list[dict[str, Any]]:
         result = self._resource.list_resource_slice(
-            field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}")
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}"
+        )
         items: list[dict[str, Any]] = self._api.sanitize_for_serialization(result)["items"]
         return items
 
@@ -154,12 +167,21 @@ class SlicePublisher:
         owner = self._owner()
         for name, spec in wanted.items():
             current = existing.get(name)
-            if current is not None and contains(current.get("spec"), spec) and any(
-                    o.get("uid") == owner["uid"] for o in current["metadata"].get(
-                        "ownerReferences") or []):
+            if (
+                current is not None
+                and contains(current.get("spec"), spec)
+                and any(
+                    o.get("uid") == owner["uid"]
+                    for o in current["metadata"].get("ownerReferences") or []
+                )
+            ):
                 continue
-            body: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                    "metadata": {"name": name, "ownerReferences": [owner]}, "spec": spec}
+            body: Any = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": name, "ownerReferences": [owner]},
+                "spec": spec,
+            }
             if current is None:
                 self._resource.create_resource_slice(body)
             else:
@@ -171,19 +193,28 @@ class SlicePublisher:
             wrote = True
         if wrote:
             self.reconciles += 1
-            log.info("published %d slice(s), generation %d, %d device(s)",
-                     len(wanted), generation, len(devices))
+            log.info(
+                "published %d slice(s), generation %d, %d device(s)",
+                len(wanted),
+                generation,
+                len(devices),
+            )
         return wrote
 
-    def _matches(self, existing: dict[str, dict[str, Any]], devices: list[Device],
-                 counters: list[dict[str, Any]]) -> bool:
+    def _matches(
+        self,
+        existing: dict[str, dict[str, Any]],
+        devices: list[Device],
+        counters: list[dict[str, Any]],
+    ) -> bool:
         if not existing:
             return False
         generation = next(iter(existing.values()))["spec"]["pool"]["generation"]
         specs = slice_specs(self.node_name, devices, generation, counters)
         return len(specs) == len(existing) and all(
             contains(existing.get(self._slice_name(i), {}).get("spec"), spec)
-            for i, spec in enumerate(specs))
+            for i, spec in enumerate(specs)
+        )
 
     # -- watch -------------------------------------------------------------------------
     def _watch_loop(self) -> None:
@@ -192,9 +223,10 @@ class SlicePublisher:
             watcher = watch.Watch()
             try:
                 for _event in watcher.stream(
-                        self._resource.list_resource_slice,
-                        field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}",
-                        timeout_seconds=int(self._resync_interval_s)):
+                    self._resource.list_resource_slice,
+                    field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}",
+                    timeout_seconds=int(self._resync_interval_s),
+                ):
                     # Any change to our slices (including our own writes) triggers a cheap
                     # compare; only a real difference leads to a write.
                     self._wake.set()

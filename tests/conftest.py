@@ -50,8 +50,9 @@ def namespace(api: Any) -> Iterator[str]:
     core.delete_namespace(name)
 
 
-def wait_for(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.1,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"
+) -> Any:
     """Polls until predicate() returns something truthy; fails the test with `what`."""
     deadline = time.monotonic() + timeout_s
     last: Any = None

@@ -26,9 +26,14 @@ def _slice(node: str, devices: list[str]) -> dict[str, Any]:
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
             "devices": [
-                {"name": d, "attributes": {"type": {"string": "gpu"},
-                                           "productName": {"string": "NVIDIA H100 80GB HBM3"}},
-                 "capacity": {"memory": {"value": "81559Mi"}}}
+                {
+                    "name": d,
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                    },
+                    "capacity": {"memory": {"value": "81559Mi"}},
+                }
                 for d in devices
             ],
         },
@@ -39,11 +44,14 @@ def _setup_class_and_slice(api: Any, node: str, devices: list[str]) -> None:
     resource = client.ResourceV1Api(api)
     create_simulated_node(api, node)
     try:
-        resource.create_device_class({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": "foundation-test.gpu.flexgpu.dev"},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        })
+        resource.create_device_class(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "foundation-test.gpu.flexgpu.dev"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+            }
+        )
     except client.ApiException as err:
         if err.status != 409:
             raise
@@ -58,33 +66,59 @@ def _setup_class_and_slice(api: Any, node: str, devices: list[str]) -> None:
 
 def _pod_with_template(api: Any, namespace: str, name: str, node: str) -> None:
     resource = client.ResourceV1Api(api)
-    resource.create_namespaced_resource_claim_template(namespace, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "one-gpu"},
-        "spec": {"spec": {"devices": {"requests": [{
-            "name": "gpu",
-            "exactly": {"deviceClassName": "foundation-test.gpu.flexgpu.dev",
-                        "selectors": [{"cel": {"expression":
-                            f'device.attributes["{DRIVER}"].type == "gpu"'}}]},
-        }]}}},
-    })
-    client.CoreV1Api(api).create_namespaced_pod(namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [{"name": "main", "image": "busybox",
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+    resource.create_namespaced_resource_claim_template(
+        namespace,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": "foundation-test.gpu.flexgpu.dev",
+                                    "selectors": [
+                                        {
+                                            "cel": {
+                                                "expression": f'device.attributes["{DRIVER}"].type == "gpu"'
+                                            }
+                                        }
+                                    ],
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
         },
-    })
+    )
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            },
+        },
+    )
 
 
 def _claim_of(api: Any, namespace: str, pod: str) -> Any:
     status = client.CoreV1Api(api).read_namespaced_pod(pod, namespace).status
-    for entry in (status.resource_claim_statuses or []):
+    for entry in status.resource_claim_statuses or []:
         if entry.resource_claim_name:
             return client.ResourceV1Api(api).read_namespaced_resource_claim(
-                entry.resource_claim_name, namespace)
+                entry.resource_claim_name, namespace
+            )
     return None
 
 
@@ -100,12 +134,17 @@ def test_scheduler_allocates_claim_from_published_slice(api: Any, namespace: str
     _pod_with_template(api, namespace, "needs-gpu", node)
 
     core = client.CoreV1Api(api)
-    pod = wait_for(lambda: (p := core.read_namespaced_pod("needs-gpu", namespace)).spec.node_name
-                   and p, what="pod bound to a node")
+    pod = wait_for(
+        lambda: (p := core.read_namespaced_pod("needs-gpu", namespace)).spec.node_name and p,
+        what="pod bound to a node",
+    )
     assert pod.spec.node_name == node
-    claim = wait_for(lambda: (c := _claim_of(api, namespace, "needs-gpu"))
-                     and c.status and c.status.allocation and c,
-                     what="generated claim allocated")
+    claim = wait_for(
+        lambda: (
+            (c := _claim_of(api, namespace, "needs-gpu")) and c.status and c.status.allocation and c
+        ),
+        what="generated claim allocated",
+    )
     results = claim.status.allocation.devices.results
     assert len(results) == 1
     assert results[0].driver == DRIVER
@@ -117,13 +156,20 @@ def test_scheduler_allocates_claim_from_published_slice(api: Any, namespace: str
 
 
 def test_resourceclaim_controller_deletes_generated_claim_with_pod(
-        api: Any, namespace: str) -> None:
+    api: Any, namespace: str
+) -> None:
     node = "sim-foundation-b"
     _setup_class_and_slice(api, node, ["gpu-0"])
     _pod_with_template(api, namespace, "short-lived", node)
-    claim = wait_for(lambda: (c := _claim_of(api, namespace, "short-lived"))
-                     and c.status and c.status.allocation and c,
-                     what="generated claim allocated")
+    claim = wait_for(
+        lambda: (
+            (c := _claim_of(api, namespace, "short-lived"))
+            and c.status
+            and c.status.allocation
+            and c
+        ),
+        what="generated claim allocated",
+    )
     owners = [o.name for o in claim.metadata.owner_references]
     assert owners == ["short-lived"]
 

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.integration
 
 
 def _our_slices(api: Any, node: str) -> list[Any]:
-    return list(client.ResourceV1Api(api).list_resource_slice(
-        field_selector=f"spec.nodeName={node},spec.driver={DRIVER_NAME}").items)
+    return list(
+        client.ResourceV1Api(api)
+        .list_resource_slice(field_selector=f"spec.nodeName={node},spec.driver={DRIVER_NAME}")
+        .items
+    )
 
 
 @pytest.fixture
@@ -40,7 +43,8 @@ def published(api: Any, tmp_path: Path) -> Iterator[tuple[str, SlicePublisher]]:
 
 
 def test_published_pool_is_accepted_and_owned_by_the_node(
-        api: Any, published: tuple[str, SlicePublisher]) -> None:
+    api: Any, published: tuple[str, SlicePublisher]
+) -> None:
     node, _ = published
     slices = wait_for(lambda: _our_slices(api, node), what="slices created")
     assert len(slices) == 1
@@ -58,9 +62,11 @@ def test_deleted_slice_comes_back(api: Any, published: tuple[str, SlicePublisher
     node, _ = published
     first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
     client.ResourceV1Api(api).delete_resource_slice(first.metadata.name)
-    again = wait_for(lambda: [s for s in _our_slices(api, node)
-                              if s.metadata.uid != first.metadata.uid],
-                     timeout_s=20, what="slice re-created")
+    again = wait_for(
+        lambda: [s for s in _our_slices(api, node) if s.metadata.uid != first.metadata.uid],
+        timeout_s=20,
+        what="slice re-created",
+    )
     assert [d.name for d in again[0].spec.devices] == [f"gpu-{i}" for i in range(8)]
 
 
@@ -70,18 +76,22 @@ def test_edited_slice_is_repaired(api: Any, published: tuple[str, SlicePublisher
     body = client.ApiClient().sanitize_for_serialization(current)
     body["spec"]["devices"] = body["spec"]["devices"][:2]
     client.ResourceV1Api(api).replace_resource_slice(current.metadata.name, body)
-    wait_for(lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 8,
-             timeout_s=20, what="slice repaired to 8 devices")
+    wait_for(
+        lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 8,
+        timeout_s=20,
+        what="slice repaired to 8 devices",
+    )
 
 
-def test_content_change_bumps_generation(api: Any,
-                                         published: tuple[str, SlicePublisher]) -> None:
+def test_content_change_bumps_generation(api: Any, published: tuple[str, SlicePublisher]) -> None:
     node, publisher = published
     first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
     devices = [d for d in _device_dicts(first) if d["name"] != "gpu-7"]
     publisher.set_devices(devices)
-    updated = wait_for(lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 7
-                       and s[0], what="slice updated to 7 devices")
+    updated = wait_for(
+        lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 7 and s[0],
+        what="slice updated to 7 devices",
+    )
     assert updated.spec.pool.generation > first.spec.pool.generation
 
 
@@ -91,44 +101,88 @@ def _device_dicts(slice_obj: Any) -> list[dict[str, Any]]:
 
 
 def test_scheduler_allocates_by_product_name_from_published_slices(
-        api: Any, namespace: str, published: tuple[str, SlicePublisher]) -> None:
+    api: Any, namespace: str, published: tuple[str, SlicePublisher]
+) -> None:
     node, _ = published
     wait_for(lambda: _our_slices(api, node), what="slices created")
     resource = client.ResourceV1Api(api)
     try:
-        resource.create_device_class({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": "publisher-test.gpu.flexgpu.dev"},
-            "spec": {"selectors": [{"cel": {"expression":
-                f'device.driver == "{DRIVER_NAME}" && '
-                f'device.attributes["{DRIVER_NAME}"].type == "gpu"'}}]},
-        })
+        resource.create_device_class(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "publisher-test.gpu.flexgpu.dev"},
+                "spec": {
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": f'device.driver == "{DRIVER_NAME}" && '
+                                f'device.attributes["{DRIVER_NAME}"].type == "gpu"'
+                            }
+                        }
+                    ]
+                },
+            }
+        )
     except client.ApiException as err:
         if err.status != 409:
             raise
-    resource.create_namespaced_resource_claim(namespace, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "two-h100"},
-        "spec": {"devices": {
-            "requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "publisher-test.gpu.flexgpu.dev", "count": 2,
-                "selectors": [{"cel": {"expression":
-                    f'device.attributes["{DRIVER_NAME}"].productName.startsWith("NVIDIA H100")'
-                    f' && device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("80Gi"))'
-                    " < 0"}}]}}],
-            "constraints": [{"requests": ["gpus"],
-                             "matchAttribute": f"{DRIVER_NAME}/nvlinkDomain"}],
-        }},
-    })
-    client.CoreV1Api(api).create_namespaced_pod(namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                 "containers": [{"name": "c", "image": "none",
-                                 "resources": {"claims": [{"name": "g"}]}}],
-                 "resourceClaims": [{"name": "g", "resourceClaimName": "two-h100"}]},
-    })
-    claim = wait_for(lambda: (c := resource.read_namespaced_resource_claim("two-h100", namespace))
-                     .status and c.status.allocation and c, what="claim allocated")
+    resource.create_namespaced_resource_claim(
+        namespace,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "two-h100"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {
+                                "deviceClassName": "publisher-test.gpu.flexgpu.dev",
+                                "count": 2,
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": f'device.attributes["{DRIVER_NAME}"].productName.startsWith("NVIDIA H100")'
+                                            f' && device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("80Gi"))'
+                                            " < 0"
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                    ],
+                    "constraints": [
+                        {"requests": ["gpus"], "matchAttribute": f"{DRIVER_NAME}/nvlinkDomain"}
+                    ],
+                }
+            },
+        },
+    )
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {"name": "c", "image": "none", "resources": {"claims": [{"name": "g"}]}}
+                ],
+                "resourceClaims": [{"name": "g", "resourceClaimName": "two-h100"}],
+            },
+        },
+    )
+    claim = wait_for(
+        lambda: (
+            (c := resource.read_namespaced_resource_claim("two-h100", namespace)).status
+            and c.status.allocation
+            and c
+        ),
+        what="claim allocated",
+    )
     results = claim.status.allocation.devices.results
     assert sorted(r.device for r in results) == ["gpu-0", "gpu-1"]
     assert {r.pool for r in results} == {node}

@@ -16,22 +16,37 @@ from driver.resource_slice import (
 
 def _gpu(index: int, **overrides: object) -> GpuInfo:
     fields: dict[str, object] = {
-        "index": index, "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
-        "product_name": "NVIDIA H100 80GB HBM3", "brand": "Nvidia", "architecture": "Hopper",
-        "cuda_compute_capability": "9.0", "driver_version": "580.95.05",
-        "cuda_driver_version": "13.0", "memory_mib": 81559, "multiprocessors": 132,
-        "pci_bus_id": f"0000:{0x18 + index:02x}:00.0", "pcie_root": "pci0000:15",
-        "numa_node": 0, "nvlink_domain": "nvl-abc", "mig_capable": True,
+        "index": index,
+        "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        "product_name": "NVIDIA H100 80GB HBM3",
+        "brand": "Nvidia",
+        "architecture": "Hopper",
+        "cuda_compute_capability": "9.0",
+        "driver_version": "580.95.05",
+        "cuda_driver_version": "13.0",
+        "memory_mib": 81559,
+        "multiprocessors": 132,
+        "pci_bus_id": f"0000:{0x18 + index:02x}:00.0",
+        "pcie_root": "pci0000:15",
+        "numa_node": 0,
+        "nvlink_domain": "nvl-abc",
+        "mig_capable": True,
         "mig_mode": MigMode(current=False, pending=False),
     }
     fields.update(overrides)
     return GpuInfo.model_validate(fields)
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("9.0", "9.0.0"), ("580.95.05", "580.95.5"), ("13.0", "13.0.0"), ("12", "12.0.0"),
-    ("535.104.12.1", "535.104.12"),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("9.0", "9.0.0"),
+        ("580.95.05", "580.95.5"),
+        ("13.0", "13.0.0"),
+        ("12", "12.0.0"),
+        ("535.104.12.1", "535.104.12"),
+    ],
+)
 def test_versions_become_semver_that_cel_accepts(raw: str, expected: str) -> None:
     assert semver(raw) == expected
 
@@ -55,8 +70,10 @@ def test_whole_gpu_device_carries_design_attributes() -> None:
     assert attrs["numaNode"] == {"int": 0}
     assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:1b:00.0"}
     assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:15"}
-    assert device["capacity"] == {"memory": {"value": "81559Mi"},
-                                  "multiprocessors": {"value": "132"}}
+    assert device["capacity"] == {
+        "memory": {"value": "81559Mi"},
+        "multiprocessors": {"value": "132"},
+    }
 
 
 def test_unknown_numa_and_root_are_omitted_not_invented() -> None:
@@ -80,8 +97,9 @@ def test_chunking_respects_the_per_slice_device_limits() -> None:
 
 def test_slice_specs_agree_on_pool_generation_and_count() -> None:
     devices = [{"name": f"d{i}"} for i in range(200)]
-    specs = slice_specs("node-a", devices, generation=7,
-                        shared_counters=[{"name": "gpu-0", "counters": {}}])
+    specs = slice_specs(
+        "node-a", devices, generation=7, shared_counters=[{"name": "gpu-0", "counters": {}}]
+    )
     assert len(specs) == 3
     assert {s["pool"]["generation"] for s in specs} == {7}
     assert {s["pool"]["resourceSliceCount"] for s in specs} == {3}

@@ -70,7 +70,10 @@ def up(workdir: Path) -> int:
     log = (workdir / "supervisor.log").open("ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tools.cluster", "serve", "--workdir", str(workdir)],
-        cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     (workdir / "supervisor.pid").write_text(str(proc.pid))

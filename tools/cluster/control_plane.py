@@ -49,8 +49,9 @@ def free_port() -> int:
 
 
 def known_controllers(kcm: Path) -> set[str]:
-    out = subprocess.run([str(kcm), "--help"], capture_output=True, text=True, timeout=60,
-                         check=False).stdout
+    out = subprocess.run(
+        [str(kcm), "--help"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
     match = re.search(r"All controllers:\s*(.*?)\n\s*Disabled-by-default", out, re.S)
     if not match:
         return set(WANTED_CONTROLLERS)
@@ -76,8 +77,9 @@ class ControlPlane:
         self.start()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def start(self, timeout_s: float = 120.0) -> None:
@@ -90,7 +92,9 @@ class ControlPlane:
     def _start(self, timeout_s: float) -> None:
         bin_dir = binaries.control_plane_dir()
         self.version = subprocess.run(
-            [str(bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True,
+            [str(bin_dir / "kube-apiserver"), "--version"],
+            capture_output=True,
+            text=True,
             check=False,
         ).stdout.strip()
         pki = LocalPKI(self.workdir / "pki")
@@ -100,84 +104,104 @@ class ControlPlane:
         gates = [f"--feature-gates={self.feature_gates}"] if self.feature_gates else []
 
         etcd_port, peer_port = free_port(), free_port()
-        etcd = self._add("etcd", [
-            str(bin_dir / "etcd"),
-            "--name=flexgpu",
-            f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-cluster=flexgpu=http://127.0.0.1:{peer_port}",
-            # Test data is disposable; skipping fsync keeps a 2-core machine responsive.
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ])
+        etcd = self._add(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=flexgpu",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=flexgpu=http://127.0.0.1:{peer_port}",
+                # Test data is disposable; skipping fsync keeps a 2-core machine responsive.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
         self._wait_http(etcd, f"http://127.0.0.1:{etcd_port}/health", None, timeout_s)
 
         self.api_port = free_port()
-        serving = pki.issue("apiserver", common_name="kube-apiserver", dns_names=(
-            "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ips=("127.0.0.1", "10.0.0.1"), server=True)
-        apiserver = self._add("kube-apiserver", [
-            str(bin_dir / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={self.api_port}",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={serving.cert}",
-            f"--tls-private-key-file={serving.key}",
-            f"--client-ca-file={pki.ca.cert}",
-            "--authorization-mode=Node,RBAC",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={pki.sa_public}",
-            f"--service-account-signing-key-file={pki.sa_private}",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            "--allow-privileged=true",
-            *gates,
-        ])
+        serving = pki.issue(
+            "apiserver",
+            common_name="kube-apiserver",
+            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ips=("127.0.0.1", "10.0.0.1"),
+            server=True,
+        )
+        apiserver = self._add(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki.sa_public}",
+                f"--service-account-signing-key-file={pki.sa_private}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                *gates,
+            ],
+        )
         admin = pki.issue("admin", common_name="flexgpu-admin", organizations=("system:masters",))
         self._write_kubeconfig(self.kubeconfig, pki, admin)
-        self._wait_http(apiserver, f"https://127.0.0.1:{self.api_port}/readyz",
-                        self._ssl(pki, admin), timeout_s)
+        self._wait_http(
+            apiserver, f"https://127.0.0.1:{self.api_port}/readyz", self._ssl(pki, admin), timeout_s
+        )
 
         sched_cfg = self.workdir / "scheduler.kubeconfig"
-        self._write_kubeconfig(sched_cfg, pki, pki.issue(
-            "scheduler", common_name="system:kube-scheduler"))
+        self._write_kubeconfig(
+            sched_cfg, pki, pki.issue("scheduler", common_name="system:kube-scheduler")
+        )
         sched_port = free_port()
-        scheduler = self._add("kube-scheduler", [
-            str(bin_dir / "kube-scheduler"),
-            f"--kubeconfig={sched_cfg}",
-            f"--authentication-kubeconfig={sched_cfg}",
-            f"--authorization-kubeconfig={sched_cfg}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={sched_port}",
-            *gates,
-        ])
+        scheduler = self._add(
+            "kube-scheduler",
+            [
+                str(bin_dir / "kube-scheduler"),
+                f"--kubeconfig={sched_cfg}",
+                f"--authentication-kubeconfig={sched_cfg}",
+                f"--authorization-kubeconfig={sched_cfg}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                *gates,
+            ],
+        )
 
         kcm_cfg = self.workdir / "controller-manager.kubeconfig"
         self._write_kubeconfig(
-            kcm_cfg, pki, pki.issue(
-                "controller-manager", common_name="system:kube-controller-manager"))
+            kcm_cfg,
+            pki,
+            pki.issue("controller-manager", common_name="system:kube-controller-manager"),
+        )
         known = known_controllers(bin_dir / "kube-controller-manager")
         controllers = [c for c in WANTED_CONTROLLERS if c in known]
         kcm_port = free_port()
-        kcm = self._add("kube-controller-manager", [
-            str(bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={kcm_cfg}",
-            f"--authentication-kubeconfig={kcm_cfg}",
-            f"--authorization-kubeconfig={kcm_cfg}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={kcm_port}",
-            f"--controllers={','.join(controllers)}",
-            f"--service-account-private-key-file={pki.sa_private}",
-            f"--root-ca-file={pki.ca.cert}",
-            "--use-service-account-credentials=false",
-            *gates,
-        ])
+        kcm = self._add(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={kcm_cfg}",
+                f"--authentication-kubeconfig={kcm_cfg}",
+                f"--authorization-kubeconfig={kcm_cfg}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--controllers={','.join(controllers)}",
+                f"--service-account-private-key-file={pki.sa_private}",
+                f"--root-ca-file={pki.ca.cert}",
+                "--use-service-account-credentials=false",
+                *gates,
+            ],
+        )
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
@@ -221,8 +245,9 @@ class ControlPlane:
             f"{component.log_tail()}"
         )
 
-    def _wait_http(self, component: Component, url: str, ctx: ssl.SSLContext | None,
-                   timeout_s: float) -> None:
+    def _wait_http(
+        self, component: Component, url: str, ctx: ssl.SSLContext | None, timeout_s: float
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
@@ -247,11 +272,21 @@ class ControlPlane:
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "flexgpu", "cluster": {
-                "server": f"https://127.0.0.1:{self.api_port}",
-                "certificate-authority": str(pki.ca.cert)}}],
-            "users": [{"name": "user", "user": {
-                "client-certificate": str(client.cert), "client-key": str(client.key)}}],
+            "clusters": [
+                {
+                    "name": "flexgpu",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{self.api_port}",
+                        "certificate-authority": str(pki.ca.cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "user",
+                    "user": {"client-certificate": str(client.cert), "client-key": str(client.key)},
+                }
+            ],
             "contexts": [{"name": "flexgpu", "context": {"cluster": "flexgpu", "user": "user"}}],
             "current-context": "flexgpu",
         }

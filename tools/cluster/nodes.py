@@ -7,12 +7,23 @@ from typing import Any
 from kubernetes import client
 
 
-def create_simulated_node(api: Any, name: str, *, labels: dict[str, str] | None = None,
-                          cpu: str = "64", memory: str = "512Gi", pods: str = "110") -> Any:
+def create_simulated_node(
+    api: Any,
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: str = "110",
+) -> Any:
     """Creates (or replaces) a Node and marks it Ready, without the not-ready taint."""
     core = client.CoreV1Api(api)
-    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                  "kubernetes.io/arch": "amd64", **(labels or {})}
+    all_labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **(labels or {}),
+    }
     body = client.V1Node(metadata=client.V1ObjectMeta(name=name, labels=all_labels))
     try:
         core.create_node(body)
@@ -21,14 +32,23 @@ def create_simulated_node(api: Any, name: str, *, labels: dict[str, str] | None 
             raise
         core.patch_node(name, {"metadata": {"labels": all_labels}})
     capacity = {"cpu": cpu, "memory": memory, "pods": pods}
-    status = {"status": {
-        "capacity": capacity,
-        "allocatable": capacity,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "simulated node",
-                        "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
-        "nodeInfo": _node_info(name),
-    }}
+    status = {
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "simulated node",
+                    "lastHeartbeatTime": _now(),
+                    "lastTransitionTime": _now(),
+                }
+            ],
+            "nodeInfo": _node_info(name),
+        }
+    }
     return core.patch_node_status(name, status)
 
 
@@ -39,7 +59,15 @@ def _now() -> str:
 
 
 def _node_info(name: str) -> dict[str, str]:
-    return {"machineID": name, "systemUUID": name, "bootID": name, "kernelVersion": "6.1",
-            "osImage": "flexgpu simulated node", "containerRuntimeVersion": "sim://1",
-            "kubeletVersion": "v1.37.2", "kubeProxyVersion": "", "operatingSystem": "linux",
-            "architecture": "amd64"}
+    return {
+        "machineID": name,
+        "systemUUID": name,
+        "bootID": name,
+        "kernelVersion": "6.1",
+        "osImage": "flexgpu simulated node",
+        "containerRuntimeVersion": "sim://1",
+        "kubeletVersion": "v1.37.2",
+        "kubeProxyVersion": "",
+        "operatingSystem": "linux",
+        "architecture": "amd64",
+    }
