@@ -581,18 +581,28 @@ class NvmlBackend(GpuBackend):
             return None
         with self._lock:
             uuid = _text(self._call("nvmlDeviceGetUUID", data.device))
-            index = next((i for i, u in self._known_uuids.items() if u == uuid), -1)
+            index = self._index_of(uuid)
+            if index is None:
+                return None  # a GPU this backend never enumerated; nothing to attribute it to
             xid = int(data.eventData)
-            if xid_marks_unhealthy(xid) and index >= 0:
+            if xid_marks_unhealthy(xid):
                 self._unhealthy.add(index)
         return HealthEvent(
             kind=HealthEventKind.XID,
-            gpu_index=max(index, 0),
+            gpu_index=index,
             gpu_uuid=uuid,
             xid=xid,
             gpu_instance_id=_instance_id(data.gpuInstanceId),
             compute_instance_id=_instance_id(data.computeInstanceId),
         )
+
+    def _index_of(self, uuid: str) -> int | None:
+        for _ in range(2):
+            for index, known in self._known_uuids.items():
+                if known == uuid:
+                    return index
+            self.list_gpus()  # indices may have been learnt before this GPU appeared
+        return None
 
     def process_samples(self, index: int) -> list[ProcessSample]:
         with self._lock:
