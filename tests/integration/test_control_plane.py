@@ -14,6 +14,7 @@ from tools.cluster import ControlPlane, create_simulated_node
 pytestmark = pytest.mark.integration
 
 DRIVER = "gpu.flexgpu.dev"
+IS_GPU = f'device.attributes["{DRIVER}"].type == "gpu"'
 
 
 def _slice(node: str, devices: list[str]) -> dict[str, Any]:
@@ -80,13 +81,7 @@ def _pod_with_template(api: Any, namespace: str, name: str, node: str) -> None:
                                 "name": "gpu",
                                 "exactly": {
                                     "deviceClassName": "foundation-test.gpu.flexgpu.dev",
-                                    "selectors": [
-                                        {
-                                            "cel": {
-                                                "expression": f'device.attributes["{DRIVER}"].type == "gpu"'
-                                            }
-                                        }
-                                    ],
+                                    "selectors": [{"cel": {"expression": IS_GPU}}],
                                 },
                             }
                         ]

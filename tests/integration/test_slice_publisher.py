@@ -20,6 +20,11 @@ from tools.cluster import create_simulated_node
 
 pytestmark = pytest.mark.integration
 
+H100_UNDER_80GI = (
+    f'device.attributes["{DRIVER_NAME}"].productName.startsWith("NVIDIA H100") && '
+    f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("80Gi")) < 0'
+)
+
 
 def _our_slices(api: Any, node: str) -> list[Any]:
     return list(
@@ -141,15 +146,7 @@ def test_scheduler_allocates_by_product_name_from_published_slices(
                             "exactly": {
                                 "deviceClassName": "publisher-test.gpu.flexgpu.dev",
                                 "count": 2,
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": f'device.attributes["{DRIVER_NAME}"].productName.startsWith("NVIDIA H100")'
-                                            f' && device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("80Gi"))'
-                                            " < 0"
-                                        }
-                                    }
-                                ],
+                                "selectors": [{"cel": {"expression": H100_UNDER_80GI}}],
                             },
                         }
                     ],

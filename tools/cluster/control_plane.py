@@ -137,11 +137,20 @@ class ControlPlane:
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # The endpoint reconciler refuses loopback addresses; nothing here needs the
+                # `kubernetes` Service's endpoints.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.api_port}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={pki.ca.cert}",
+                # Published for the scheduler's and controller manager's delegated authentication.
+                f"--requestheader-client-ca-file={pki.ca.cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 "--authorization-mode=Node,RBAC",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={pki.sa_public}",
@@ -198,7 +207,8 @@ class ControlPlane:
                 f"--controllers={','.join(controllers)}",
                 f"--service-account-private-key-file={pki.sa_private}",
                 f"--root-ca-file={pki.ca.cert}",
-                "--use-service-account-credentials=false",
+                # Each controller acts as its own ServiceAccount, with the bootstrap RBAC roles.
+                "--use-service-account-credentials=true",
                 *gates,
             ],
         )

@@ -49,7 +49,12 @@ def create_simulated_node(
             "nodeInfo": _node_info(name),
         }
     }
-    return core.patch_node_status(name, status)
+    core.patch_node_status(name, status)
+    # The TaintNodesByCondition admission plugin adds the not-ready taint at creation; the node
+    # lifecycle controller would lift it once Ready, but it does not run here (no kubelets).
+    node: Any = core.read_node(name)
+    taints = [t for t in (node.spec.taints or []) if t.key != "node.kubernetes.io/not-ready"]
+    return core.patch_node(name, {"spec": {"taints": taints or None}})
 
 
 def _now() -> str:
