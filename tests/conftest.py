@@ -17,8 +17,10 @@ from tools.cluster import ControlPlane
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    workdir = Path(os.environ.get("FLEXGPU_TEST_CLUSTER_DIR", "")) or None
-    plane = ControlPlane(workdir=workdir or tmp_path_factory.mktemp("cluster"))
+    # FLEXGPU_TEST_CLUSTER_DIR keeps the cluster's logs and data somewhere to inspect later.
+    chosen = os.environ.get("FLEXGPU_TEST_CLUSTER_DIR")
+    workdir = Path(chosen) if chosen else tmp_path_factory.mktemp("cluster")
+    plane = ControlPlane(workdir=workdir)
     plane.start()
     yield plane
     plane.stop()
