@@ -59,5 +59,7 @@ done
 touch "$out.tmp/.complete"
 rm -rf "$out"
 mv "$out.tmp" "$out"
+# Keep this build and the one before it (a cluster may still run from it); drop older ones.
+ls -dt "$cache_root"/k8s-*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
 log "done"
 echo "$out"
