@@ -57,6 +57,8 @@ class GpuInfo(_Frozen):
     pci_bus_id: str
     pcie_root: str | None = None
     numa_node: int | None = None
+    # Minor number of /dev/nvidia<N>; unknown on simulated GPUs, which have no device node.
+    minor_number: int | None = None
     # Indices of GPUs on this node with a direct or NVSwitch-routed NVLink path to this one.
     nvlink_peers: tuple[int, ...] = ()
     # Same string on every GPU of one NVLink-connected group; a GPU without NVLink has its own.

@@ -239,6 +239,7 @@ class NvmlBackend(GpuBackend):
             "multiprocessors": self._multiprocessors(handle, name),
             "pcie_root": self._sysfs.pcie_root(bus_id),
             "numa_node": self._sysfs.numa_node(bus_id),
+            "minor_number": self._optional("nvmlDeviceGetMinorNumber", handle),
             "mig_capable": mig is not None,
             "mig_mode": (
                 MigMode(

@@ -253,6 +253,10 @@ class FakeNvml:
     def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetArchitecture", handle)[1].arch
 
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        # The driver numbers /dev/nvidia<N> in probe order, which matches the index here.
+        return int(self._gpu("nvmlDeviceGetMinorNumber", handle)[0])
+
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
         return self._gpu("nvmlDeviceGetCudaComputeCapability", handle)[1].cc
 

@@ -58,10 +58,17 @@ def test_unsupported_fields_do_not_fail_enumeration(tmp_path: Path) -> None:
 
     nvml.nvmlDeviceGetBrand = unsupported  # type: ignore[method-assign]
     nvml.nvmlDeviceGetArchitecture = unsupported  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetMinorNumber = unsupported  # type: ignore[method-assign]
     info = NvmlBackend(nvml=nvml, sysfs=SysfsPci(tmp_path)).list_gpus()[0]
     assert (info.brand, info.architecture) == ("Unknown", "Unknown")
+    assert info.minor_number is None
     assert info.mig_capable is False and info.numa_node is None and info.pcie_root is None
     assert info.product_name == "Tesla T4"
+
+
+def test_device_node_minor_number_is_reported(tmp_path: Path) -> None:
+    gpus = [t4(_uuid(0), _bus(0)), t4(_uuid(1), _bus(1))]
+    assert [g.minor_number for g in _backend(gpus, tmp_path).list_gpus()] == [0, 1]
 
 
 def test_unknown_product_has_no_multiprocessor_count(tmp_path: Path) -> None:
