@@ -48,6 +48,8 @@ class DeviceRecord(_Record):
     device_name: str
     cdi_device_ids: list[str] = Field(default_factory=list)
     share_id: str | None = None
+    # Admin-access allocations (monitoring) may overlap with ordinary ones.
+    admin_access: bool = False
 
 
 class MigInstanceRecord(_Record):

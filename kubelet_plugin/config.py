@@ -63,6 +63,11 @@ class PluginConfig(BaseModel):
     health_interval_seconds: float = Field(
         default=DEFAULT_HEALTH_INTERVAL_SECONDS, gt=0, lt=MAX_HEALTH_INTERVAL_SECONDS
     )
+    gpu_backend: Literal["nvml", "simulated"] = "nvml"
+    # Built-in topology name or a topology file; required by (and only used with) simulated.
+    topology: str | None = None
+    # None: in-cluster credentials (the pod's ServiceAccount).
+    kubeconfig: Path | None = None
 
     @field_validator("node_name")
     @classmethod
@@ -91,6 +96,15 @@ class PluginConfig(BaseModel):
                 "must be a pod UID: 1-64 letters, digits and '-', starting with a letter or digit"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> PluginConfig:
+        if self.gpu_backend == "simulated" and not self.topology:
+            raise ValueError(
+                "gpu_backend: 'simulated' needs topology: a built-in name (hgx-h100-8, "
+                "dgx-a100-8, h200-4, l4-2-pcie, mixed) or a topology file"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_socket_paths(self) -> PluginConfig:
@@ -213,6 +227,27 @@ _SETTINGS: Final = (
         f"below {MAX_HEALTH_INTERVAL_SECONDS})",
         "seconds",
     ),
+    _Setting(
+        "gpu_backend",
+        "--gpu-backend",
+        "FLEXGPU_GPU_BACKEND",
+        "where GPUs come from: nvml (default) or simulated",
+        "str",
+    ),
+    _Setting(
+        "topology",
+        "--topology",
+        "FLEXGPU_TOPOLOGY",
+        "simulated node topology: built-in name or YAML file",
+        "str",
+    ),
+    _Setting(
+        "kubeconfig",
+        "--kubeconfig",
+        "FLEXGPU_KUBECONFIG",
+        "kubeconfig file (default: in-cluster ServiceAccount)",
+        "path",
+    ),
 )
 
 
@@ -290,7 +325,7 @@ def _allowed(error: Mapping[str, Any]) -> str:
     # Pydantic prefixes messages of our own validators with "Value error, ".
     message = message.removeprefix("Value error, ")
     if error["type"] == "literal_error":
-        return f"must be {DRIVER_NAME!r}"
+        return f"must be {error.get('ctx', {}).get('expected', repr(DRIVER_NAME))}"
     if error["type"] == "extra_forbidden":
         return "unknown setting"
     return message

@@ -1,0 +1,37 @@
+"""Records Kubernetes Events on the plugin's Node, so admins see what the plugin did."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from typing import Any
+
+from kubernetes import client
+
+log = logging.getLogger(__name__)
+
+
+class NodeEventRecorder:
+    def __init__(self, api: Any, node_name: str, component: str = "flexgpu-kubelet-plugin"):
+        self._core = client.CoreV1Api(api)
+        self._node = node_name
+        self._component = component
+
+    def __call__(self, reason: str, message: str, event_type: str = "Warning") -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        body: Any = {
+            "metadata": {"name": f"{self._node}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": self._node, "uid": self._node},
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": self._component, "host": self._node},
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self._core.create_namespaced_event("default", body)
+        except Exception as err:  # an Event is best effort; never fail the caller
+            log.warning("could not record event %s on node %s: %s", reason, self._node, err)
