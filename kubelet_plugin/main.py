@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -67,6 +68,7 @@ def run(config: PluginConfig) -> int:
         store=store,
         lock=lock,
         cdi_dir=config.cdi_dir,
+        crash_at=os.environ.get("FLEXGPU_FAULT_CRASH_AT") or None,
     )
     with lock:
         reconcile_at_start(preparer, store, claims, events)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -58,8 +59,12 @@ class ClaimPreparerImpl:
         store: CheckpointStore,
         lock: PrepareLock,
         cdi_dir: Path,
+        crash_at: str | None = None,
     ) -> None:
         self.node_name = node_name
+        # Fault injection for crash tests (FLEXGPU_FAULT_CRASH_AT): SIGKILL ourselves at a
+        # named step, exactly as an OOM kill or node shutdown would interrupt us.
+        self._crash_at = crash_at
         self._claims = claims
         self._resolve = resolve_device
         self._store = store
@@ -151,7 +156,9 @@ class ClaimPreparerImpl:
         )
         checkpoint = checkpoint.with_claim(record)
         self._store.save(checkpoint)
+        self._maybe_crash("after-prepare-started")
         self._write_spec(claim, cdi_devices)
+        self._maybe_crash("after-cdi-written")
         checkpoint = checkpoint.with_claim(record.model_copy(update={"state": ClaimState.PREPARED}))
         self._store.save(checkpoint)
         log.info(
@@ -161,6 +168,11 @@ class ClaimPreparerImpl:
             ", ".join(d.device for d in ours) or "no devices of this node",
         )
         return checkpoint, _prepared_devices(checkpoint.claims[claim.uid])
+
+    def _maybe_crash(self, step: str) -> None:
+        if self._crash_at == step:
+            log.warning("fault injection: SIGKILL at %s", step)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _device(self, allocated: AllocatedDevice) -> CdiDevice:
         device = self._resolve(allocated.device)

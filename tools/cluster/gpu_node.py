@@ -30,6 +30,7 @@ class SimulatedGpuNode:
         kubeconfig: Path,
         name: str,
         topology: str,
+        *,
         root: Path | None = None,
         plugin_args: tuple[str, ...] = (),
         plugin_env: dict[str, str] | None = None,

@@ -1,0 +1,144 @@
+"""Helpers for end-to-end tests: DeviceClasses, claims and pods that run on simulated nodes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.conftest import wait_for
+from tools.cluster.gpu_node import SimulatedGpuNode
+
+DRIVER = "gpu.flexgpu.dev"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ensure_device_classes(api: Any) -> None:
+    resource = client.ResourceV1Api(api)
+    for doc in yaml.safe_load_all((REPO / "demo" / "deviceclasses.yaml").read_text()):
+        try:
+            resource.create_device_class(doc)
+        except client.ApiException as err:
+            if err.status != 409:
+                raise
+
+
+def make_pod(
+    name: str,
+    command: str,
+    claims: dict[str, dict[str, str]],
+    node: str | None = None,
+) -> dict[str, Any]:
+    """A pod with one container running ``sh -c command`` that uses every listed claim."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {
+                "name": "main",
+                "image": "none",
+                "command": ["/bin/sh", "-c", command],
+                "resources": {"claims": [{"name": n} for n in claims]},
+            }
+        ],
+        "resourceClaims": [{"name": n, **ref} for n, ref in claims.items()],
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def create_claim(api: Any, namespace: str, name: str, devices: dict[str, Any]) -> None:
+    client.ResourceV1Api(api).create_namespaced_resource_claim(
+        namespace,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": devices},
+        },
+    )
+
+
+def gpu_request(name: str = "gpu", count: int = 1, cel: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.flexgpu.dev", "count": count}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    return {"name": name, "exactly": exactly}
+
+
+def wait_phase(api: Any, namespace: str, pod: str, phases: set[str], timeout_s: float = 60) -> Any:
+    core = client.CoreV1Api(api)
+
+    def current() -> Any:
+        p = core.read_namespaced_pod(pod, namespace)
+        return p if p.status.phase in phases else None
+
+    try:
+        return wait_for(current, timeout_s=timeout_s, what=f"pod {pod} in {sorted(phases)}")
+    except pytest.fail.Exception:
+        p = core.read_namespaced_pod(pod, namespace)
+        events = core.list_namespaced_event(namespace).items
+        detail = [f"{e.reason}: {e.message}" for e in events if e.involved_object.name == pod][-5:]
+        pytest.fail(f"pod {pod} is {p.status.phase} ({p.status.message}); events: {detail}")
+
+
+def wait_gone(api: Any, namespace: str, pod: str, timeout_s: float = 60) -> None:
+    core = client.CoreV1Api(api)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod(pod, namespace)
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(gone, timeout_s=timeout_s, what=f"pod {pod} deleted")
+
+
+def allocated(api: Any, namespace: str, claim: str) -> list[Any]:
+    c = client.ResourceV1Api(api).read_namespaced_resource_claim(claim, namespace)
+    return list(c.status.allocation.devices.results) if c.status.allocation else []
+
+
+def device_uuid(api: Any, pool: str, device: str) -> str:
+    for s in (
+        client.ResourceV1Api(api)
+        .list_resource_slice(field_selector=f"spec.nodeName={pool},spec.driver={DRIVER}")
+        .items
+    ):
+        for d in s.spec.devices or []:
+            if d.name == device:
+                return str(d.attributes["uuid"].string)
+    raise AssertionError(f"no device {device} in pool {pool}")
+
+
+def env_from_log(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def checkpoint_claims(node: SimulatedGpuNode) -> dict[str, Any]:
+    data = json.loads((node.data_dir / "checkpoint.json").read_text())
+    return dict(data["data"]["claims"])
+
+
+def cdi_specs(node: SimulatedGpuNode) -> list[str]:
+    return sorted(p.name for p in node.cdi_dir.glob("*.json")) if node.cdi_dir.exists() else []
+
+
+def wait_container_output(
+    node: SimulatedGpuNode, namespace: str, pod: str, needle: str, timeout_s: float = 30
+) -> str:
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        text = node.container_log(namespace, pod, "main")
+        if needle in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{pod}: {needle!r} not in container log {text!r}")

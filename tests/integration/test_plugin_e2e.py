@@ -1,0 +1,142 @@
+"""End to end: the real scheduler allocates from what the plugin publishes, the upstream kubelet
+code (harness) prepares through the plugin's sockets, and each container sees exactly the GPUs
+it was given; after the pod, the claim is unprepared and its CDI spec is gone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.integration.gpu_workloads import (
+    DRIVER,
+    allocated,
+    cdi_specs,
+    checkpoint_claims,
+    create_claim,
+    device_uuid,
+    ensure_device_classes,
+    env_from_log,
+    gpu_request,
+    make_pod,
+    wait_container_output,
+    wait_gone,
+    wait_phase,
+)
+from tools.cluster import ControlPlane
+from tools.cluster.gpu_node import SimulatedGpuNode
+
+pytestmark = pytest.mark.integration
+
+H100_NODE, L4_NODE = "e2e-h100", "e2e-l4"
+PRINT_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DONE; sleep 60"
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: ControlPlane, api: Any) -> Iterator[dict[str, SimulatedGpuNode]]:
+    ensure_device_classes(api)
+    started = {
+        H100_NODE: SimulatedGpuNode(cluster.kubeconfig, H100_NODE, "hgx-h100-8"),
+        L4_NODE: SimulatedGpuNode(cluster.kubeconfig, L4_NODE, "l4-2-pcie"),
+    }
+    try:
+        for node in started.values():
+            node.start()
+        yield started
+    finally:
+        for node in started.values():
+            node.cleanup()
+
+
+def _run(api: Any, namespace: str, node: SimulatedGpuNode, pod: dict[str, Any]) -> dict[str, str]:
+    client.CoreV1Api(api).create_namespaced_pod(namespace, pod)
+    name = pod["metadata"]["name"]
+    wait_phase(api, namespace, name, {"Running"})
+    return env_from_log(wait_container_output(node, namespace, name, "DONE"))
+
+
+def _delete_and_check_unprepared(
+    api: Any, namespace: str, node: SimulatedGpuNode, pod: str, claim_uid: str
+) -> None:
+    client.CoreV1Api(api).delete_namespaced_pod(pod, namespace)
+    wait_gone(api, namespace, pod)
+    assert claim_uid not in checkpoint_claims(node)
+    assert not [s for s in cdi_specs(node) if claim_uid in s]
+
+
+def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -> None:
+    node = nodes[H100_NODE]
+    create_claim(api, namespace, "one", {"requests": [gpu_request()]})
+    env = _run(
+        api,
+        namespace,
+        node,
+        make_pod("one", PRINT_ENV, {"g": {"resourceClaimName": "one"}}, H100_NODE),
+    )
+    (result,) = allocated(api, namespace, "one")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == device_uuid(api, H100_NODE, result.device)
+    assert env["FLEXGPU_CLAIM_NAME"] == "one" and env["FLEXGPU_DEVICES"] == result.device
+    uid = env["FLEXGPU_CLAIM_UID"]
+    assert checkpoint_claims(node)[uid]["state"] == "Prepared"
+    assert [s for s in cdi_specs(node) if uid in s]
+    _delete_and_check_unprepared(api, namespace, node, "one", uid)
+
+
+def test_two_nvlink_aligned_gpus(
+    api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]
+) -> None:
+    node = nodes[H100_NODE]
+    create_claim(
+        api,
+        namespace,
+        "pair",
+        {
+            "requests": [gpu_request(count=2)],
+            "constraints": [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
+        },
+    )
+    env = _run(
+        api,
+        namespace,
+        node,
+        make_pod("pair", PRINT_ENV, {"g": {"resourceClaimName": "pair"}}, H100_NODE),
+    )
+    results = allocated(api, namespace, "pair")
+    assert len(results) == 2
+    expected = {device_uuid(api, H100_NODE, r.device) for r in results}
+    assert set(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == expected
+    _delete_and_check_unprepared(api, namespace, node, "pair", env["FLEXGPU_CLAIM_UID"])
+
+
+def test_cel_product_name_selects_the_l4_node(
+    api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]
+) -> None:
+    node = nodes[L4_NODE]
+    cel = f'device.attributes["{DRIVER}"].productName == "NVIDIA L4"'
+    create_claim(api, namespace, "l4", {"requests": [gpu_request(cel=cel)]})
+    env = _run(api, namespace, node, make_pod("l4", PRINT_ENV, {"g": {"resourceClaimName": "l4"}}))
+    pod = client.CoreV1Api(api).read_namespaced_pod("l4", namespace)
+    assert pod.spec.node_name == L4_NODE
+    (result,) = allocated(api, namespace, "l4")
+    assert result.pool == L4_NODE
+    assert env["NVIDIA_VISIBLE_DEVICES"] == device_uuid(api, L4_NODE, result.device)
+    _delete_and_check_unprepared(api, namespace, node, "l4", env["FLEXGPU_CLAIM_UID"])
+
+
+def test_claim_shared_by_two_pods(
+    api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]
+) -> None:
+    node = nodes[H100_NODE]
+    create_claim(api, namespace, "shared", {"requests": [gpu_request()]})
+    ref = {"g": {"resourceClaimName": "shared"}}
+    first = _run(api, namespace, node, make_pod("first", PRINT_ENV, ref, H100_NODE))
+    second = _run(api, namespace, node, make_pod("second", PRINT_ENV, ref, H100_NODE))
+    assert first["NVIDIA_VISIBLE_DEVICES"] == second["NVIDIA_VISIBLE_DEVICES"]
+    uid = first["FLEXGPU_CLAIM_UID"]
+    # The claim stays prepared while one pod still uses it.
+    client.CoreV1Api(api).delete_namespaced_pod("first", namespace)
+    wait_gone(api, namespace, "first")
+    assert checkpoint_claims(node)[uid]["state"] == "Prepared"
+    _delete_and_check_unprepared(api, namespace, node, "second", uid)
