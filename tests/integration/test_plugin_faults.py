@@ -1,0 +1,126 @@
+"""Fault tests: the plugin killed mid-prepare converges after a restart with no leftovers;
+slices deleted behind its back come back; a corrupted checkpoint does not stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.conftest import wait_for
+from tests.integration.gpu_workloads import (
+    DRIVER,
+    cdi_specs,
+    checkpoint_claims,
+    create_claim,
+    ensure_device_classes,
+    env_from_log,
+    gpu_request,
+    make_pod,
+    wait_container_output,
+    wait_gone,
+    wait_phase,
+)
+from tools.cluster import ControlPlane
+from tools.cluster.gpu_node import SimulatedGpuNode
+
+pytestmark = pytest.mark.integration
+
+PRINT_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DONE; sleep 60"
+
+
+@pytest.fixture
+def node(
+    cluster: ControlPlane, api: Any, request: pytest.FixtureRequest
+) -> Iterator[SimulatedGpuNode]:
+    ensure_device_classes(api)
+    crash_at = getattr(request, "param", None)
+    env = dict(os.environ, FLEXGPU_FAULT_CRASH_AT=crash_at) if crash_at else None
+    name = f"fault-{request.node.name.split('[')[0][-20:].replace('_', '-')}".strip("-").lower()
+    sim = SimulatedGpuNode(cluster.kubeconfig, name, "l4-2-pcie", plugin_env=env)
+    # The first plugin kills itself at the crash point, so wait only for the harness here.
+    try:
+        sim.start()
+        yield sim
+    finally:
+        sim.cleanup()
+
+
+@pytest.mark.parametrize("node", ["after-prepare-started", "after-cdi-written"], indirect=True)
+def test_sigkill_mid_prepare_converges_after_restart(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    create_claim(api, namespace, "c", {"requests": [gpu_request()]})
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace, make_pod("p", PRINT_ENV, {"g": {"resourceClaimName": "c"}}, node.name)
+    )
+    assert node.plugin is not None
+    first = node.plugin
+    wait_for(lambda: not first.running(), timeout_s=60, what="plugin killed at the crash point")
+    assert first.exit_code() == -signal.SIGKILL
+    # What the crash left behind: a PrepareStarted record (and maybe the spec).
+    (record,) = checkpoint_claims(node).values()
+    assert record["state"] == "PrepareStarted"
+
+    node.plugin_env = None
+    node.start_plugin()
+    assert "rolled back 1" in node.plugin.log_tail(100)
+    wait_phase(api, namespace, "p", {"Running"}, timeout_s=90)
+    env = env_from_log(wait_container_output(node, namespace, "p", "DONE"))
+    uid = env["FLEXGPU_CLAIM_UID"]
+    assert checkpoint_claims(node)[uid]["state"] == "Prepared"
+    assert cdi_specs(node) == [f"{DRIVER}-claim_{uid}.json"]
+
+    client.CoreV1Api(api).delete_namespaced_pod("p", namespace)
+    wait_gone(api, namespace, "p")
+    assert checkpoint_claims(node) == {}
+    assert cdi_specs(node) == []
+
+
+def test_deleted_slices_come_back(api: Any, node: SimulatedGpuNode) -> None:
+    resource = client.ResourceV1Api(api)
+    selector = f"spec.nodeName={node.name},spec.driver={DRIVER}"
+    before = resource.list_resource_slice(field_selector=selector).items
+    resource.delete_collection_resource_slice(field_selector=selector)
+    again = wait_for(
+        lambda: [
+            s
+            for s in resource.list_resource_slice(field_selector=selector).items
+            if s.metadata.uid not in {b.metadata.uid for b in before}
+        ],
+        timeout_s=30,
+        what="slices re-created by the plugin",
+    )
+    assert [d.name for d in again[0].spec.devices] == ["gpu-0", "gpu-1"]
+
+
+def test_corrupted_checkpoint_is_rebuilt_from_cdi_and_api(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    create_claim(api, namespace, "c", {"requests": [gpu_request()]})
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace, make_pod("p", PRINT_ENV, {"g": {"resourceClaimName": "c"}}, node.name)
+    )
+    wait_phase(api, namespace, "p", {"Running"})
+    uid = env_from_log(wait_container_output(node, namespace, "p", "DONE"))["FLEXGPU_CLAIM_UID"]
+
+    node.stop_plugin()
+    checkpoint = node.data_dir / "checkpoint.json"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:-7] + b"garbage")
+    node.start_plugin()
+
+    assert list(node.data_dir.glob("checkpoint.json.corrupt-*"))
+    assert checkpoint_claims(node)[uid]["state"] == "Prepared"
+    events = client.CoreV1Api(api).list_namespaced_event("default").items
+    assert any(
+        e.reason == "CheckpointCorrupt" and e.involved_object.name == node.name for e in events
+    )
+    # The rebuilt record is enough to unprepare the claim when the pod goes.
+    client.CoreV1Api(api).delete_namespaced_pod("p", namespace)
+    wait_gone(api, namespace, "p")
+    assert checkpoint_claims(node) == {}
+    assert cdi_specs(node) == []
