@@ -57,5 +57,9 @@ cluster-up: setup
 cluster-down: venv
 	@$(PY) -m tools.cluster down
 
+# Benchmarks print figures (percentiles, rates, memory) and explain them; nothing is asserted.
+bench: setup
+	@$(PY) -m bench.prepare_latency
+
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

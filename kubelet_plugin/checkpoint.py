@@ -138,6 +138,12 @@ class LoadResult:
     checkpoint: Checkpoint
 
 
+def _identity(path: Path) -> tuple[int, int, int]:
+    # Every save is a rename of a fresh temp file, so a write by anyone changes the inode.
+    st = os.stat(path)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     boot_id = path.read_text(encoding="ascii").strip()
     if not boot_id:
@@ -160,6 +166,9 @@ class CheckpointStore:
         self.path = path
         self.boot_id_path = boot_id_path
         self._boot_id: str | None = None
+        # What we last read or wrote, keyed by the file's identity: while the file is the one
+        # we know (same inode, mtime and size) a load needs no parse and no validation.
+        self._known: tuple[tuple[int, int, int], Checkpoint] | None = None
 
     @property
     def boot_id(self) -> str:
@@ -173,6 +182,9 @@ class CheckpointStore:
     def load(self) -> LoadResult:
         """Read the checkpoint. Raises CorruptCheckpoint (after moving the file aside)."""
         try:
+            identity = _identity(self.path)
+            if self._known is not None and self._known[0] == identity:
+                return LoadResult(LoadStatus.CURRENT, self._known[1])
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return LoadResult(LoadStatus.MISSING, self.empty())
@@ -185,6 +197,7 @@ class CheckpointStore:
                 self.boot_id,
             )
             return LoadResult(LoadStatus.STALE, checkpoint)
+        self._known = (identity, checkpoint)
         return LoadResult(LoadStatus.CURRENT, checkpoint)
 
     def save(self, checkpoint: Checkpoint) -> None:
@@ -193,6 +206,7 @@ class CheckpointStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Compact: indenting would push json onto its pure-Python encoder (10x slower).
         atomic_write_bytes(self.path, canonical_json(document))
+        self._known = (_identity(self.path), checkpoint)
 
     def _parse(self, raw: bytes) -> Checkpoint:
         try:

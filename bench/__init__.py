@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): figures are printed and explained, never asserted in unit tests."""
