@@ -28,7 +28,7 @@ ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 _SPEC_FILE = re.compile(
-    rf"^{re.escape(CDI_VENDOR)}-{re.escape(CDI_CLASS)}_(?P<uid>[0-9a-fA-F-]{{1,64}})\.json$"
+    rf"^{re.escape(CDI_VENDOR)}-{re.escape(CDI_CLASS)}_(?P<uid>[0-9A-Za-z-]{{1,64}})\.json$"
 )
 
 
