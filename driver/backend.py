@@ -19,6 +19,7 @@ from driver.gpu_model import (
     MigMode,
     MigPlacement,
     MigProfile,
+    MpsDaemon,
     ProcessSample,
     TimeSliceInterval,
 )
@@ -35,6 +36,8 @@ class GpuBackend(ABC):
             "destroy_mig_device",
             "set_compute_mode",
             "set_time_slice",
+            "start_mps_daemon",
+            "stop_mps_daemon",
         }
     )
 
@@ -86,6 +89,20 @@ class GpuBackend(ABC):
     @abstractmethod
     def set_time_slice(self, index: int, interval: TimeSliceInterval) -> None:
         """Set the time-slice length used when several processes share the GPU."""
+
+    @abstractmethod
+    def start_mps_daemon(self, index: int) -> MpsDaemon:
+        """Start the MPS control daemon for this GPU, or return the one already running (a
+        restarted plugin adopts it instead of starting a second). The GPU is put in
+        exclusive-process compute mode, so every CUDA process goes through the daemon."""
+
+    @abstractmethod
+    def stop_mps_daemon(self, index: int) -> None:
+        """Stop the GPU's MPS daemon and restore the default compute mode; no-op if none."""
+
+    @abstractmethod
+    def mps_daemons(self) -> list[MpsDaemon]:
+        """MPS daemons running on this node's GPUs."""
 
     @abstractmethod
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:

@@ -124,6 +124,15 @@ class MigDevice(_Frozen):
     uuid: str | None = None
 
 
+class MpsDaemon(_Frozen):
+    """An MPS control daemon serving one GPU. Clients reach it through ``pipe_dir``."""
+
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str
+    pipe_dir: str
+    log_dir: str
+
+
 class HealthEventKind(StrEnum):
     XID = "Xid"
     GPU_LOST = "GpuLost"

@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -40,6 +41,7 @@ from driver.gpu_model import (
     MigMode,
     MigPlacement,
     MigProfile,
+    MpsDaemon,
     ProcessSample,
     TimeSliceInterval,
 )
@@ -108,6 +110,11 @@ def _instance_id(value: object) -> int | None:
     return None if number == _NO_INSTANCE else number
 
 
+# Host folder for MPS pipes and logs, one sub-folder per GPU UUID; mounted into containers.
+DEFAULT_MPS_ROOT = Path("/run/flexgpu/mps")
+_MPS_PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
 def _run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
 
@@ -127,15 +134,20 @@ class NvmlBackend(GpuBackend):
     def __init__(
         self,
         nvml: Any = None,
+        *,
         sysfs: SysfsPci | None = None,
         run_command: CommandRunner = _run_command,
         nvidia_smi: str = "nvidia-smi",
+        mps_root: Path = DEFAULT_MPS_ROOT,
+        mps_control: str = "nvidia-cuda-mps-control",
     ) -> None:
         # ``nvml`` is the pynvml module or a stand-in with the same functions.
         self._nvml: Any = nvml if nvml is not None else pynvml
         self._sysfs = sysfs or SysfsPci()
         self._run_command = run_command
         self._nvidia_smi = nvidia_smi
+        self._mps_root = mps_root
+        self._mps_control = mps_control
         self._lock = threading.RLock()
         self._known_uuids: dict[int, str] = {}
         self._reported_lost: set[str] = set()
@@ -542,6 +554,77 @@ class NvmlBackend(GpuBackend):
             if "not supported" in lowered:
                 raise NotSupportedError(message)
             raise GpuBackendError(message)
+
+    # -- MPS -----------------------------------------------------------------------------
+
+    def _mps_daemon(self, index: int, uuid: str) -> MpsDaemon:
+        folder = self._mps_root / uuid
+        return MpsDaemon(
+            gpu_index=index,
+            gpu_uuid=uuid,
+            pipe_dir=str(folder / "pipe"),
+            log_dir=str(folder / "log"),
+        )
+
+    @staticmethod
+    def _mps_alive(daemon: MpsDaemon) -> bool:
+        # The control daemon writes its pid into the pipe folder; a stale file means it died.
+        try:
+            pid = int((Path(daemon.pipe_dir) / _MPS_PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return False
+        return Path(f"/proc/{pid}").exists()
+
+    def _mps_command(self, daemon: MpsDaemon, index: int, action: str, *argv: str) -> None:
+        env = [
+            "env",
+            f"CUDA_VISIBLE_DEVICES={daemon.gpu_uuid}",
+            f"CUDA_MPS_PIPE_DIRECTORY={daemon.pipe_dir}",
+            f"CUDA_MPS_LOG_DIRECTORY={daemon.log_dir}",
+        ]
+        try:
+            result = self._run_command([*env, *argv])
+        except FileNotFoundError:
+            raise NotSupportedError(
+                f"cannot {action} MPS on GPU {index}: {self._mps_control} not found"
+            ) from None
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise GpuBackendError(f"cannot {action} MPS on GPU {index}: {exc}") from None
+        if result.returncode != 0:
+            output = (result.stderr or result.stdout or "").strip()
+            if result.returncode == 127:
+                raise NotSupportedError(
+                    f"cannot {action} MPS on GPU {index}: {self._mps_control} not found"
+                )
+            raise GpuBackendError(f"{action} MPS on GPU {index}: {output}")
+
+    def start_mps_daemon(self, index: int) -> MpsDaemon:
+        with self._lock:
+            uuid = _text(self._call("nvmlDeviceGetUUID", self._handle(index)))
+        daemon = self._mps_daemon(index, uuid)
+        if self._mps_alive(daemon):
+            return daemon
+        Path(daemon.pipe_dir).mkdir(parents=True, exist_ok=True)
+        Path(daemon.log_dir).mkdir(parents=True, exist_ok=True)
+        self.set_compute_mode(index, ComputeMode.EXCLUSIVE_PROCESS)
+        self._mps_command(daemon, index, "start", self._mps_control, "-d")
+        return daemon
+
+    def stop_mps_daemon(self, index: int) -> None:
+        with self._lock:
+            uuid = _text(self._call("nvmlDeviceGetUUID", self._handle(index)))
+        daemon = self._mps_daemon(index, uuid)
+        if self._mps_alive(daemon):
+            self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
+        self.set_compute_mode(index, ComputeMode.DEFAULT)
+
+    def mps_daemons(self) -> list[MpsDaemon]:
+        running = []
+        for gpu in self.list_gpus():
+            daemon = self._mps_daemon(gpu.index, gpu.uuid)
+            if self._mps_alive(daemon):
+                running.append(daemon)
+        return running
 
     # -- health and processes ------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from driver.gpu_model import (
     MigMode,
     MigPlacement,
     MigProfile,
+    MpsDaemon,
     ProcessSample,
     TimeSliceInterval,
 )
@@ -61,6 +62,15 @@ class ReadOnlyBackend(GpuBackend):
 
     def set_time_slice(self, index: int, interval: TimeSliceInterval) -> None:
         self._refuse("set_time_slice")
+
+    def start_mps_daemon(self, index: int) -> MpsDaemon:
+        self._refuse("start_mps_daemon")
+
+    def stop_mps_daemon(self, index: int) -> None:
+        self._refuse("stop_mps_daemon")
+
+    def mps_daemons(self) -> list[MpsDaemon]:
+        return self._inner.mps_daemons()
 
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
         return self._inner.wait_health_event(timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from driver.gpu_model import (
     MigMode,
     MigPlacement,
     MigProfile,
+    MpsDaemon,
     ProcessSample,
     TimeSliceInterval,
 )
@@ -58,8 +60,16 @@ class SimulatedBackend(GpuBackend):
         topology: NodeTopology,
         node_name: str,
         state_path: str | os.PathLike[str] | None = None,
+        mps_root: str | os.PathLike[str] | None = None,
     ) -> None:
         self._topology = topology
+        # Where simulated MPS pipe and log folders go (containers mount them via CDI).
+        if mps_root is not None:
+            self._mps_root = Path(mps_root)
+        elif state_path is not None:
+            self._mps_root = Path(state_path).parent / "mps"
+        else:
+            self._mps_root = Path(tempfile.mkdtemp(prefix="flexgpu-sim-mps-"))
         self._node_name = node_name
         self._state_path = Path(state_path) if state_path is not None else None
         self._lock = threading.RLock()
@@ -84,10 +94,11 @@ class SimulatedBackend(GpuBackend):
         topology_ref: str | os.PathLike[str],
         node_name: str,
         state_path: str | os.PathLike[str] | None = None,
+        mps_root: str | os.PathLike[str] | None = None,
     ) -> SimulatedBackend:
         """Build from a built-in topology name or a topology file path."""
         ref = topology_ref if isinstance(topology_ref, str) else Path(topology_ref)
-        return cls(load_topology(ref), node_name, state_path)
+        return cls(load_topology(ref), node_name, state_path, mps_root)
 
     @property
     def node_name(self) -> str:
@@ -307,6 +318,46 @@ class SimulatedBackend(GpuBackend):
             self._gpu(index).time_slice = interval
             self._save()
 
+    def _mps_daemon(self, index: int) -> MpsDaemon:
+        folder = self._mps_root / self._uuids[index]
+        return MpsDaemon(
+            gpu_index=index,
+            gpu_uuid=self._uuids[index],
+            pipe_dir=str(folder / "pipe"),
+            log_dir=str(folder / "log"),
+        )
+
+    def start_mps_daemon(self, index: int) -> MpsDaemon:
+        with self._lock:
+            self.faults.check("start_mps_daemon")
+            gpu = self._gpu(index)
+            daemon = self._mps_daemon(index)
+            if not gpu.mps_running:
+                Path(daemon.pipe_dir).mkdir(parents=True, exist_ok=True)
+                Path(daemon.log_dir).mkdir(parents=True, exist_ok=True)
+                gpu.mps_running = True
+                gpu.mps_starts += 1
+                gpu.compute_mode = ComputeMode.EXCLUSIVE_PROCESS
+                self._save()
+            return daemon
+
+    def stop_mps_daemon(self, index: int) -> None:
+        with self._lock:
+            self.faults.check("stop_mps_daemon")
+            gpu = self._gpu(index)
+            if gpu.mps_running:
+                gpu.mps_running = False
+                gpu.compute_mode = ComputeMode.DEFAULT
+                self._save()
+
+    def mps_daemons(self) -> list[MpsDaemon]:
+        with self._lock:
+            return [
+                self._mps_daemon(i)
+                for i, gpu in enumerate(self._state.gpus)
+                if gpu.mps_running and not gpu.lost
+            ]
+
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
         self.faults.check("wait_health_event")
         try:
@@ -325,6 +376,11 @@ class SimulatedBackend(GpuBackend):
             return list(self._processes.get(index, []))
 
     # -- simulation controls (not part of GpuBackend) ------------------------------------
+
+    def mps_starts(self, index: int) -> int:
+        """How often an MPS daemon was started on the GPU (adoption does not count)."""
+        with self._lock:
+            return self._gpu(index).mps_starts
 
     def time_slice(self, index: int) -> TimeSliceInterval:
         """The time slice last set; NVML offers no way to read it back, the simulator does."""

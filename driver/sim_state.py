@@ -39,6 +39,9 @@ class SimulatedGpuState(_State):
     # Counts MIG creations so a re-created instance gets a fresh UUID.
     creations: int = 0
     mig_instances: list[SimulatedMigInstance] = []
+    # A running MPS control daemon outlives the plugin, as the real one does.
+    mps_running: bool = False
+    mps_starts: int = 0
 
 
 class SimulatedNodeState(_State):

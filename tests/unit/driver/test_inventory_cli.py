@@ -82,6 +82,8 @@ def test_readonly_refuses_every_mutation_without_touching_the_backend() -> None:
         "destroy_mig_device": lambda: readonly.destroy_mig_device(0, 7),
         "set_compute_mode": lambda: readonly.set_compute_mode(0, ComputeMode.PROHIBITED),
         "set_time_slice": lambda: readonly.set_time_slice(0, TimeSliceInterval.LONG),
+        "start_mps_daemon": lambda: readonly.start_mps_daemon(0),
+        "stop_mps_daemon": lambda: readonly.stop_mps_daemon(0),
     }
     assert set(attempts) == GpuBackend.MUTATING_METHODS
     for name, attempt in attempts.items():
@@ -93,7 +95,7 @@ def test_readonly_refuses_every_mutation_without_touching_the_backend() -> None:
 
 
 def test_mutating_method_list_covers_the_interface() -> None:
-    prefixes = ("set_", "create_", "destroy_")
+    prefixes = ("set_", "create_", "destroy_", "start_", "stop_")
     setters = {name for name in GpuBackend.__abstractmethods__ if name.startswith(prefixes)}
     assert setters == GpuBackend.MUTATING_METHODS
 

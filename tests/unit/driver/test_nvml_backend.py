@@ -252,3 +252,32 @@ def test_close_shuts_nvml_down(tmp_path: Path) -> None:
         backend.wait_health_event(0)
     assert not nvml.initialized
     assert "nvmlEventSetFree" in nvml.calls
+
+
+def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+
+    calls: list[list[str]] = []
+
+    def runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        env = dict(a.split("=", 1) for a in argv if "=" in a and a.startswith("CUDA_"))
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+        # The real control daemon writes its pid file; this one is alive (our own pid).
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    backend = _backend(
+        [t4(_uuid(0), _bus(0))], tmp_path, run_command=runner, mps_root=tmp_path / "mps"
+    )
+    daemon = backend.start_mps_daemon(0)
+    assert calls[0][-2:] == ["nvidia-cuda-mps-control", "-d"]
+    assert f"CUDA_VISIBLE_DEVICES={_uuid(0)}" in calls[0]
+    assert daemon.pipe_dir == str(tmp_path / "mps" / _uuid(0) / "pipe")
+    assert backend.start_mps_daemon(0) == daemon and len(calls) == 1  # adopted
+    assert backend.mps_daemons() == [daemon]
+    backend.stop_mps_daemon(0)
+    assert calls[1][-3:] == ["sh", "-c", "echo quit | nvidia-cuda-mps-control"]
