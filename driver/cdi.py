@@ -71,9 +71,13 @@ def minimum_cdi_version(device_names: Sequence[str]) -> str:
 
 
 def render_claim_spec(
-    claim: ClaimIdentity, devices: Sequence[CdiDevice], extra_env: Mapping[str, str] | None = None
+    claim: ClaimIdentity,
+    devices: Sequence[CdiDevice],
+    extra_env: Mapping[str, str] | None = None,
+    mounts: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """The spec for one claim. ``extra_env`` carries sharing settings (MPS limits, ...)."""
+    """The spec for one claim. ``extra_env`` and ``mounts`` (host path, container path)
+    carry sharing settings: MPS limits, pipe and shared-memory folders."""
     env: dict[str, str] = {
         ENV_VISIBLE_DEVICES: ",".join(d.uuid for d in devices) or "void",
         ENV_CLAIM_UID: claim.uid,
@@ -90,6 +94,11 @@ def render_claim_spec(
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     if nodes:
         edits["deviceNodes"] = [{"path": n} for n in nodes]
+    if mounts:
+        edits["mounts"] = [
+            {"hostPath": host, "containerPath": path, "options": ["rbind", "rw"]}
+            for host, path in mounts
+        ]
     return {
         "cdiVersion": minimum_cdi_version([claim.uid]),
         "kind": CDI_KIND,

@@ -131,6 +131,9 @@ class MpsDaemon(_Frozen):
     gpu_uuid: str
     pipe_dir: str
     log_dir: str
+    # Bound over /dev/shm for the daemon and its clients: MPS talks through shared memory,
+    # and a folder of its own keeps clients away from the host's /dev/shm.
+    shm_dir: str
 
 
 class HealthEventKind(StrEnum):

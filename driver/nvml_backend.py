@@ -564,6 +564,7 @@ class NvmlBackend(GpuBackend):
             gpu_uuid=uuid,
             pipe_dir=str(folder / "pipe"),
             log_dir=str(folder / "log"),
+            shm_dir=str(folder / "shm"),
         )
 
     @staticmethod
@@ -606,8 +607,23 @@ class NvmlBackend(GpuBackend):
             return daemon
         Path(daemon.pipe_dir).mkdir(parents=True, exist_ok=True)
         Path(daemon.log_dir).mkdir(parents=True, exist_ok=True)
+        Path(daemon.shm_dir).mkdir(parents=True, exist_ok=True)
         self.set_compute_mode(index, ComputeMode.EXCLUSIVE_PROCESS)
-        self._mps_command(daemon, index, "start", self._mps_control, "-d")
+        # The daemon gets a mount namespace of its own whose /dev/shm is the GPU's shm folder;
+        # clients get the same folder at /dev/shm through their CDI mounts.
+        script = f"mount --bind {daemon.shm_dir} /dev/shm && exec {self._mps_control} -d"
+        self._mps_command(
+            daemon,
+            index,
+            "start",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+        )
         return daemon
 
     def stop_mps_daemon(self, index: int) -> None:

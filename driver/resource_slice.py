@@ -7,7 +7,7 @@ order is allocation priority for the scheduler (first fit), so GPUs are publishe
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from driver.gpu_model import GpuInfo
@@ -77,12 +77,61 @@ def whole_gpu_device(gpu: GpuInfo) -> Device:
     return {"name": gpu_device_name(gpu.index), "attributes": attrs, "capacity": capacity}
 
 
-def render_whole_gpus(gpus: Sequence[GpuInfo]) -> list[Device]:
-    """One device per healthy GPU, in index order. Unhealthy GPUs are left out so nothing new
-    is scheduled onto them; their prepared claims stay prepared."""
+# Shares are enforced with MPS pinned-memory limits; below 1 GiB a CUDA context alone does
+# not fit, so smaller requests are rounded up to it.
+MIN_SHARE_MEMORY = "1Gi"
+
+
+def shared_gpu_device(gpu: GpuInfo) -> Device:
+    """A GPU handed out in fractions: several claims each consume part of its ``memory`` and
+    ``compute`` (percent of its SMs), and the scheduler packs them (consumable capacity).
+
+    Request policies: ``memory`` defaults to the whole GPU, so a claim that asks for nothing
+    gets the whole GPU as in the whole-GPU class; ``compute`` defaults to 0, so a claim that
+    asks only for memory does not reserve SMs and blocks nobody; its MPS thread limit is then
+    derived from its memory fraction. A claim that asks for ``compute`` reserves it.
+    """
+    memory = f"{gpu.memory_mib}Mi"
+    attrs = {"type": _string("shared"), **gpu_identity_attributes(gpu)}
+    if gpu.multiprocessors is not None:
+        # An attribute, not a capacity: on a shared device every capacity is consumable and
+        # one without a request would take all of it.
+        attrs["multiprocessors"] = {"int": gpu.multiprocessors}
+    return {
+        "name": gpu_device_name(gpu.index),
+        "allowMultipleAllocations": True,
+        "attributes": attrs,
+        "capacity": {
+            "memory": {
+                "value": memory,
+                "requestPolicy": {
+                    "default": memory,
+                    "validRange": {"min": MIN_SHARE_MEMORY, "max": memory},
+                },
+            },
+            "compute": {
+                "value": "100",
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": "100", "step": "1"},
+                },
+            },
+        },
+    }
+
+
+def render_node_gpus(gpus: Sequence[GpuInfo], shared: Collection[int] = ()) -> list[Device]:
+    """Every healthy GPU in index order: shared ones (by index) as fractions, the rest whole.
+    Unhealthy GPUs are left out so nothing new lands on them; prepared claims stay."""
     return [
-        whole_gpu_device(g) for g in sorted(gpus, key=lambda g: g.index) if g.health == "Healthy"
+        shared_gpu_device(g) if g.index in shared else whole_gpu_device(g)
+        for g in sorted(gpus, key=lambda g: g.index)
+        if g.health == "Healthy"
     ]
+
+
+def render_whole_gpus(gpus: Sequence[GpuInfo]) -> list[Device]:
+    return render_node_gpus(gpus)
 
 
 def check_device(device: Device) -> None:

@@ -325,6 +325,7 @@ class SimulatedBackend(GpuBackend):
             gpu_uuid=self._uuids[index],
             pipe_dir=str(folder / "pipe"),
             log_dir=str(folder / "log"),
+            shm_dir=str(folder / "shm"),
         )
 
     def start_mps_daemon(self, index: int) -> MpsDaemon:
@@ -335,6 +336,7 @@ class SimulatedBackend(GpuBackend):
             if not gpu.mps_running:
                 Path(daemon.pipe_dir).mkdir(parents=True, exist_ok=True)
                 Path(daemon.log_dir).mkdir(parents=True, exist_ok=True)
+                Path(daemon.shm_dir).mkdir(parents=True, exist_ok=True)
                 gpu.mps_running = True
                 gpu.mps_starts += 1
                 gpu.compute_mode = ComputeMode.EXCLUSIVE_PROCESS

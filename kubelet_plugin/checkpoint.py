@@ -48,6 +48,8 @@ class DeviceRecord(_Record):
     device_name: str
     cdi_device_ids: list[str] = Field(default_factory=list)
     share_id: str | None = None
+    # What the scheduler granted a share of a shared GPU, e.g. {"memory": "16Gi"}.
+    consumed_capacity: dict[str, str] = Field(default_factory=dict)
     # Admin-access allocations (monitoring) may overlap with ordinary ones.
     admin_access: bool = False
 
@@ -67,6 +69,8 @@ class MpsShareRecord(_Record):
     """Per-claim MPS limits applied on a shared GPU."""
 
     gpu_uuids: list[str]
+    # The GPU whose MPS daemon serves the claim; the daemon stops with its last claim.
+    gpu_index: int | None = None
     pipe_dir: str | None = None
     active_thread_percentage: int | None = None
     pinned_memory_limits: dict[str, str] = Field(default_factory=dict)
@@ -78,6 +82,8 @@ class CreatedResources(_Record):
     cdi_spec_path: str | None = None
     mig_instances: list[MigInstanceRecord] = Field(default_factory=list)
     mps_share: MpsShareRecord | None = None
+    # GPU index (as a string: JSON keys) -> time-slice interval this claim set.
+    time_slices: dict[str, str] = Field(default_factory=dict)
 
 
 class ClaimRecord(_Record):

@@ -68,6 +68,8 @@ class PluginConfig(BaseModel):
     topology: str | None = None
     # None: in-cluster credentials (the pod's ServiceAccount).
     kubeconfig: Path | None = None
+    # GPUs published as fractions (consumable capacity): "all" or GPU indices "0,2,3".
+    shared_gpus: str | None = None
 
     @field_validator("node_name")
     @classmethod
@@ -96,6 +98,20 @@ class PluginConfig(BaseModel):
                 "must be a pod UID: 1-64 letters, digits and '-', starting with a letter or digit"
             )
         return value
+
+    @field_validator("shared_gpus")
+    @classmethod
+    def _check_shared_gpus(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"all|\d+(,\d+)*", value.replace(" ", "")):
+            raise ValueError('must be "all" or comma-separated GPU indices such as "0,2"')
+        return None if value is None else value.replace(" ", "")
+
+    def shared_gpu_indices(self, gpu_count: int) -> frozenset[int]:
+        if not self.shared_gpus:
+            return frozenset()
+        if self.shared_gpus == "all":
+            return frozenset(range(gpu_count))
+        return frozenset(int(i) for i in self.shared_gpus.split(","))
 
     @model_validator(mode="after")
     def _check_backend(self) -> PluginConfig:
@@ -239,6 +255,13 @@ _SETTINGS: Final = (
         "--topology",
         "FLEXGPU_TOPOLOGY",
         "simulated node topology: built-in name or YAML file",
+        "str",
+    ),
+    _Setting(
+        "shared_gpus",
+        "--shared-gpus",
+        "FLEXGPU_SHARED_GPUS",
+        'GPUs published as fractions: "all" or indices such as "0,2" (default: none)',
         "str",
     ),
     _Setting(

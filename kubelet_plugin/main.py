@@ -57,14 +57,14 @@ def run(config: PluginConfig) -> int:
         return 1
     api = make_api(config)
     events = NodeEventRecorder(api, config.node_name)
-    devices = NodeDevices(backend)
+    devices = NodeDevices(backend, config.shared_gpu_indices(len(backend.list_gpus())))
     store = CheckpointStore(config.checkpoint_path)
     lock = PrepareLock(config.lock_path)
     claims = ApiClaimSource(api)
     preparer = ClaimPreparerImpl(
         node_name=config.node_name,
         claims=claims,
-        resolve_device=devices.resolve,
+        devices=devices,
         store=store,
         lock=lock,
         cdi_dir=config.cdi_dir,

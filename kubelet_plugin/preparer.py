@@ -1,9 +1,9 @@
 """Prepare / unprepare of claims on this node: the crash-safe state machine.
 
-Per claim: record ``PrepareStarted`` (with what is about to be created) -> create it (CDI spec,
-...) -> record ``Prepared``. A SIGKILL between any two steps leaves a record that says what may
-exist, so a retry or the next start can finish or roll back. Unprepare works from the
-checkpoint alone: the claim object may already be gone.
+Per claim: record ``PrepareStarted`` (with everything about to be created or changed: CDI
+spec, MPS daemon use, time-slice) -> do it -> record ``Prepared``. A SIGKILL between any two
+steps leaves a record that says what may exist, so a retry or the next start can finish or
+roll back. Unprepare works from the checkpoint alone: the claim object may already be gone.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from driver.atomic_file import atomic_write_bytes
+from driver.backend_errors import GpuLostError, NotFoundError
 from driver.cdi import (
     CdiDevice,
     ClaimIdentity,
@@ -24,7 +25,9 @@ from driver.cdi import (
     render_claim_spec,
     spec_file_name,
 )
+from driver.gpu_model import TimeSliceInterval
 from driver.names import DRIVER_NAME
+from driver.quantity import QuantityError, parse_quantity
 from kubelet_plugin.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -32,15 +35,24 @@ from kubelet_plugin.checkpoint import (
     ClaimState,
     CreatedResources,
     DeviceRecord,
+    MpsShareRecord,
 )
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
 from kubelet_plugin.claims import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.prepare_lock import PrepareLock
+from kubelet_plugin.sharing import (
+    SharingError,
+    SharingPlan,
+    mps_env,
+    mps_mounts,
+    plan_sharing,
+)
 
 log = logging.getLogger(__name__)
 
-# Resolves a device name of this node's pool to what its CDI edits need; None if unknown.
-DeviceResolver = Callable[[str], CdiDevice | None]
+MIB = 1024 * 1024
+ENV_TIME_SLICE = "FLEXGPU_TIME_SLICE"
 
 
 class PrepareError(Exception):
@@ -48,14 +60,14 @@ class PrepareError(Exception):
 
 
 class ClaimPreparerImpl:
-    """Implements the gRPC service's ClaimPreparer for whole GPUs."""
+    """Implements the gRPC service's ClaimPreparer."""
 
     def __init__(
         self,
         *,
         node_name: str,
         claims: ClaimSource,
-        resolve_device: DeviceResolver,
+        devices: NodeDevices,
         store: CheckpointStore,
         lock: PrepareLock,
         cdi_dir: Path,
@@ -66,7 +78,7 @@ class ClaimPreparerImpl:
         # named step, exactly as an OOM kill or node shutdown would interrupt us.
         self._crash_at = crash_at
         self._claims = claims
-        self._resolve = resolve_device
+        self.devices = devices
         self._store = store
         self._lock = lock
         self.cdi_dir = cdi_dir
@@ -84,7 +96,7 @@ class ClaimPreparerImpl:
                     results[ref.uid] = PrepareResult(devices=devices)
                 except PrepareError as err:
                     results[ref.uid] = PrepareResult.failed(str(err))
-                except Exception as err:  # API or disk trouble: that claim fails, not the batch
+                except Exception as err:  # API, disk or GPU trouble: that claim fails
                     log.exception("preparing claim %s/%s failed", ref.namespace, ref.name)
                     results[ref.uid] = PrepareResult.failed(
                         f"preparing claim {ref.namespace}/{ref.name}: {err}"
@@ -101,7 +113,7 @@ class ClaimPreparerImpl:
                     results[ref.uid] = UnprepareResult()  # unknown claim: nothing to undo
                     continue
                 try:
-                    self.undo(record)
+                    self.undo(record, checkpoint.claims.values())
                     checkpoint = checkpoint.without_claim(ref.uid)
                     self._store.save(checkpoint)
                     results[ref.uid] = UnprepareResult()
@@ -114,9 +126,8 @@ class ClaimPreparerImpl:
 
     # -- state ---------------------------------------------------------------------------
     def load_checkpoint(self) -> Checkpoint:
-        """The current checkpoint. Start-up reconcile has already dealt with stale or corrupt
-        files; one that turns bad later is treated the same way, without losing the claims
-        recorded in the CDI directory (see reconcile)."""
+        """The current checkpoint; start-up reconcile has already dealt with stale or
+        corrupt files."""
         return self._store.load().checkpoint
 
     def spec_path(self, claim_uid: str) -> Path:
@@ -141,23 +152,30 @@ class ClaimPreparerImpl:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
         ours = [d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == self.node_name]
         cdi_devices = [self._device(d) for d in ours]
-        self._check_conflicts(checkpoint, claim, ours)
+        others = [r for r in checkpoint.claims.values() if r.uid != claim.uid]
+        self._check_conflicts(others, ours)
+        self._check_share_capacity(others, ours)
+        try:
+            plan = plan_sharing(claim, ours, self.devices)
+        except SharingError as err:
+            raise PrepareError(str(err)) from None
         if existing is not None:
             # A half-done earlier attempt (plugin killed mid-way): undo it, then start over.
-            self.undo(existing)
-        records = device_records(claim, ours)
+            self.undo(existing, others)
+            checkpoint = checkpoint.without_claim(existing.uid)
         record = ClaimRecord(
             uid=claim.uid,
             namespace=claim.namespace,
             name=claim.name,
             state=ClaimState.PREPARE_STARTED,
-            devices=records,
-            created=CreatedResources(cdi_spec_path=str(self.spec_path(claim.uid))),
+            devices=device_records(claim, ours),
+            created=self._intended(claim, plan),
         )
         checkpoint = checkpoint.with_claim(record)
         self._store.save(checkpoint)
         self._maybe_crash("after-prepare-started")
-        self._write_spec(claim, cdi_devices)
+        env, mounts = self._apply_sharing(plan)
+        self._write_spec(claim, cdi_devices, env, mounts)
         self._maybe_crash("after-cdi-written")
         checkpoint = checkpoint.with_claim(record.model_copy(update={"state": ClaimState.PREPARED}))
         self._store.save(checkpoint)
@@ -169,13 +187,45 @@ class ClaimPreparerImpl:
         )
         return checkpoint, _prepared_devices(checkpoint.claims[claim.uid])
 
+    def _intended(self, claim: ClaimView, plan: SharingPlan) -> CreatedResources:
+        mps = None
+        if plan.mps is not None:
+            gpu = self.devices.gpus_by_index().get(plan.mps.gpu_index)
+            mps = MpsShareRecord(
+                gpu_uuids=[gpu.uuid] if gpu else [],
+                gpu_index=plan.mps.gpu_index,
+                active_thread_percentage=plan.mps.active_thread_percentage,
+                pinned_memory_limits=(
+                    {"0": f"{plan.mps.pinned_memory_mib}Mi"}
+                    if plan.mps.pinned_memory_mib is not None
+                    else {}
+                ),
+            )
+        return CreatedResources(
+            cdi_spec_path=str(self.spec_path(claim.uid)),
+            mps_share=mps,
+            time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
+        )
+
+    def _apply_sharing(self, plan: SharingPlan) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        backend = self.devices.backend
+        env: dict[str, str] = {}
+        for index, interval in plan.time_slices.items():
+            backend.set_time_slice(index, interval)
+            # Tells the workload, and a rebuild after a lost checkpoint, what was set.
+            env[ENV_TIME_SLICE] = str(interval)
+        if plan.mps is None:
+            return env, []
+        daemon = backend.start_mps_daemon(plan.mps.gpu_index)
+        return {**env, **mps_env(daemon, plan.mps)}, mps_mounts(daemon)
+
     def _maybe_crash(self, step: str) -> None:
         if self._crash_at == step:
             log.warning("fault injection: SIGKILL at %s", step)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _device(self, allocated: AllocatedDevice) -> CdiDevice:
-        device = self._resolve(allocated.device)
+        device = self.devices.resolve(allocated.device)
         if device is None:
             raise PrepareError(
                 f"device {allocated.device} (request {allocated.request}) is not published by "
@@ -184,12 +234,10 @@ class ClaimPreparerImpl:
         return device
 
     def _check_conflicts(
-        self, checkpoint: Checkpoint, claim: ClaimView, ours: Sequence[AllocatedDevice]
+        self, others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice]
     ) -> None:
         exclusive = {d.device for d in ours if not d.admin_access and d.share_id is None}
-        for other in checkpoint.claims.values():
-            if other.uid == claim.uid:
-                continue
+        for other in others:
             for device in other.devices:
                 if (
                     device.device_name in exclusive
@@ -201,20 +249,88 @@ class ClaimPreparerImpl:
                         f"{other.namespace}/{other.name} ({other.uid})"
                     )
 
-    def _write_spec(self, claim: ClaimView, devices: Sequence[CdiDevice]) -> None:
-        spec = render_claim_spec(ClaimIdentity(claim.uid, claim.namespace, claim.name), devices)
+    def _check_share_capacity(
+        self, others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice]
+    ) -> None:
+        """The scheduler never over-commits a shared GPU; this is the last line of defence
+        (a stale allocation, a second scheduler, a bug)."""
+        shares = [d for d in ours if d.share_id is not None]
+        if not shares:
+            return
+        held: dict[str, dict[str, int]] = {}
+        for other in others:
+            for device in other.devices:
+                if device.share_id is not None:
+                    _add(held.setdefault(device.device_name, {}), device.consumed_capacity)
+        for share in shares:
+            gpu = self.devices.gpu(share.device)
+            if gpu is None:
+                continue
+            totals = held.setdefault(share.device, {})
+            _add(totals, share.consumed_capacity)
+            limits = {"memory": gpu.memory_mib * MIB, "compute": 100}
+            for name, limit in limits.items():
+                if totals.get(name, 0) > limit:
+                    raise PrepareError(
+                        f"share {share.share_id} of {share.device} would take {name} to "
+                        f"{_show(name, totals[name])} of {_show(name, limit)}: the device's "
+                        "other shares already hold the rest"
+                    )
+
+    def _write_spec(
+        self,
+        claim: ClaimView,
+        devices: Sequence[CdiDevice],
+        env: Mapping[str, str],
+        mounts: Sequence[tuple[str, str]],
+    ) -> None:
+        identity = ClaimIdentity(claim.uid, claim.namespace, claim.name)
+        spec = render_claim_spec(identity, devices, env, mounts)
         atomic_write_bytes(self.spec_path(claim.uid), encode_spec(spec))
 
-    def undo(self, record: ClaimRecord) -> None:
-        """Removes everything the record says was (or may have been) created."""
+    def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> None:
+        """Removes everything the record says was (or may have been) created or changed.
+        Shared state (an MPS daemon, a time-slice setting) is released only when no other
+        claim still uses it."""
+        others = [r for r in all_records if r.uid != record.uid]
         path = record.created.cdi_spec_path
         if path:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        backend = self.devices.backend
+        for index in record.created.time_slices:
+            if not any(index in r.created.time_slices for r in others):
+                _ignore_lost_gpu(backend.set_time_slice, int(index), TimeSliceInterval.DEFAULT)
+        share = record.created.mps_share
+        gpu_in_use = share is not None and any(
+            r.created.mps_share and r.created.mps_share.gpu_index == share.gpu_index for r in others
+        )
+        if share is not None and share.gpu_index is not None and not gpu_in_use:
+            _ignore_lost_gpu(backend.stop_mps_daemon, share.gpu_index)
+
+
+def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> None:
+    # A GPU that is gone cannot be reset; what the claim changed went with it.
+    try:
+        call(*args)
+    except (GpuLostError, NotFoundError) as err:
+        log.warning("cannot restore GPU state: %s", err)
+
+
+def _add(totals: dict[str, int], consumed: Mapping[str, str]) -> None:
+    for name, text in consumed.items():
+        try:
+            totals[name] = totals.get(name, 0) + parse_quantity(text).ceil()
+        except QuantityError:
+            continue
+
+
+def _show(name: str, value: int) -> str:
+    return f"{value // MIB}Mi" if name == "memory" else f"{value}%"
 
 
 def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[DeviceRecord]:
-    """One record per device; a device serving several requests lists them all."""
+    """One record per device (per share); a device serving several requests lists them."""
     by_device: dict[tuple[str, str | None], DeviceRecord] = {}
     for d in ours:
         key = (d.device, d.share_id)
@@ -226,6 +342,7 @@ def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[De
             device_name=d.device,
             cdi_device_ids=[cdi_device_id(claim.uid)],
             share_id=d.share_id,
+            consumed_capacity=dict(d.consumed_capacity),
             admin_access=d.admin_access,
         )
     return list(by_device.values())

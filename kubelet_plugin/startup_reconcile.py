@@ -25,9 +25,10 @@ from kubelet_plugin.checkpoint import (
     CorruptCheckpoint,
     CreatedResources,
     LoadStatus,
+    MpsShareRecord,
 )
-from kubelet_plugin.claim_source import ClaimSource
-from kubelet_plugin.preparer import ClaimPreparerImpl, device_records
+from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource
+from kubelet_plugin.preparer import ENV_TIME_SLICE, ClaimPreparerImpl, device_records
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class ReconcileReport:
     orphan_specs_removed: list[str] = field(default_factory=list)
     rebuilt: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    mps_daemons_stopped: list[int] = field(default_factory=list)
     checkpoint_status: str = ""
 
 
@@ -71,12 +73,13 @@ def reconcile_at_start(
 
     for uid, record in list(checkpoint.claims.items()):
         if record.state == ClaimState.PREPARE_STARTED:
-            preparer.undo(record)
+            preparer.undo(record, checkpoint.claims.values())
             checkpoint = checkpoint.without_claim(uid)
             report.rolled_back.append(f"{record.namespace}/{record.name}")
         else:
             report.kept.append(f"{record.namespace}/{record.name}")
 
+    _stop_unused_mps_daemons(preparer, checkpoint, report)
     owned = set(checkpoint.claims)
     for path in _our_specs(preparer.cdi_dir):
         if claim_uid_from_spec_file(path.name) not in owned:
@@ -96,6 +99,44 @@ def reconcile_at_start(
         len(report.orphan_specs_removed),
     )
     return report
+
+
+def _stop_unused_mps_daemons(
+    preparer: ClaimPreparerImpl, checkpoint: Checkpoint, report: ReconcileReport
+) -> None:
+    """Daemons of prepared claims are adopted as they run; any other one is a leftover."""
+    in_use = {
+        r.created.mps_share.gpu_index
+        for r in checkpoint.claims.values()
+        if r.created.mps_share is not None
+    }
+    backend = preparer.devices.backend
+    for daemon in backend.mps_daemons():
+        if daemon.gpu_index not in in_use:
+            backend.stop_mps_daemon(daemon.gpu_index)
+            report.mps_daemons_stopped.append(daemon.gpu_index)
+
+
+def _created_from_env(
+    preparer: ClaimPreparerImpl,
+    spec_path: str,
+    env: dict[str, str],
+    ours: list[AllocatedDevice],
+) -> CreatedResources:
+    """What the claim's spec shows it set up: its MPS daemon (by pipe folder) and
+    time-slicing on its GPUs, so rebuilt records keep those in use."""
+    mps = None
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+    for daemon in preparer.devices.backend.mps_daemons() if pipe else []:
+        if daemon.pipe_dir == pipe:
+            mps = MpsShareRecord(gpu_uuids=[daemon.gpu_uuid], gpu_index=daemon.gpu_index)
+    slices = {}
+    if ENV_TIME_SLICE in env:
+        for allocated in ours:
+            gpu = preparer.devices.gpu(allocated.device)
+            if gpu is not None:
+                slices[str(gpu.index)] = env[ENV_TIME_SLICE]
+    return CreatedResources(cdi_spec_path=spec_path, mps_share=mps, time_slices=slices)
 
 
 def _our_specs(cdi_dir: Path) -> list[Path]:
@@ -139,6 +180,7 @@ def _rebuild_from_cdi(
         ours = [
             d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == preparer.node_name
         ]
+        created = _created_from_env(preparer, os.fspath(path), env, ours)
         checkpoint = checkpoint.with_claim(
             ClaimRecord(
                 uid=claim.uid,
@@ -146,7 +188,7 @@ def _rebuild_from_cdi(
                 name=claim.name,
                 state=ClaimState.PREPARED,
                 devices=device_records(claim, ours),
-                created=CreatedResources(cdi_spec_path=os.fspath(path)),
+                created=created,
             )
         )
         report.rebuilt.append(f"{claim.namespace}/{claim.name}")

@@ -274,7 +274,9 @@ def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
         [t4(_uuid(0), _bus(0))], tmp_path, run_command=runner, mps_root=tmp_path / "mps"
     )
     daemon = backend.start_mps_daemon(0)
-    assert calls[0][-2:] == ["nvidia-cuda-mps-control", "-d"]
+    assert calls[0][-1].endswith("exec nvidia-cuda-mps-control -d")
+    shm = tmp_path / "mps" / _uuid(0) / "shm"
+    assert calls[0][-1].startswith(f"mount --bind {shm} /dev/shm")
     assert f"CUDA_VISIBLE_DEVICES={_uuid(0)}" in calls[0]
     assert daemon.pipe_dir == str(tmp_path / "mps" / _uuid(0) / "pipe")
     assert backend.start_mps_daemon(0) == daemon and len(calls) == 1  # adopted

@@ -51,7 +51,7 @@ def preparer(tmp_path: Path, table: ClaimTable) -> ClaimPreparerImpl:
     return ClaimPreparerImpl(
         node_name=NODE,
         claims=table,
-        resolve_device=devices.resolve,
+        devices=devices,
         store=CheckpointStore(tmp_path / "data" / "checkpoint.json"),
         lock=PrepareLock(tmp_path / "data" / "lock"),
         cdi_dir=tmp_path / "cdi",

@@ -1,0 +1,160 @@
+"""How a claim's devices are shared: time-slicing, MPS on whole GPUs, and MPS-enforced
+fractions of shared GPUs. Turns the claim's opaque configs and the scheduler's grants into a
+plan the preparer carries out and records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from driver.config_resolution import ConfigResolutionError, resolve_configs
+from driver.gpu_model import MpsDaemon, TimeSliceInterval
+from driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
+from driver.quantity import QuantityError, parse_quantity
+from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from kubelet_plugin.node_devices import NodeDevices
+
+MIB = 1024 * 1024
+
+
+class SharingError(ValueError):
+    """The claim's sharing settings cannot be applied; the text names what and why."""
+
+
+@dataclass(frozen=True)
+class MpsClient:
+    """Limits for the claim's processes on one GPU's MPS daemon."""
+
+    gpu_index: int
+    active_thread_percentage: int | None
+    pinned_memory_mib: int | None
+
+
+@dataclass
+class SharingPlan:
+    time_slices: dict[int, TimeSliceInterval] = field(default_factory=dict)
+    mps: MpsClient | None = None
+    # Per device name: what was granted (memory MiB, compute %), for status and checks.
+    shares: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def plan_sharing(
+    claim: ClaimView, ours: Sequence[AllocatedDevice], devices: NodeDevices
+) -> SharingPlan:
+    try:
+        resolved = resolve_configs(list(claim.configs), sorted({d.request for d in ours}))
+    except (ConfigResolutionError, OpaqueConfigError) as err:
+        raise SharingError(f"claim {claim.namespace}/{claim.name}: {err}") from None
+    plan = SharingPlan()
+    clients: list[MpsClient] = []
+    for allocated in ours:
+        gpu = devices.gpu(allocated.device)
+        if gpu is None:
+            continue  # reported by the preparer as an unknown device
+        kind = devices.device_type(allocated.device)
+        try:
+            config = resolved[allocated.request].for_device(kind, allocated.device)
+        except ConfigResolutionError as err:
+            raise SharingError(str(err)) from None
+        if isinstance(config, MigConfig):  # for_device never pairs MigConfig with a GPU
+            raise SharingError(f"MigConfig cannot configure {allocated.device}")
+        sharing = config.effective_sharing
+        if kind == "shared":
+            clients.append(_share_client(allocated, config, gpu.index, gpu.memory_mib, plan))
+        elif sharing.strategy == SharingStrategy.TIME_SLICING:
+            interval = (
+                sharing.timeSlicingConfig.interval
+                if sharing.timeSlicingConfig
+                else TimeSliceInterval.DEFAULT
+            )
+            plan.time_slices[gpu.index] = TimeSliceInterval(interval)
+        elif sharing.strategy == SharingStrategy.MPS:
+            clients.append(_whole_gpu_client(config, allocated.device, gpu.index, gpu.uuid))
+    gpus = sorted({c.gpu_index for c in clients})
+    if len(gpus) > 1:
+        names = ", ".join(f"gpu-{i}" for i in gpus)
+        raise SharingError(
+            f"claim {claim.namespace}/{claim.name} uses MPS on {names}; a container talks to "
+            "one MPS daemon, so MPS sharing serves one GPU per claim: request one GPU per "
+            "claim, or use strategy Exclusive or TimeSlicing"
+        )
+    if clients:
+        plan.mps = _merge(clients)
+    return plan
+
+
+def _share_client(
+    allocated: AllocatedDevice, config: GpuConfig, index: int, total_mib: int, plan: SharingPlan
+) -> MpsClient:
+    sharing = config.effective_sharing
+    if sharing.strategy == SharingStrategy.TIME_SLICING:
+        raise SharingError(
+            f'request "{allocated.request}": sharing.strategy TimeSlicing cannot configure a '
+            f"GPU share ({allocated.device}); shares are enforced with MPS; allowed: "
+            "Exclusive (the default) or MPS"
+        )
+    memory_mib = total_mib
+    compute = 0
+    try:
+        if "memory" in allocated.consumed_capacity:
+            memory_mib = parse_quantity(allocated.consumed_capacity["memory"]).ceil() // MIB
+        if "compute" in allocated.consumed_capacity:
+            compute = parse_quantity(allocated.consumed_capacity["compute"]).ceil()
+    except QuantityError as err:
+        raise SharingError(f"device {allocated.device}: granted capacity {err}") from None
+    plan.shares[allocated.device] = {"memory_mib": memory_mib, "compute_percent": compute}
+    mps = sharing.mpsConfig
+    if compute > 0:
+        threads = compute
+    elif mps is not None and mps.defaultActiveThreadPercentage is not None:
+        threads = mps.defaultActiveThreadPercentage
+    else:
+        # No compute reserved: cap SMs in proportion to the memory granted.
+        threads = max(1, math.ceil(memory_mib * 100 / total_mib))
+    return MpsClient(index, min(threads, 100), memory_mib)
+
+
+def _whole_gpu_client(config: GpuConfig, device: str, index: int, uuid: str) -> MpsClient:
+    mps = config.effective_sharing.mpsConfig
+    if mps is None:
+        return MpsClient(index, None, None)
+    limit = mps.defaultPinnedDeviceMemoryLimit
+    for key, value in (mps.defaultPerDevicePinnedMemoryLimit or {}).items():
+        if key in (str(index), device, uuid):
+            limit = value
+    pinned = limit.ceil() // MIB if limit is not None else None
+    return MpsClient(index, mps.defaultActiveThreadPercentage, pinned)
+
+
+def _merge(clients: Sequence[MpsClient]) -> MpsClient:
+    """Several requests of one claim on one GPU add up."""
+    threads = [c.active_thread_percentage for c in clients]
+    pinned = [c.pinned_memory_mib for c in clients]
+    return MpsClient(
+        clients[0].gpu_index,
+        None if None in threads else min(100, sum(t for t in threads if t is not None)),
+        None if None in pinned else sum(p for p in pinned if p is not None),
+    )
+
+
+def mps_env(daemon: MpsDaemon, client: MpsClient) -> dict[str, str]:
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
+    }
+    if client.active_thread_percentage is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(client.active_thread_percentage)
+    if client.pinned_memory_mib is not None:
+        # Ordinal 0: the daemon serves only this GPU, so it is the client's first device.
+        # (Limits given by UUID are not applied by some drivers; ordinals are.)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={client.pinned_memory_mib}M"
+    return env
+
+
+def mps_mounts(daemon: MpsDaemon) -> list[tuple[str, str]]:
+    return [
+        (daemon.pipe_dir, daemon.pipe_dir),
+        (daemon.log_dir, daemon.log_dir),
+        (daemon.shm_dir, "/dev/shm"),
+    ]

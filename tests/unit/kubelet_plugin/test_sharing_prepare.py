@@ -1,0 +1,234 @@
+"""Sharing through prepare: time-slicing set and restored, one MPS daemon per GPU for as long
+as a claim uses it, GPU shares limited to what the scheduler granted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.gpu_model import ComputeMode, TimeSliceInterval
+from driver.sim_backend import SimulatedBackend
+from kubelet_plugin.checkpoint import CheckpointStore
+from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.node_devices import NodeDevices
+from kubelet_plugin.prepare_lock import PrepareLock
+from kubelet_plugin.preparer import ClaimPreparerImpl
+from kubelet_plugin.startup_reconcile import reconcile_at_start
+
+NODE = "node-a"
+DRIVER = "gpu.flexgpu.dev"
+API = "gpu.flexgpu.dev/v1alpha1"
+
+
+class Claims:
+    def __init__(self) -> None:
+        self.views: dict[str, ClaimView] = {}
+
+    def add(
+        self, name: str, devices: list[AllocatedDevice], configs: list[dict[str, Any]] | None = None
+    ) -> ClaimRef:
+        self.views[name] = ClaimView(
+            f"uid-{name}", "ns", name, True, tuple(devices), tuple(configs or ())
+        )
+        return ClaimRef("ns", name, f"uid-{name}")
+
+    def get(self, namespace: str, name: str) -> ClaimView | None:
+        return self.views.get(name)
+
+
+def config(parameters: dict[str, Any], source: str = "FromClaim") -> dict[str, Any]:
+    return {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+
+def whole(device: str) -> AllocatedDevice:
+    return AllocatedDevice("gpu", DRIVER, NODE, device)
+
+
+def share(device: str, share_id: str, memory: str, compute: str = "0") -> AllocatedDevice:
+    return AllocatedDevice(
+        "gpu",
+        DRIVER,
+        NODE,
+        device,
+        share_id=share_id,
+        consumed_capacity={"memory": memory, "compute": compute},
+    )
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> SimulatedBackend:
+    return SimulatedBackend.from_topology("l4-2-pcie", NODE, state_path=tmp_path / "gpus.json")
+
+
+@pytest.fixture
+def claims() -> Claims:
+    return Claims()
+
+
+def make_preparer(tmp_path: Path, backend: SimulatedBackend, claims: Claims) -> ClaimPreparerImpl:
+    return ClaimPreparerImpl(
+        node_name=NODE,
+        claims=claims,
+        devices=NodeDevices(backend, shared={1}),
+        store=CheckpointStore(tmp_path / "data" / "checkpoint.json"),
+        lock=PrepareLock(tmp_path / "data" / "lock"),
+        cdi_dir=tmp_path / "cdi",
+    )
+
+
+@pytest.fixture
+def preparer(tmp_path: Path, backend: SimulatedBackend, claims: Claims) -> ClaimPreparerImpl:
+    return make_preparer(tmp_path, backend, claims)
+
+
+def spec_env(preparer: ClaimPreparerImpl, uid: str) -> dict[str, str]:
+    spec = json.loads(preparer.spec_path(uid).read_text())
+    return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+
+
+def test_time_slicing_is_set_and_restored_by_the_last_claim(
+    preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    ts = config(
+        {
+            "apiVersion": API,
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+        }
+    )
+    first = claims.add("a", [whole("gpu-0")], [ts])
+    assert preparer.prepare([first])[first.uid].error == ""
+    assert backend.time_slice(0) == TimeSliceInterval.LONG
+    assert spec_env(preparer, first.uid)["FLEXGPU_TIME_SLICE"] == "Long"
+    preparer.unprepare([first])
+    assert backend.time_slice(0) == TimeSliceInterval.DEFAULT
+
+
+def test_mps_on_a_whole_gpu_limits_each_client(
+    preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    mps = config(
+        {
+            "apiVersion": API,
+            "kind": "GpuConfig",
+            "sharing": {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "4Gi",
+                },
+            },
+        }
+    )
+    ref = claims.add("m", [whole("gpu-0")], [mps])
+    assert preparer.prepare([ref])[ref.uid].error == ""
+    (daemon,) = backend.mps_daemons()
+    env = spec_env(preparer, ref.uid)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == daemon.pipe_dir
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    spec = json.loads(preparer.spec_path(ref.uid).read_text())
+    mounts = {m["containerPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]}
+    assert mounts == {daemon.pipe_dir, daemon.log_dir, "/dev/shm"}
+    preparer.unprepare([ref])
+    assert backend.mps_daemons() == []
+
+
+def test_shares_get_the_granted_limits_and_one_daemon_serves_them_all(
+    preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    a = claims.add("a", [share("gpu-1", "s1", "8Gi")])
+    b = claims.add("b", [share("gpu-1", "s2", "4Gi", compute="30")])
+    results = preparer.prepare([a, b])
+    assert results[a.uid].error == results[b.uid].error == ""
+    assert results[a.uid].devices[0].share_id == "s1"
+    total = backend.list_gpus()[1].memory_mib
+    env_a, env_b = spec_env(preparer, a.uid), spec_env(preparer, b.uid)
+    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    # No compute granted: SMs capped in proportion to memory (8 GiB of an L4's 22.5 GiB).
+    assert env_a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(-(-8192 * 100 // total))
+    assert env_b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert backend.mps_starts(1) == 1
+    assert backend.get_compute_mode(1) == ComputeMode.EXCLUSIVE_PROCESS
+    preparer.unprepare([a])
+    assert [d.gpu_index for d in backend.mps_daemons()] == [1]  # b still uses it
+    preparer.unprepare([b])
+    assert backend.mps_daemons() == []
+
+
+def test_a_share_beyond_the_devices_capacity_is_refused(
+    preparer: ClaimPreparerImpl, claims: Claims
+) -> None:
+    a = claims.add("a", [share("gpu-1", "s1", "20Gi")])
+    b = claims.add("b", [share("gpu-1", "s2", "4Gi")])
+    assert preparer.prepare([a])[a.uid].error == ""
+    error = preparer.prepare([b])[b.uid].error
+    assert error.startswith("share s2 of gpu-1 would take memory to 24576Mi of 2")
+    assert "the device's other shares already hold the rest" in error
+
+
+@pytest.mark.parametrize(
+    ("devices", "params", "message"),
+    [
+        (
+            [share("gpu-1", "s1", "2Gi")],
+            {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}},
+            'request "gpu": sharing.strategy TimeSlicing cannot configure a GPU share (gpu-1)',
+        ),
+        (
+            [whole("gpu-0"), share("gpu-1", "s1", "2Gi")],
+            {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
+            "claim ns/c uses MPS on gpu-0, gpu-1; a container talks to one MPS daemon",
+        ),
+        (
+            [whole("gpu-0")],
+            {"apiVersion": API, "kind": "MigConfig"},
+            'request "gpu": MigConfig cannot configure a whole GPU (gpu-0); use GpuConfig',
+        ),
+        (
+            [whole("gpu-0")],
+            {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "X"}},
+            "claim ns/c: ",
+        ),
+    ],
+)
+def test_bad_sharing_is_a_per_claim_error_that_creates_nothing(
+    preparer: ClaimPreparerImpl,
+    backend: SimulatedBackend,
+    claims: Claims,
+    devices: list[AllocatedDevice],
+    params: dict[str, Any],
+    message: str,
+) -> None:
+    ref = claims.add("c", devices, [{**config(params), "requests": ["gpu"]}])
+    error = preparer.prepare([ref])[ref.uid].error
+    assert message in error
+    assert backend.mps_daemons() == [] and not preparer.cdi_dir.exists()
+    assert preparer.load_checkpoint().claims == {}
+
+
+def test_restart_adopts_the_daemon_of_prepared_claims_and_stops_leftovers(
+    tmp_path: Path, preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    ref = claims.add("a", [share("gpu-1", "s1", "8Gi")])
+    preparer.prepare([ref])
+    backend.start_mps_daemon(0)  # a leftover no claim owns
+
+    restarted_backend = SimulatedBackend.from_topology(
+        "l4-2-pcie", NODE, state_path=tmp_path / "gpus.json"
+    )
+    restarted = make_preparer(tmp_path, restarted_backend, claims)
+    report = reconcile_at_start(
+        restarted, CheckpointStore(tmp_path / "data" / "checkpoint.json"), claims
+    )
+    assert report.mps_daemons_stopped == [0]
+    assert [d.gpu_index for d in restarted_backend.mps_daemons()] == [1]
+    assert restarted_backend.mps_starts(1) == 1
+    # The next share on that GPU uses the adopted daemon rather than starting another.
+    other = claims.add("b", [share("gpu-1", "s2", "4Gi")])
+    assert restarted.prepare([other])[other.uid].error == ""
+    assert restarted_backend.mps_starts(1) == 1
