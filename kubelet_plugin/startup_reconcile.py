@@ -91,12 +91,13 @@ def reconcile_at_start(
     store.save(checkpoint)
     log.info(
         "start-up reconcile: checkpoint %s; kept %d, rolled back %d, rebuilt %d, removed %d "
-        "orphan CDI spec(s)",
+        "orphan CDI spec(s), stopped %d MPS daemon(s) no claim uses",
         report.checkpoint_status,
         len(report.kept),
         len(report.rolled_back),
         len(report.rebuilt),
         len(report.orphan_specs_removed),
+        len(report.mps_daemons_stopped),
     )
     return report
 

@@ -1,0 +1,208 @@
+"""GPU sharing end to end with the real scheduler and the upstream kubelet code: fractions of
+shared H100s packed by consumable capacity and enforced with MPS limits; time-slicing and MPS
+on whole GPUs, including the MPS daemon across a plugin restart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.conftest import wait_for
+from tests.integration.gpu_workloads import (
+    allocated,
+    create_claim,
+    ensure_device_classes,
+    env_from_log,
+    make_pod,
+    wait_container_output,
+    wait_gone,
+    wait_phase,
+)
+from tools.cluster import ControlPlane
+from tools.cluster.gpu_node import SimulatedGpuNode
+
+pytestmark = pytest.mark.integration
+
+NODE = "e2e-shared"
+API = "gpu.flexgpu.dev/v1alpha1"
+PRINT = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_|CUDA_MPS)' | sort; echo DONE; sleep 120"
+H100_MIB = 81559
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
+    ensure_device_classes(api)
+    sim = SimulatedGpuNode(
+        cluster.kubeconfig, NODE, "hgx-h100-8", plugin_args=("--shared-gpus=0,1",)
+    )
+    try:
+        sim.start()
+        yield sim
+    finally:
+        sim.cleanup()
+
+
+def share_request(memory: str | None = None, compute: str | None = None) -> dict[str, Any]:
+    requests = {k: v for k, v in (("memory", memory), ("compute", compute)) if v}
+    exactly: dict[str, Any] = {"deviceClassName": "shared-gpu.flexgpu.dev"}
+    if requests:
+        exactly["capacity"] = {"requests": requests}
+    return {"requests": [{"name": "gpu", "exactly": exactly}]}
+
+
+def run_share(
+    api: Any,
+    namespace: str,
+    node: SimulatedGpuNode,
+    name: str,
+    memory: str | None = None,
+    compute: str | None = None,
+) -> dict[str, str]:
+    create_claim(api, namespace, name, share_request(memory, compute))
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace, make_pod(name, PRINT, {"g": {"resourceClaimName": name}}, NODE)
+    )
+    wait_phase(api, namespace, name, {"Running"})
+    return env_from_log(wait_container_output(node, namespace, name, "DONE"))
+
+
+def pending_reason(api: Any, namespace: str, pod: str) -> str:
+    def unschedulable() -> str:
+        p = client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                return str(c.message)
+        return ""
+
+    return str(wait_for(unschedulable, what=f"{pod} reported unschedulable"))
+
+
+def test_fractions_pack_onto_one_gpu_and_are_enforced(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    envs = {f"s{i}": run_share(api, namespace, node, f"s{i}", memory="16Gi") for i in range(5)}
+    placed = {name: allocated(api, namespace, name)[0] for name in envs}
+    assert [placed[f"s{i}"].device for i in range(4)] == ["gpu-0"] * 4
+    assert placed["s4"].device == "gpu-1"  # 4 x 16Gi leave 15.6Gi of 79.6Gi on gpu-0
+    assert len({p.share_id for p in placed.values()}) == 5
+    for env in envs.values():
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=16384M"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(-(-16384 * 100 // H100_MIB))
+    pipes = {env["CUDA_MPS_PIPE_DIRECTORY"] for env in envs.values()}
+    assert len(pipes) == 2  # one MPS daemon per GPU
+
+    # More than one GPU's memory never fits; 70Gi does not fit until a share is released.
+    for name, memory in (("huge", "100Gi"), ("big", "70Gi")):
+        create_claim(api, namespace, name, share_request(memory))
+        client.CoreV1Api(api).create_namespaced_pod(
+            namespace, make_pod(name, PRINT, {"g": {"resourceClaimName": name}}, NODE)
+        )
+    assert "cannot allocate all claims" in pending_reason(api, namespace, "big")
+    client.CoreV1Api(api).delete_namespaced_pod("s4", namespace)
+    wait_gone(api, namespace, "s4")
+    client.ResourceV1Api(api).delete_namespaced_resource_claim("s4", namespace)
+    wait_phase(api, namespace, "big", {"Running"}, timeout_s=90)
+    assert allocated(api, namespace, "big")[0].device == "gpu-1"
+    assert "cannot allocate all claims" in pending_reason(api, namespace, "huge")
+
+
+def test_compute_request_reserves_sms(api: Any, namespace: str, node: SimulatedGpuNode) -> None:
+    env = run_share(api, namespace, node, "c30", memory="8Gi", compute="30")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert allocated(api, namespace, "c30")[0].consumed_capacity == {
+        "memory": "8Gi",
+        "compute": "30",
+    }
+
+
+def test_time_sliced_claim_shared_by_two_pods(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    create_claim(
+        api,
+        namespace,
+        "ts",
+        {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.flexgpu.dev"}}],
+            "config": [
+                {
+                    "requests": ["gpu"],
+                    "opaque": {
+                        "driver": "gpu.flexgpu.dev",
+                        "parameters": {
+                            "apiVersion": API,
+                            "kind": "GpuConfig",
+                            "sharing": {
+                                "strategy": "TimeSlicing",
+                                "timeSlicingConfig": {"interval": "Short"},
+                            },
+                        },
+                    },
+                }
+            ],
+        },
+    )
+    ref = {"g": {"resourceClaimName": "ts"}}
+    core = client.CoreV1Api(api)
+    for pod in ("ts-a", "ts-b"):
+        core.create_namespaced_pod(namespace, make_pod(pod, PRINT, ref, NODE))
+    envs = [
+        env_from_log(wait_container_output(node, namespace, p, "DONE")) for p in ("ts-a", "ts-b")
+    ]
+    assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[1]["NVIDIA_VISIBLE_DEVICES"]
+    assert envs[0]["FLEXGPU_TIME_SLICE"] == "Short"
+
+
+def test_mps_claim_keeps_its_daemon_across_a_plugin_restart(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    create_claim(
+        api,
+        namespace,
+        "mps",
+        {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.flexgpu.dev"}}],
+            "config": [
+                {
+                    "opaque": {
+                        "driver": "gpu.flexgpu.dev",
+                        "parameters": {
+                            "apiVersion": API,
+                            "kind": "GpuConfig",
+                            "sharing": {
+                                "strategy": "MPS",
+                                "mpsConfig": {
+                                    "defaultActiveThreadPercentage": 40,
+                                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                                },
+                            },
+                        },
+                    }
+                }
+            ],
+        },
+    )
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        namespace, make_pod("m1", PRINT, {"g": {"resourceClaimName": "mps"}}, NODE)
+    )
+    first = env_from_log(wait_container_output(node, namespace, "m1", "DONE"))
+    assert first["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert first["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+
+    node.stop_plugin()
+    node.start_plugin()
+    assert node.plugin is not None
+    assert "stopped 0 MPS daemon(s)" in node.plugin.log_tail(50)
+    core.create_namespaced_pod(
+        namespace, make_pod("m2", PRINT, {"g": {"resourceClaimName": "mps"}}, NODE)
+    )
+    second = env_from_log(wait_container_output(node, namespace, "m2", "DONE"))
+    assert second["CUDA_MPS_PIPE_DIRECTORY"] == first["CUDA_MPS_PIPE_DIRECTORY"]
+    state = json.loads((node.data_dir / "simulated-gpus.json").read_text())
+    gpu = state["gpus"][int(first["FLEXGPU_DEVICES"].removeprefix("gpu-"))]
+    assert gpu["mps_running"] and gpu["mps_starts"] == 1  # adopted, never started twice
