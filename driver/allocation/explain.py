@@ -1,0 +1,356 @@
+"""Why a claim cannot be allocated, per request, in a workload author's words.
+
+The verdict comes from the allocator over the nodes the pod may use. The explanation then looks
+at every device of the cluster's current pools, once per request (each ``firstAvailable``
+alternative separately), and sorts those in the request's class by the first thing that rules
+them out: a selector that fails at runtime, the request's selectors, a node the pod cannot use,
+an allocation to another claim, an untolerated taint, too little capacity (in total, or left
+beside other shares), shared counters spent by allocated partitions. What is left is free. When
+enough devices are free one by one, the constraints or the spread over nodes are to blame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from driver.allocation import capacity as cap
+from driver.allocation.allocator import Outcome, SelectorCache, allocate_anywhere, tainted
+from driver.allocation.cel import SelectorError
+from driver.allocation.describe import plural, summarize_kinds
+from driver.allocation.model import (
+    Device,
+    DeviceClass,
+    Node,
+    RequestSpec,
+    ResourceClaim,
+    ResourceSlice,
+)
+from driver.allocation.nodes import node_matches
+from driver.allocation.pools import Pool, gather_pools, slice_visible
+from driver.allocation.state import AllocatedState, DeviceId, allocated_state
+
+# Reasons a device in the request's class is not usable, in the order they are checked.
+REASONS = (
+    "selector_error",
+    "not_selected",
+    "unreachable",
+    "allocated",
+    "tainted",
+    "too_small",
+    "capacity_used",
+    "counters_spent",
+)
+
+
+@dataclass(frozen=True)
+class RequestDiagnosis:
+    request: str  # "name" or "name/alternative"
+    device_class: str
+    wanted: int | None  # None for allocationMode All
+    in_class: int
+    matching: int  # in the class and selected by the request's selectors
+    free: int  # matching and usable on its own
+    excluded: Mapping[str, int]  # reason (see REASONS) -> number of devices in the class
+    most_free_on_one_node: int
+    holders: tuple[str, ...] = ()  # claims holding matching devices
+    near_misses: str = ""  # devices in the class the selectors leave out, summarized
+    selector_error: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    claim: str
+    outcome: Outcome
+    allocatable_nodes: tuple[str, ...]
+    requests: tuple[RequestDiagnosis, ...] = field(default_factory=tuple)
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class _Seen:
+    pool: Pool
+    slice: ResourceSlice
+    device: Device
+
+    @property
+    def id(self) -> DeviceId:
+        return (self.pool.driver, self.pool.name, self.device.name)
+
+
+def _cluster_devices(slices: Sequence[ResourceSlice], nodes: Sequence[Node]) -> list[_Seen]:
+    """Every device of a usable pool that some node can see, once, in allocation order."""
+    found: dict[DeviceId, _Seen] = {}
+    for node in nodes:
+        for pool in gather_pools(slices, node):
+            if not pool.usable:
+                continue
+            for slc in pool.device_slices:
+                for device in slc.devices:
+                    found.setdefault(
+                        (pool.driver, pool.name, device.name), _Seen(pool, slc, device)
+                    )
+    return list(found.values())
+
+
+def _reachable(seen: _Seen, node: Node) -> bool:
+    if seen.slice.per_device_node_selection:
+        d = seen.device
+        return node_matches(node, d.node_name, d.all_nodes, d.node_selector)
+    return slice_visible(seen.slice, node)
+
+
+def _counters_spent(seen: _Seen, state: AllocatedState) -> bool:
+    if not seen.device.consumes_counters:
+        return False
+    free = {name: dict(c) for name, c in seen.pool.counter_sets.items()}
+    for slc in seen.pool.all_device_slices:
+        for device in slc.devices:
+            if state.is_allocated((seen.pool.driver, seen.pool.name, device.name)):
+                for set_name, counters in device.consumes_counters:
+                    cap.add_amounts(free.setdefault(set_name, {}), counters, -1)
+    return any(
+        free.get(set_name, {}).get(counter, Fraction(0)) < amount
+        for set_name, counters in seen.device.consumes_counters
+        for counter, amount in counters.items()
+    )
+
+
+def _reason(
+    seen: _Seen,
+    *,
+    spec: RequestSpec,
+    device_class: DeviceClass,
+    state: AllocatedState,
+    usable_nodes: Sequence[Node],
+    selectors: SelectorCache,
+) -> str | None:
+    """Why the device cannot serve the request (a REASONS entry), None if in the class and free;
+    raises LookupError when the device is not in the class at all."""
+    driver, device, did = seen.slice.driver, seen.device, seen.id
+    try:
+        if not selectors.matches(device_class.selectors, driver, device, "class"):
+            raise LookupError(did)
+        if not selectors.matches(spec.selectors, driver, device, "request"):
+            return "not_selected"
+    except SelectorError:
+        return "selector_error"
+    if not any(_reachable(seen, n) for n in usable_nodes):
+        return "unreachable"
+    shared = device.allow_multiple_allocations
+    if not spec.admin_access and not shared and did in state.exclusive:
+        return "allocated"
+    if tainted(device, spec):
+        return "tainted"
+    if not cap.fits(spec.capacity_requests, device.capacity):
+        return "too_small"
+    if not cap.fits(spec.capacity_requests, device.capacity, state.consumed.get(did, {})):
+        return "capacity_used"
+    if not (shared and (did in state.shared or did in state.consumed)) and _counters_spent(
+        seen, state
+    ):
+        return "counters_spent"
+    return None
+
+
+def diagnose_request(
+    name: str,
+    *,
+    spec: RequestSpec,
+    device_class: DeviceClass,
+    devices: Sequence[_Seen],
+    state: AllocatedState,
+    usable_nodes: Sequence[Node],
+    selectors: SelectorCache,
+) -> RequestDiagnosis:
+    excluded = dict.fromkeys(REASONS, 0)
+    in_class = free = 0
+    near: list[Device] = []
+    holders: set[str] = set()
+    free_per_node: dict[str, int] = {}
+    error = ""
+    for seen in devices:
+        try:
+            reason = _reason(
+                seen,
+                spec=spec,
+                device_class=device_class,
+                state=state,
+                usable_nodes=usable_nodes,
+                selectors=selectors,
+            )
+        except LookupError:
+            continue
+        in_class += 1
+        if reason is None:
+            free += 1
+            for node in usable_nodes:
+                if _reachable(seen, node):
+                    free_per_node[node.name] = free_per_node.get(node.name, 0) + 1
+            continue
+        excluded[reason] += 1
+        if reason == "not_selected":
+            near.append(seen.device)
+        elif reason == "selector_error" and not error:
+            error = _selector_error(seen, spec, device_class, selectors)
+        elif reason in ("allocated", "capacity_used", "counters_spent"):
+            holders.update(state.holders.get(seen.id, []))
+    matching = in_class - excluded["not_selected"] - excluded["selector_error"]
+    diagnosis = RequestDiagnosis(
+        request=name,
+        device_class=device_class.name,
+        wanted=None if spec.mode == "All" else spec.count,
+        in_class=in_class,
+        matching=matching,
+        free=free,
+        excluded=excluded,
+        most_free_on_one_node=max(free_per_node.values(), default=0),
+        holders=tuple(sorted(holders)),
+        near_misses=summarize_kinds(near),
+        selector_error=error,
+    )
+    return _with_message(diagnosis, [s.device for s in devices])
+
+
+def _selector_error(
+    seen: _Seen, spec: RequestSpec, device_class: DeviceClass, selectors: SelectorCache
+) -> str:
+    try:
+        selectors.matches(device_class.selectors, seen.slice.driver, seen.device, "class")
+        selectors.matches(spec.selectors, seen.slice.driver, seen.device, "the request")
+    except SelectorError as err:
+        return err.message
+    return ""
+
+
+_PHRASES = {
+    "unreachable": "on nodes the pod cannot use",
+    "allocated": "allocated to other claims",
+    "tainted": "tainted (no matching toleration)",
+    "too_small": "too small for the requested capacity",
+    "capacity_used": "without enough capacity left beside existing shares",
+    "counters_spent": "overlapping partitions that are already allocated",
+}
+
+
+def _with_message(d: RequestDiagnosis, _all: Sequence[Device]) -> RequestDiagnosis:
+    wanted = "all devices" if d.wanted is None else plural(d.wanted, "device")
+    parts = [f"request {d.request} wants {wanted} of class {d.device_class}"]
+    if d.in_class == 0:
+        parts.append("no device in the cluster matches the class")
+    else:
+        parts.append(f"{d.matching} of the {d.in_class} devices in the class match its selectors")
+        blocked = [f"{d.excluded[r]} {phrase}" for r, phrase in _PHRASES.items() if d.excluded[r]]
+        if blocked:
+            holders = f" ({', '.join(d.holders[:3])})" if d.holders else ""
+            parts.append("of those, " + "; ".join(blocked) + holders)
+        parts.append(f"{d.free} free")
+        if d.excluded["not_selected"]:
+            parts.append(f"not selected: {d.near_misses}")
+        if d.selector_error:
+            parts.append(
+                f"a selector fails at runtime on {plural(d.excluded['selector_error'], 'device')}"
+                f" ({d.selector_error}); the scheduler gives up on the pod until it is fixed,"
+                " e.g. guarded with has()"
+            )
+        if d.wanted is not None and d.most_free_on_one_node < d.wanted <= d.free:
+            parts.append(f"but at most {d.most_free_on_one_node} of them are on one node")
+    return _replace_message(
+        d, ", ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "") + "."
+    )
+
+
+def _replace_message(d: RequestDiagnosis, message: str) -> RequestDiagnosis:
+    return RequestDiagnosis(**{**d.__dict__, "message": message})
+
+
+def explain_claim(
+    claim: ResourceClaim,
+    slices: Sequence[ResourceSlice],
+    classes: Mapping[str, DeviceClass],
+    claims: Sequence[ResourceClaim],
+    nodes: Sequence[Node],
+    *,
+    usable_nodes: Sequence[str] | None = None,
+) -> Explanation:
+    """Explains ``claim`` against the cluster: ``claims`` give what others hold, ``usable_nodes``
+    names the nodes the pod may run on (all of ``nodes`` when None)."""
+    usable = [n for n in nodes if usable_nodes is None or n.name in set(usable_nodes)]
+    state = allocated_state(claims, skip=[claim.key])
+    verdict = allocate_anywhere([claim], usable, slices, classes, state)
+    selectors = SelectorCache()
+    devices = _cluster_devices(slices, nodes)
+    diagnoses = []
+    for request in claim.requests:
+        for spec in request.alternatives():
+            name = request.name if request.exactly is not None else f"{request.name}/{spec.name}"
+            device_class = classes.get(spec.device_class)
+            if device_class is None:
+                diagnoses.append(
+                    RequestDiagnosis(
+                        request=name,
+                        device_class=spec.device_class,
+                        wanted=spec.count,
+                        in_class=0,
+                        matching=0,
+                        free=0,
+                        excluded=dict.fromkeys(REASONS, 0),
+                        most_free_on_one_node=0,
+                        message=f"request {name}: device class {spec.device_class} does not exist.",
+                    )
+                )
+                continue
+            diagnoses.append(
+                diagnose_request(
+                    name,
+                    spec=spec,
+                    device_class=device_class,
+                    devices=devices,
+                    state=state,
+                    usable_nodes=usable,
+                    selectors=selectors,
+                )
+            )
+    return Explanation(
+        claim=claim.key,
+        outcome=verdict.outcome,
+        allocatable_nodes=tuple(verdict.allocatable_nodes),
+        requests=tuple(diagnoses),
+        message=_paragraph(claim, verdict.outcome, verdict.allocatable_nodes, diagnoses, verdict),
+    )
+
+
+def _paragraph(
+    claim: ResourceClaim,
+    outcome: Outcome,
+    allocatable: list[str],
+    diagnoses: Sequence[RequestDiagnosis],
+    verdict: object,
+) -> str:
+    if outcome == "allocatable":
+        return f"Claim {claim.key} can be allocated on {', '.join(allocatable)}."
+    if outcome == "error":
+        reasons = {v.reason for v in getattr(verdict, "per_node", ()) if v.outcome == "error"}
+        head = (
+            f"Claim {claim.key} cannot be scheduled: the scheduler stops with an error "
+            f"({'; '.join(sorted(reasons))})."
+        )
+    else:
+        head = f"Claim {claim.key} cannot be allocated on any node the pod may use."
+    body = " ".join(d.message for d in diagnoses)
+    enough = [d for d in diagnoses if d.wanted is not None and d.free >= d.wanted]
+    tail = ""
+    if (
+        outcome == "unallocatable"
+        and claim.constraints
+        and enough
+        and len(enough) == len(diagnoses)
+    ):
+        names = ", ".join(f"{c.kind} {c.attribute}" for c in claim.constraints)
+        tail = (
+            f" Each request has enough free devices on its own, so the claim's constraints "
+            f"({names}) or the requests together rule out every combination."
+        )
+    return f"{head} {body}{tail}".strip()
