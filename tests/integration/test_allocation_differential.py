@@ -387,6 +387,9 @@ class Outcome:
     ours_reason: str = ""
     scheduler: str = ""
     scheduler_message: str = ""
+    # When both say allocatable: the devices each picked on the node the scheduler chose.
+    our_devices: list[str] = field(default_factory=list)
+    scheduler_devices: list[str] = field(default_factory=list)
 
 
 def run_scenario(api: Any, namespace: str, sc: Scenario) -> Outcome:
@@ -444,6 +447,19 @@ def run_scenario(api: Any, namespace: str, sc: Scenario) -> Outcome:
         namespace, _pod(f"{sc.label}-test", claim["metadata"]["name"], sc.label)
     )
     out.scheduler, out.scheduler_message = _scheduler_outcome(core, namespace, f"{sc.label}-test")
+    if out.scheduler == out.ours == "allocatable":
+        # First fit is deterministic per node, so the device picks must be the same too.
+        chosen = next(v for v in verdict.per_node if v.node == out.scheduler_message)
+        out.our_devices = [f"{d.request}:{d.device}" for d in chosen.devices[0]]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not out.scheduler_devices:
+            body = _raw(
+                resource.read_namespaced_resource_claim, claim["metadata"]["name"], namespace
+            )
+            allocation = (body.get("status") or {}).get("allocation") or {}
+            results = allocation.get("devices", {}).get("results", [])
+            out.scheduler_devices = [f"{r['request']}:{r['device']}" for r in results]
+            time.sleep(0.2)
     return out
 
 
@@ -498,6 +514,12 @@ def test_evaluator_agrees_with_the_scheduler(api: Any, admin_namespace: str) -> 
         f"scheduler={o.scheduler} [{o.scheduler_message}]\n  claim={json.dumps(o.scenario.claim)}"
         for o in outcomes
         if o.ours != o.scheduler
+    ]
+    disagreements += [
+        f"scenario {o.scenario.index} ({o.scenario.kind}): we pick {o.our_devices}, "
+        f"the scheduler picked {o.scheduler_devices} on {o.scheduler_message}"
+        for o in outcomes
+        if o.our_devices != o.scheduler_devices
     ]
     assert not disagreements, "\n".join(disagreements)
     # The generated mix must exercise all three verdicts, or the comparison proves little.
