@@ -24,6 +24,7 @@ from driver.allocation.allocator import (
     allocate,
     allocate_anywhere,
 )
+from driver.allocation.explain import Explanation, RequestDiagnosis, explain_claim
 from driver.allocation.model import (
     DeviceClass,
     Node,
@@ -36,20 +37,26 @@ from driver.allocation.model import (
     parse_slice,
 )
 from driver.allocation.state import AllocatedState, allocated_state
+from driver.allocation.summary import CapacityRow, capacity_summary
 
 __all__ = [
     "AllocatedState",
+    "CapacityRow",
     "ClusterVerdict",
     "DeviceChoice",
     "DeviceClass",
+    "Explanation",
     "Node",
     "ParseError",
+    "RequestDiagnosis",
     "ResourceClaim",
     "ResourceSlice",
     "Verdict",
     "allocate",
     "allocate_anywhere",
     "allocated_state",
+    "capacity_summary",
+    "explain_claim",
     "parse_claim",
     "parse_device_class",
     "parse_node",
