@@ -1,0 +1,155 @@
+"""MIG devices as published in ResourceSlices.
+
+Dynamic MIG: every profile x placement of a GPU is a partitionable device that consumes
+counters from the GPU's counter set — one counter per memory slice, the compute slices, and
+one per profile for its instance limit — so the scheduler itself never hands out overlapping
+partitions or more instances than the GPU allows. The whole GPU consumes every memory and
+compute slice, so it is only free while no partition is, and the other way round.
+
+Static MIG: the instances a layout created are published as they are, without counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
+from driver.mig_catalog import COMPUTE_SLICES, MEMORY_SLICES
+from driver.names import gpu_device_name, mig_device_name
+from driver.resource_slice import Device, gpu_identity_attributes, whole_gpu_device
+
+COMPUTE_COUNTER = "compute-slices"
+
+
+def counter_set_name(gpu_index: int) -> str:
+    return gpu_device_name(gpu_index)
+
+
+def memory_counter(slice_index: int) -> str:
+    return f"memory-slice-{slice_index}"
+
+
+def profile_counter(profile_id: int) -> str:
+    return f"profile-{profile_id}-instances"
+
+
+@dataclass(frozen=True)
+class MigPartition:
+    """What a MIG device name stands for: where to create it, or which instance it is."""
+
+    parent_index: int
+    profile_id: int
+    profile_name: str
+    placement: MigPlacement
+
+
+def counter_set(gpu: GpuInfo, profiles: Sequence[MigProfile]) -> dict[str, Any]:
+    counters: dict[str, dict[str, str]] = {
+        memory_counter(i): {"value": "1"} for i in range(MEMORY_SLICES)
+    }
+    counters[COMPUTE_COUNTER] = {"value": str(COMPUTE_SLICES)}
+    for profile in profiles:
+        counters[profile_counter(profile.profile_id)] = {"value": str(profile.max_instances)}
+    return {"name": counter_set_name(gpu.index), "counters": counters}
+
+
+def _consumes(gpu_index: int, counters: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        {
+            "counterSet": counter_set_name(gpu_index),
+            "counters": {name: {"value": str(v)} for name, v in counters.items()},
+        }
+    ]
+
+
+def _mig_attributes(gpu: GpuInfo, profile: MigProfile, placement: MigPlacement) -> dict[str, Any]:
+    identity = gpu_identity_attributes(gpu)
+    parent_uuid = identity.pop("uuid")
+    parent_index = identity.pop("index")
+    return {
+        "type": {"string": "mig"},
+        "profile": {"string": profile.name},
+        "parentUUID": parent_uuid,
+        "parentIndex": parent_index,
+        "placementStart": {"int": placement.start},
+        "placementSize": {"int": placement.size},
+        **identity,
+    }
+
+
+def _mig_capacity(profile: MigProfile) -> dict[str, dict[str, str]]:
+    engines = profile.engines
+    return {
+        "memory": {"value": f"{profile.memory_mib}Mi"},
+        "multiprocessors": {"value": str(profile.multiprocessors)},
+        "copyEngines": {"value": str(engines.copy_engines)},
+        "decoders": {"value": str(engines.decoders)},
+        "encoders": {"value": str(engines.encoders)},
+        "jpegDecoders": {"value": str(engines.jpeg_decoders)},
+        "ofa": {"value": str(engines.ofa)},
+    }
+
+
+def dynamic_mig_devices(
+    gpu: GpuInfo, profiles: Sequence[MigProfile]
+) -> tuple[list[Device], dict[str, MigPartition]]:
+    """The GPU's partitionable devices (whole GPU first, then every placement of every
+    profile, smallest profiles first so small claims pack from slice 0 up) and what each
+    name stands for."""
+    full = max(profiles, key=lambda p: p.memory_slices)
+    whole = whole_gpu_device(gpu)
+    whole["consumesCounters"] = _consumes(
+        gpu.index,
+        {
+            **{memory_counter(i): 1 for i in range(MEMORY_SLICES)},
+            COMPUTE_COUNTER: COMPUTE_SLICES,
+            profile_counter(full.profile_id): 1,
+        },
+    )
+    devices = [whole]
+    # The whole GPU of a dynamic-MIG GPU is its full-size partition: MIG mode stays on.
+    partitions = {
+        whole["name"]: MigPartition(gpu.index, full.profile_id, full.name, full.placements[0])
+    }
+    ordered = sorted(profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.profile_id))
+    for profile in ordered:
+        for placement in profile.placements:
+            name = mig_device_name(gpu.index, profile.name, placement.start)
+            counters = {memory_counter(i): 1 for i in range(placement.start, placement.end)}
+            counters[COMPUTE_COUNTER] = profile.compute_slices
+            counters[profile_counter(profile.profile_id)] = 1
+            devices.append(
+                {
+                    "name": name,
+                    "attributes": _mig_attributes(gpu, profile, placement),
+                    "capacity": _mig_capacity(profile),
+                    "consumesCounters": _consumes(gpu.index, counters),
+                }
+            )
+            partitions[name] = MigPartition(gpu.index, profile.profile_id, profile.name, placement)
+    return devices, partitions
+
+
+def static_mig_devices(
+    gpu: GpuInfo, profiles: Sequence[MigProfile], instances: Sequence[MigDevice]
+) -> tuple[list[Device], dict[str, MigPartition]]:
+    """The instances that exist on a GPU with a static layout, by placement."""
+    by_id = {p.profile_id: p for p in profiles}
+    devices: list[Device] = []
+    partitions: dict[str, MigPartition] = {}
+    for instance in sorted(instances, key=lambda i: i.placement.start):
+        profile = by_id.get(instance.profile_id)
+        if profile is None or instance.uuid is None:
+            continue  # half-made or unknown: not usable by CUDA
+        name = mig_device_name(gpu.index, profile.name, instance.placement.start)
+        attributes = _mig_attributes(gpu, profile, instance.placement)
+        attributes["uuid"] = {"string": instance.uuid}
+        devices.append(
+            {"name": name, "attributes": attributes, "capacity": _mig_capacity(profile)}
+        )
+        partitions[name] = MigPartition(
+            gpu.index, profile.profile_id, profile.name, instance.placement
+        )
+    return devices, partitions
