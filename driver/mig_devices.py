@@ -146,9 +146,7 @@ def static_mig_devices(
         name = mig_device_name(gpu.index, profile.name, instance.placement.start)
         attributes = _mig_attributes(gpu, profile, instance.placement)
         attributes["uuid"] = {"string": instance.uuid}
-        devices.append(
-            {"name": name, "attributes": attributes, "capacity": _mig_capacity(profile)}
-        )
+        devices.append({"name": name, "attributes": attributes, "capacity": _mig_capacity(profile)})
         partitions[name] = MigPartition(
             gpu.index, profile.profile_id, profile.name, instance.placement
         )

@@ -23,6 +23,7 @@ MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_LENGTH = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
 
 Device = dict[str, Any]
 
@@ -168,16 +169,21 @@ def slice_specs(
     for device in devices:
         check_device(device)
     groups = chunk_devices(devices)
+    # At most 8 counter sets (one per dynamic-MIG GPU) fit in one slice.
+    counter_groups = [
+        list(shared_counters[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(shared_counters), MAX_COUNTER_SETS_PER_SLICE)
+    ]
     specs: list[dict[str, Any]] = []
-    count = len(groups) + (1 if shared_counters else 0)
+    count = len(groups) + len(counter_groups)
     pool = {"name": node_name, "generation": generation, "resourceSliceCount": count}
-    if shared_counters:
+    for counters in counter_groups:
         specs.append(
             {
                 "driver": DRIVER_NAME,
                 "nodeName": node_name,
                 "pool": dict(pool),
-                "sharedCounters": list(shared_counters),
+                "sharedCounters": counters,
             }
         )
     for group in groups:

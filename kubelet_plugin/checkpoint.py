@@ -55,13 +55,17 @@ class DeviceRecord(_Record):
 
 
 class MigInstanceRecord(_Record):
-    """A MIG partition created for a claim (destroyed again on unprepare)."""
+    """A MIG partition created for a claim (destroyed again on unprepare). Recorded before it
+    is created, so the ids are unknown until then; parent and placement identify it."""
 
     parent_uuid: str
+    parent_index: int | None = None
     profile: str
+    profile_id: int | None = None
     placement_start: int
-    gpu_instance_id: int
-    compute_instance_id: int
+    placement_size: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
     uuid: str | None = None
 
 

@@ -70,6 +70,8 @@ class PluginConfig(BaseModel):
     kubeconfig: Path | None = None
     # GPUs published as fractions (consumable capacity): "all" or GPU indices "0,2,3".
     shared_gpus: str | None = None
+    # GPUs whose MIG partitions are created on demand: "all" or GPU indices.
+    dynamic_mig_gpus: str | None = None
 
     @field_validator("node_name")
     @classmethod
@@ -99,19 +101,29 @@ class PluginConfig(BaseModel):
             )
         return value
 
-    @field_validator("shared_gpus")
+    @field_validator("shared_gpus", "dynamic_mig_gpus")
     @classmethod
-    def _check_shared_gpus(cls, value: str | None) -> str | None:
+    def _check_gpu_list(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"all|\d+(,\d+)*", value.replace(" ", "")):
             raise ValueError('must be "all" or comma-separated GPU indices such as "0,2"')
         return None if value is None else value.replace(" ", "")
 
     def shared_gpu_indices(self, gpu_count: int) -> frozenset[int]:
-        if not self.shared_gpus:
-            return frozenset()
-        if self.shared_gpus == "all":
-            return frozenset(range(gpu_count))
-        return frozenset(int(i) for i in self.shared_gpus.split(","))
+        return _indices(self.shared_gpus, gpu_count)
+
+    def dynamic_mig_gpu_indices(self, gpu_count: int) -> frozenset[int]:
+        return _indices(self.dynamic_mig_gpus, gpu_count)
+
+    @model_validator(mode="after")
+    def _check_modes_disjoint(self) -> PluginConfig:
+        shared, dynamic = self.shared_gpu_indices(1 << 16), self.dynamic_mig_gpu_indices(1 << 16)
+        if shared & dynamic:
+            both = ",".join(str(i) for i in sorted(shared & dynamic)[:8])
+            raise ValueError(
+                f"shared_gpus and dynamic_mig_gpus both name GPU(s) {both}; a GPU is either "
+                "shared or partitioned"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_backend(self) -> PluginConfig:
@@ -164,6 +176,14 @@ class PluginConfig(BaseModel):
     @property
     def lock_path(self) -> Path:
         return self.data_dir / LOCK_FILE
+
+
+def _indices(spec: str | None, gpu_count: int) -> frozenset[int]:
+    if not spec:
+        return frozenset()
+    if spec == "all":
+        return frozenset(range(gpu_count))
+    return frozenset(int(i) for i in spec.split(","))
 
 
 def rolling_update_socket_name(registry_dir: Path, driver_name: str, pod_uid: str) -> str:
@@ -262,6 +282,13 @@ _SETTINGS: Final = (
         "--shared-gpus",
         "FLEXGPU_SHARED_GPUS",
         'GPUs published as fractions: "all" or indices such as "0,2" (default: none)',
+        "str",
+    ),
+    _Setting(
+        "dynamic_mig_gpus",
+        "--dynamic-mig-gpus",
+        "FLEXGPU_DYNAMIC_MIG_GPUS",
+        'GPUs partitioned on demand (MIG): "all" or indices such as "4,5" (default: none)',
         "str",
     ),
     _Setting(

@@ -57,7 +57,10 @@ def run(config: PluginConfig) -> int:
         return 1
     api = make_api(config)
     events = NodeEventRecorder(api, config.node_name)
-    devices = NodeDevices(backend, config.shared_gpu_indices(len(backend.list_gpus())))
+    count = len(backend.list_gpus())
+    devices = NodeDevices(
+        backend, config.shared_gpu_indices(count), config.dynamic_mig_gpu_indices(count)
+    )
     store = CheckpointStore(config.checkpoint_path)
     lock = PrepareLock(config.lock_path)
     claims = ApiClaimSource(api)
@@ -73,13 +76,15 @@ def run(config: PluginConfig) -> int:
     with lock:
         reconcile_at_start(preparer, store, claims, events)
     publisher = SlicePublisher(api, config.node_name)
-    publisher.set_devices(devices.slice_devices())
+    publisher.set_devices(devices.slice_devices(), devices.counter_sets())
     publisher.start()
     health = HealthMonitor(
         backend,
         devices,
         config.node_name,
-        on_unhealthy=lambda: publisher.set_devices(devices.slice_devices()),
+        on_unhealthy=lambda: publisher.set_devices(
+            devices.slice_devices(), devices.counter_sets()
+        ),
     )
     health.start()
     server = PluginServer(config, preparer, health)

@@ -1,32 +1,129 @@
 """The node's devices as the plugin publishes and prepares them: a cached inventory from the
-backend, which GPUs are shared, refreshed when health changes."""
+backend and each GPU's mode (whole, shared, static MIG layout, dynamic MIG), refreshed when
+health or modes change."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from driver.backend import GpuBackend
+from driver.backend_errors import GpuBackendError
 from driver.cdi import CdiDevice, host_device_nodes
 from driver.config_resolution import DeviceType
-from driver.gpu_model import GpuInfo, HealthState
+from driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
+from driver.mig_devices import MigPartition, counter_set, dynamic_mig_devices, static_mig_devices
 from driver.names import gpu_device_name
-from driver.resource_slice import Device, render_node_gpus
+from driver.resource_slice import Device, shared_gpu_device, whole_gpu_device
+
+log = logging.getLogger(__name__)
+
+GpuMode = Literal["Whole", "Shared", "MIG", "DynamicMIG"]
 
 
 class NodeDevices:
-    def __init__(self, backend: GpuBackend, shared: Collection[int] = ()) -> None:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        shared: frozenset[int] | set[int] = frozenset(),
+        dynamic_mig: frozenset[int] | set[int] = frozenset(),
+    ) -> None:
         self.backend = backend
-        self._shared = frozenset(shared)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._modes: dict[int, GpuMode] = {i: "Shared" for i in shared}
+        self._modes.update({i: "DynamicMIG" for i in dynamic_mig})
         self._gpus: dict[str, GpuInfo] = {}
         self._unhealthy: set[int] = set()
+        self._devices: list[Device] = []
+        self._counters: list[dict[str, Any]] = []
+        self._partitions: dict[str, MigPartition] = {}  # dynamic: created on prepare
+        self._static: dict[str, MigDevice] = {}  # static layout: exist already
+        self._kinds: dict[str, DeviceType] = {}
         self.refresh()
 
-    def refresh(self) -> None:
-        gpus = self.backend.list_gpus()
+    # -- state ---------------------------------------------------------------------------
+    def set_modes(self, modes: Mapping[int, GpuMode]) -> None:
         with self._lock:
-            self._gpus = {gpu_device_name(g.index): g for g in gpus}
+            self._modes = {i: m for i, m in modes.items() if m != "Whole"}
+        self.refresh()
+
+    def mode(self, index: int) -> GpuMode:
+        with self._lock:
+            return self._modes.get(index, "Whole")
+
+    def refresh(self) -> None:
+        """Re-reads the GPUs (and their MIG state) and recomputes what is published."""
+        gpus = {gpu_device_name(g.index): g for g in self.backend.list_gpus()}
+        with self._lock:
+            # A GPU that fell off the bus leaves the backend's list; keep reporting it, as
+            # unhealthy, so the kubelet and admins see what happened to it.
+            for name, gone in self._gpus.items():
+                if name not in gpus:
+                    gpus[name] = gone
+                    self._unhealthy.add(gone.index)
+            self._gpus = gpus
+            devices: list[Device] = []
+            counters: list[dict[str, Any]] = []
+            partitions: dict[str, MigPartition] = {}
+            static: dict[str, MigDevice] = {}
+            kinds: dict[str, DeviceType] = {}
+            for gpu in sorted(self._current_gpus(), key=lambda g: g.index):
+                if gpu.health != HealthState.HEALTHY:
+                    continue  # nothing new lands on it; prepared claims stay
+                mode = self._modes.get(gpu.index, "Whole")
+                name = gpu_device_name(gpu.index)
+                if mode == "DynamicMIG" and self._mig_ready(gpu):
+                    profiles = self.backend.mig_profiles(gpu.index)
+                    mig, parts = dynamic_mig_devices(gpu, profiles)
+                    devices += mig
+                    counters.append(counter_set(gpu, profiles))
+                    partitions.update(parts)
+                    kinds.update({n: "mig" for n in parts})
+                    kinds[name] = "gpu"
+                elif mode == "MIG" and self._mig_ready(gpu):
+                    profiles = self.backend.mig_profiles(gpu.index)
+                    instances = self.backend.list_mig_devices(gpu.index)
+                    mig, parts = static_mig_devices(gpu, profiles, instances)
+                    devices += mig
+                    by_placement = {(i.profile_id, i.placement.start): i for i in instances}
+                    for device_name, part in parts.items():
+                        static[device_name] = by_placement[(part.profile_id, part.placement.start)]
+                        kinds[device_name] = "mig"
+                elif mode == "Shared":
+                    devices.append(shared_gpu_device(gpu))
+                    kinds[name] = "shared"
+                else:
+                    devices.append(whole_gpu_device(gpu))
+                    kinds[name] = "gpu"
+            self._devices, self._counters = devices, counters
+            self._partitions, self._static, self._kinds = partitions, static, kinds
+
+    def _mig_ready(self, gpu: GpuInfo) -> bool:
+        """MIG mode on, switching it on where that needs no reset; otherwise the GPU is
+        published whole and left alone."""
+        if not gpu.mig_capable:
+            log.warning("GPU %d (%s) has no MIG; publishing it whole", gpu.index, gpu.product_name)
+            return False
+        if gpu.mig_mode is not None and gpu.mig_mode.current:
+            return True
+        try:
+            mode = self.backend.set_mig_mode(gpu.index, True)
+        except GpuBackendError as err:
+            log.warning("GPU %d: cannot enable MIG mode (%s); publishing it whole", gpu.index, err)
+            return False
+        if not mode.current:
+            log.warning("GPU %d: MIG mode is pending a GPU reset; publishing it whole", gpu.index)
+        return mode.current
+
+    def _current_gpus(self) -> list[GpuInfo]:
+        return [
+            g.model_copy(update={"health": HealthState.UNHEALTHY})
+            if g.index in self._unhealthy
+            else g
+            for g in self._gpus.values()
+        ]
 
     def mark_unhealthy(self, index: int) -> bool:
         """Returns True when this changed the GPU's state."""
@@ -34,33 +131,61 @@ class NodeDevices:
             if index in self._unhealthy:
                 return False
             self._unhealthy.add(index)
-            return True
+        self.refresh()
+        return True
 
+    # -- queries -------------------------------------------------------------------------
     def gpus(self) -> list[GpuInfo]:
         with self._lock:
-            return [
-                g.model_copy(update={"health": HealthState.UNHEALTHY})
-                if g.index in self._unhealthy
-                else g
-                for g in self._gpus.values()
-            ]
-
-    def gpu(self, device_name: str) -> GpuInfo | None:
-        with self._lock:
-            return self._gpus.get(device_name)
+            return self._current_gpus()
 
     def gpus_by_index(self) -> dict[int, GpuInfo]:
         return {g.index: g for g in self.gpus()}
 
+    def gpu(self, device_name: str) -> GpuInfo | None:
+        """The physical GPU behind a device name (the parent of a MIG device)."""
+        with self._lock:
+            part = self._partitions.get(device_name)
+            if part is not None:
+                return self.gpus_by_index().get(part.parent_index)
+            instance = self._static.get(device_name)
+            if instance is not None:
+                return self.gpus_by_index().get(instance.parent_index)
+            return self._gpus.get(device_name)
+
     def device_type(self, device_name: str) -> DeviceType:
-        gpu = self.gpu(device_name)
-        return "shared" if gpu is not None and gpu.index in self._shared else "gpu"
+        with self._lock:
+            return self._kinds.get(device_name, "gpu")
+
+    def partition(self, device_name: str) -> MigPartition | None:
+        """Set for devices whose MIG instance prepare creates (dynamic MIG)."""
+        with self._lock:
+            return self._partitions.get(device_name)
+
+    def mig_profiles(self, index: int) -> list[MigProfile]:
+        return self.backend.mig_profiles(index)
 
     def slice_devices(self) -> list[Device]:
-        return render_node_gpus(self.gpus(), self._shared)
+        with self._lock:
+            return list(self._devices)
+
+    def counter_sets(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._counters)
+
+    def dynamic_gpus(self) -> set[int]:
+        with self._lock:
+            return {p.parent_index for p in self._partitions.values()}
 
     def resolve(self, device_name: str) -> CdiDevice | None:
-        gpu = self.gpu(device_name)
+        """CDI content of a device that exists without prepare creating it."""
+        with self._lock:
+            instance = self._static.get(device_name)
+            gpu = self._gpus.get(device_name)
+        if instance is not None and instance.uuid is not None:
+            parent = self.gpus_by_index().get(instance.parent_index)
+            minor = parent.minor_number if parent else None
+            return CdiDevice(device_name, instance.uuid, host_device_nodes(minor))
         if gpu is None:
             return None
         return CdiDevice(device_name, gpu.uuid, host_device_nodes(gpu.minor_number))

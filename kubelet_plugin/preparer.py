@@ -22,6 +22,7 @@ from driver.cdi import (
     ClaimIdentity,
     cdi_device_id,
     encode_spec,
+    host_device_nodes,
     render_claim_spec,
     spec_file_name,
 )
@@ -35,6 +36,7 @@ from kubelet_plugin.checkpoint import (
     ClaimState,
     CreatedResources,
     DeviceRecord,
+    MigInstanceRecord,
     MpsShareRecord,
 )
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
@@ -151,7 +153,8 @@ class ClaimPreparerImpl:
         if not claim.allocated:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
         ours = [d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == self.node_name]
-        cdi_devices = [self._device(d) for d in ours]
+        for d in ours:
+            self._check_known(d)
         others = [r for r in checkpoint.claims.values() if r.uid != claim.uid]
         self._check_conflicts(others, ours)
         self._check_share_capacity(others, ours)
@@ -174,8 +177,18 @@ class ClaimPreparerImpl:
         checkpoint = checkpoint.with_claim(record)
         self._store.save(checkpoint)
         self._maybe_crash("after-prepare-started")
-        env, mounts = self._apply_sharing(plan)
-        self._write_spec(claim, cdi_devices, env, mounts)
+        try:
+            cdi_devices = [self._materialise(d) for d in ours]
+            self._maybe_crash("after-devices-created")
+            env, mounts = self._apply_sharing(plan)
+            self._write_spec(claim, cdi_devices, env, mounts)
+        except Exception:
+            # Half-way failure: take back what was done, so nothing is left and a retry
+            # starts clean.
+            self.undo(record, others)
+            checkpoint = checkpoint.without_claim(record.uid)
+            self._store.save(checkpoint)
+            raise
         self._maybe_crash("after-cdi-written")
         checkpoint = checkpoint.with_claim(record.model_copy(update={"state": ClaimState.PREPARED}))
         self._store.save(checkpoint)
@@ -203,9 +216,48 @@ class ClaimPreparerImpl:
             )
         return CreatedResources(
             cdi_spec_path=str(self.spec_path(claim.uid)),
+            mig_instances=self._intended_partitions(claim),
             mps_share=mps,
             time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
         )
+
+    def _intended_partitions(self, claim: ClaimView) -> list[MigInstanceRecord]:
+        records = []
+        for d in claim.devices:
+            part = self.devices.partition(d.device) if d.pool == self.node_name else None
+            if part is None or d.driver != DRIVER_NAME:
+                continue
+            parent = self.devices.gpus_by_index().get(part.parent_index)
+            records.append(
+                MigInstanceRecord(
+                    parent_uuid=parent.uuid if parent else "",
+                    parent_index=part.parent_index,
+                    profile=part.profile_name,
+                    profile_id=part.profile_id,
+                    placement_start=part.placement.start,
+                    placement_size=part.placement.size,
+                )
+            )
+        return records
+
+    def _materialise(self, allocated: AllocatedDevice) -> CdiDevice:
+        """The device's CDI content, creating its MIG instance first for dynamic MIG."""
+        part = self.devices.partition(allocated.device)
+        if part is None:
+            return self._device(allocated)
+        created = self.devices.backend.create_mig_device(
+            part.parent_index, part.profile_id, part.placement
+        )
+        if created.uuid is None:
+            raise PrepareError(f"MIG instance for {allocated.device} has no UUID")
+        parent = self.devices.gpus_by_index().get(part.parent_index)
+        minor = parent.minor_number if parent else None
+        log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
+        return CdiDevice(allocated.device, created.uuid, host_device_nodes(minor))
+
+    def _check_known(self, allocated: AllocatedDevice) -> None:
+        if self.devices.partition(allocated.device) is None:
+            self._device(allocated)
 
     def _apply_sharing(self, plan: SharingPlan) -> tuple[dict[str, str], list[tuple[str, str]]]:
         backend = self.devices.backend
@@ -301,12 +353,27 @@ class ClaimPreparerImpl:
         for index in record.created.time_slices:
             if not any(index in r.created.time_slices for r in others):
                 _ignore_lost_gpu(backend.set_time_slice, int(index), TimeSliceInterval.DEFAULT)
+        for instance in record.created.mig_instances:
+            _ignore_lost_gpu(self._destroy_partition, instance)
         share = record.created.mps_share
         gpu_in_use = share is not None and any(
             r.created.mps_share and r.created.mps_share.gpu_index == share.gpu_index for r in others
         )
         if share is not None and share.gpu_index is not None and not gpu_in_use:
             _ignore_lost_gpu(backend.stop_mps_daemon, share.gpu_index)
+
+
+    def _destroy_partition(self, record: MigInstanceRecord) -> None:
+        if record.parent_index is None:
+            return
+        backend = self.devices.backend
+        for instance in backend.list_mig_devices(record.parent_index):
+            if instance.placement.start == record.placement_start and (
+                record.profile_id is None or instance.profile_id == record.profile_id
+            ):
+                backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
+                log.info("destroyed MIG %s at %s on GPU %d", record.profile,
+                         record.placement_start, record.parent_index)
 
 
 def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> None:

@@ -57,8 +57,14 @@ def plan_sharing(
             config = resolved[allocated.request].for_device(kind, allocated.device)
         except ConfigResolutionError as err:
             raise SharingError(str(err)) from None
-        if isinstance(config, MigConfig):  # for_device never pairs MigConfig with a GPU
-            raise SharingError(f"MigConfig cannot configure {allocated.device}")
+        if isinstance(config, MigConfig):
+            if config.effective_sharing.strategy != SharingStrategy.EXCLUSIVE:
+                raise SharingError(
+                    f'request "{allocated.request}": sharing.strategy '
+                    f"{config.effective_sharing.strategy} on a MIG device ({allocated.device}) "
+                    "is not supported yet; allowed: Exclusive"
+                )
+            continue
         sharing = config.effective_sharing
         if kind == "shared":
             clients.append(_share_client(allocated, config, gpu.index, gpu.memory_mib, plan))

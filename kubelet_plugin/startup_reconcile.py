@@ -43,6 +43,7 @@ class ReconcileReport:
     rebuilt: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     mps_daemons_stopped: list[int] = field(default_factory=list)
+    mig_instances_destroyed: list[str] = field(default_factory=list)
     checkpoint_status: str = ""
 
 
@@ -80,6 +81,7 @@ def reconcile_at_start(
             report.kept.append(f"{record.namespace}/{record.name}")
 
     _stop_unused_mps_daemons(preparer, checkpoint, report)
+    _destroy_unowned_partitions(preparer, checkpoint, report)
     owned = set(checkpoint.claims)
     for path in _our_specs(preparer.cdi_dir):
         if claim_uid_from_spec_file(path.name) not in owned:
@@ -91,15 +93,37 @@ def reconcile_at_start(
     store.save(checkpoint)
     log.info(
         "start-up reconcile: checkpoint %s; kept %d, rolled back %d, rebuilt %d, removed %d "
-        "orphan CDI spec(s), stopped %d MPS daemon(s) no claim uses",
+        "orphan CDI spec(s), stopped %d MPS daemon(s) and destroyed %d MIG instance(s) no "
+        "claim uses",
         report.checkpoint_status,
         len(report.kept),
         len(report.rolled_back),
         len(report.rebuilt),
         len(report.orphan_specs_removed),
         len(report.mps_daemons_stopped),
+        len(report.mig_instances_destroyed),
     )
     return report
+
+
+def _destroy_unowned_partitions(
+    preparer: ClaimPreparerImpl, checkpoint: Checkpoint, report: ReconcileReport
+) -> None:
+    """On dynamic-MIG GPUs every instance belongs to a prepared claim; others are leftovers
+    of a crash (created, then the plugin died before recording it) and are destroyed."""
+    owned = {
+        (m.parent_index, m.placement_start)
+        for r in checkpoint.claims.values()
+        for m in r.created.mig_instances
+    }
+    backend = preparer.devices.backend
+    for index in sorted(preparer.devices.dynamic_gpus()):
+        for instance in backend.list_mig_devices(index):
+            if (index, instance.placement.start) not in owned:
+                backend.destroy_mig_device(index, instance.gpu_instance_id)
+                report.mig_instances_destroyed.append(
+                    f"gpu-{index} {instance.profile_name}@{instance.placement.start}"
+                )
 
 
 def _stop_unused_mps_daemons(
