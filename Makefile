@@ -60,6 +60,7 @@ cluster-down: venv
 # Benchmarks print figures (percentiles, rates, memory) and explain them; nothing is asserted.
 bench: setup
 	@$(PY) -m bench.prepare_latency
+	@$(PY) -m bench.mig_scheduling
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache
