@@ -13,6 +13,7 @@ from driver.backend import GpuBackend
 from driver.backend_errors import GpuBackendError
 from kubelet_plugin.checkpoint import CheckpointStore
 from kubelet_plugin.claim_source import ApiClaimSource
+from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.config import ConfigError, PluginConfig, load_config
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_monitor import HealthMonitor
@@ -64,6 +65,8 @@ def run(config: PluginConfig) -> int:
     store = CheckpointStore(config.checkpoint_path)
     lock = PrepareLock(config.lock_path)
     claims = ApiClaimSource(api)
+    status = ClaimStatusWriter(api, config.node_name)
+    status.start()
     preparer = ClaimPreparerImpl(
         node_name=config.node_name,
         claims=claims,
@@ -72,6 +75,7 @@ def run(config: PluginConfig) -> int:
         lock=lock,
         cdi_dir=config.cdi_dir,
         crash_at=os.environ.get("FLEXGPU_FAULT_CRASH_AT") or None,
+        status=status,
     )
     with lock:
         reconcile_at_start(preparer, store, claims, events)
@@ -82,9 +86,7 @@ def run(config: PluginConfig) -> int:
         backend,
         devices,
         config.node_name,
-        on_unhealthy=lambda: publisher.set_devices(
-            devices.slice_devices(), devices.counter_sets()
-        ),
+        on_unhealthy=lambda: publisher.set_devices(devices.slice_devices(), devices.counter_sets()),
     )
     health.start()
     server = PluginServer(config, preparer, health)
@@ -95,6 +97,7 @@ def run(config: PluginConfig) -> int:
         # plugin takes them over without a window where nothing is published.
         health.stop()
         publisher.stop()
+        status.stop()
         backend.close()
     return 0
 

@@ -14,6 +14,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from driver.atomic_file import atomic_write_bytes
 from driver.backend_errors import GpuLostError, NotFoundError
@@ -40,6 +41,7 @@ from kubelet_plugin.checkpoint import (
     MpsShareRecord,
 )
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
+from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
 from kubelet_plugin.claims import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.prepare_lock import PrepareLock
@@ -74,8 +76,10 @@ class ClaimPreparerImpl:
         lock: PrepareLock,
         cdi_dir: Path,
         crash_at: str | None = None,
+        status: ClaimStatusWriter | None = None,
     ) -> None:
         self.node_name = node_name
+        self._status = status
         # Fault injection for crash tests (FLEXGPU_FAULT_CRASH_AT): SIGKILL ourselves at a
         # named step, exactly as an OOM kill or node shutdown would interrupt us.
         self._crash_at = crash_at
@@ -118,6 +122,8 @@ class ClaimPreparerImpl:
                     self.undo(record, checkpoint.claims.values())
                     checkpoint = checkpoint.without_claim(ref.uid)
                     self._store.save(checkpoint)
+                    if self._status is not None:
+                        self._status.unprepared(record.namespace, record.name, record.uid)
                     results[ref.uid] = UnprepareResult()
                 except Exception as err:
                     log.exception("unpreparing claim %s/%s failed", ref.namespace, ref.name)
@@ -192,6 +198,10 @@ class ClaimPreparerImpl:
         self._maybe_crash("after-cdi-written")
         checkpoint = checkpoint.with_claim(record.model_copy(update={"state": ClaimState.PREPARED}))
         self._store.save(checkpoint)
+        if self._status is not None:
+            self._status.prepared(
+                claim.namespace, claim.name, claim.uid, self._device_status(ours, cdi_devices, plan)
+            )
         log.info(
             "prepared claim %s/%s: %s",
             claim.namespace,
@@ -220,6 +230,44 @@ class ClaimPreparerImpl:
             mps_share=mps,
             time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
         )
+
+    def _device_status(
+        self,
+        ours: Sequence[AllocatedDevice],
+        cdi_devices: Sequence[CdiDevice],
+        plan: SharingPlan,
+    ) -> list[DeviceStatus]:
+        """What the user sees in the claim's status for each device."""
+        result = []
+        for allocated, cdi in zip(ours, cdi_devices, strict=True):
+            gpu = self.devices.gpu(allocated.device)
+            data: dict[str, Any] = {"uuid": cdi.uuid}
+            if gpu is not None:
+                data["productName"] = gpu.product_name
+            part = self.devices.partition(allocated.device)
+            if part is not None:
+                data["migProfile"] = part.profile_name
+                data["placement"] = {"start": part.placement.start, "size": part.placement.size}
+            if allocated.share_id is not None:
+                data["granted"] = dict(allocated.consumed_capacity)
+            if plan.mps is not None:
+                data["mps"] = {
+                    k: v
+                    for k, v in (
+                        ("activeThreadPercentage", plan.mps.active_thread_percentage),
+                        (
+                            "pinnedDeviceMemoryLimit",
+                            f"{plan.mps.pinned_memory_mib}Mi"
+                            if plan.mps.pinned_memory_mib is not None
+                            else None,
+                        ),
+                    )
+                    if v is not None
+                }
+            if plan.time_slices:
+                data["timeSlice"] = str(next(iter(plan.time_slices.values())))
+            result.append(DeviceStatus(allocated.pool, allocated.device, allocated.share_id, data))
+        return result
 
     def _intended_partitions(self, claim: ClaimView) -> list[MigInstanceRecord]:
         records = []
@@ -362,7 +410,6 @@ class ClaimPreparerImpl:
         if share is not None and share.gpu_index is not None and not gpu_in_use:
             _ignore_lost_gpu(backend.stop_mps_daemon, share.gpu_index)
 
-
     def _destroy_partition(self, record: MigInstanceRecord) -> None:
         if record.parent_index is None:
             return
@@ -372,8 +419,12 @@ class ClaimPreparerImpl:
                 record.profile_id is None or instance.profile_id == record.profile_id
             ):
                 backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
-                log.info("destroyed MIG %s at %s on GPU %d", record.profile,
-                         record.placement_start, record.parent_index)
+                log.info(
+                    "destroyed MIG %s at %s on GPU %d",
+                    record.profile,
+                    record.placement_start,
+                    record.parent_index,
+                )
 
 
 def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.conftest import wait_for
 from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
@@ -81,7 +82,25 @@ def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -
     uid = env["FLEXGPU_CLAIM_UID"]
     assert checkpoint_claims(node)[uid]["state"] == "Prepared"
     assert [s for s in cdi_specs(node) if uid in s]
-    _delete_and_check_unprepared(api, namespace, node, "one", uid)
+    # The claim's status tells the user what they got.
+    resource = client.ResourceV1Api(api)
+    status = wait_for(
+        lambda: resource.read_namespaced_resource_claim("one", namespace).status.devices,
+        what="status.devices written by the plugin",
+    )
+    assert [(d.driver, d.pool, d.device) for d in status] == [(DRIVER, H100_NODE, result.device)]
+    assert status[0].data == {
+        "uuid": env["NVIDIA_VISIBLE_DEVICES"],
+        "productName": "NVIDIA H100 80GB HBM3",
+    }
+    assert [(c.type, c.status) for c in status[0].conditions] == [("Ready", "True")]
+    client.CoreV1Api(api).delete_namespaced_pod("one", namespace)
+    wait_gone(api, namespace, "one")
+    wait_for(
+        lambda: not resource.read_namespaced_resource_claim("one", namespace).status.devices,
+        what="status.devices removed after unprepare",
+    )
+    assert uid not in checkpoint_claims(node)
 
 
 def test_two_nvlink_aligned_gpus(
