@@ -349,3 +349,24 @@ def test_concurrent_prepares_are_served_in_parallel(
             "",
             "",
         ]
+
+
+def test_liveness_probe_answers_only_while_the_plugin_serves(plugin_config: PluginConfig) -> None:
+    from kubelet_plugin.probe import probe
+
+    argv = [
+        "--node-name",
+        plugin_config.node_name,
+        "--registry-dir",
+        str(plugin_config.registry_dir),
+        "--plugins-dir",
+        str(plugin_config.plugins_dir),
+    ]
+    assert probe(argv) is not None  # nothing listening yet
+    server = PluginServer(plugin_config, MemoryPreparer())
+    server.start()
+    try:
+        assert probe(argv) is None
+    finally:
+        server.stop()
+    assert "not answering" in str(probe(argv))
