@@ -711,7 +711,7 @@ def _sorted(problems: list[PolicyProblem]) -> list[PolicyProblem]:
 
 
 def _translate(entry: Mapping[str, Any]) -> PolicyProblem:
-    loc: tuple[object, ...] = tuple(entry["loc"])
+    loc = _mark_keys(tuple(entry["loc"]))
     error_type = entry["type"]
     ctx = entry.get("ctx") or {}
     if error_type == "extra_forbidden":
@@ -779,6 +779,35 @@ def _walk(loc: Sequence[object]) -> tuple[tuple[str, ...], object]:
     return tuple(pattern), _unwrap(current)
 
 
+class MapKey(str):
+    """A map key in a problem's path: always shown in brackets, ``migLayout["1g.10gb"]``."""
+
+    __slots__ = ()
+
+
+def _mark_keys(loc: Sequence[object]) -> tuple[object, ...]:
+    """``loc`` with the segments that are map keys as ``MapKey``."""
+    current: object = GpuNodePolicy
+    out: list[object] = []
+    for position, segment in enumerate(loc):
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            info = current.model_fields.get(segment) if isinstance(segment, str) else None
+            if info is None:
+                return (*out, *loc[position:])
+            current = info.annotation
+            out.append(segment)
+        elif get_origin(current) is dict and isinstance(segment, str):
+            current = get_args(current)[1]
+            out.append(MapKey(segment))
+        elif get_origin(current) is list:
+            current = get_args(current)[0]
+            out.append(segment)
+        else:
+            return (*out, *loc[position:])
+    return tuple(out)
+
+
 def _pattern(loc: Sequence[object]) -> tuple[str, ...]:
     return _walk(loc)[0]
 
@@ -804,7 +833,11 @@ def _join_path(path: Sequence[object]) -> str:
     for segment in path:
         if isinstance(segment, int) and not isinstance(segment, bool):
             out += f"[{segment}]"
-        elif isinstance(segment, str) and _IDENTIFIER.fullmatch(segment):
+        elif (
+            isinstance(segment, str)
+            and not isinstance(segment, MapKey)
+            and _IDENTIFIER.fullmatch(segment)
+        ):
             out += f".{segment}" if out else segment
         else:
             out += f"[{show_value(segment)}]"
