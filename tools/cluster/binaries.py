@@ -83,6 +83,20 @@ def control_plane_dir() -> Path:
     return build()
 
 
+HELM_SCRIPT = REPO_ROOT / "tools" / "helm" / "fetch.sh"
+
+
+def helm_tools_dir() -> Path:
+    """The folder with ``helm`` (v4) and ``kubectl`` (v1.37), fetched on first use."""
+    proc = subprocess.run(
+        ["bash", str(HELM_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    if proc.returncode != 0:
+        raise BinariesError(f"fetching helm and kubectl failed (exit {proc.returncode})")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
 def harness_binary() -> Path:
     """The kubelet harness, built in the same module and cache as the control plane."""
     path = build() / "kubelet-harness"
