@@ -19,6 +19,7 @@ from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.health_monitor import HealthMonitor
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.node_events import NodeEventRecorder
+from kubelet_plugin.policy_agent import PolicyAgent
 from kubelet_plugin.prepare_lock import PrepareLock
 from kubelet_plugin.preparer import ClaimPreparerImpl
 from kubelet_plugin.slice_publisher import SlicePublisher
@@ -89,12 +90,22 @@ def run(config: PluginConfig) -> int:
         on_unhealthy=lambda: publisher.set_devices(devices.slice_devices(), devices.counter_sets()),
     )
     health.start()
+    agent = PolicyAgent(
+        api,
+        config.node_name,
+        devices=devices,
+        preparer=preparer,
+        republish=lambda: publisher.set_devices(devices.slice_devices(), devices.counter_sets()),
+    )
+    preparer.on_unprepared = agent.poke
+    agent.start()
     server = PluginServer(config, preparer, health)
     try:
         server.run_until_signal((signal.SIGTERM, signal.SIGINT))
     finally:
         # Slices stay: the kubelet removes them 30 s after we disconnect, and a restarted
         # plugin takes them over without a window where nothing is published.
+        agent.stop()
         health.stop()
         publisher.stop()
         status.stop()

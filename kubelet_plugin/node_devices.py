@@ -21,6 +21,7 @@ from driver.resource_slice import Device, shared_gpu_device, whole_gpu_device
 log = logging.getLogger(__name__)
 
 GpuMode = Literal["Whole", "Shared", "MIG", "DynamicMIG"]
+TAINT_KEY = "flexgpu.dev/reconfiguring"
 
 
 class NodeDevices:
@@ -41,6 +42,7 @@ class NodeDevices:
         self._partitions: dict[str, MigPartition] = {}  # dynamic: created on prepare
         self._static: dict[str, MigDevice] = {}  # static layout: exist already
         self._kinds: dict[str, DeviceType] = {}
+        self._taints: dict[int, str] = {}
         self.refresh()
 
     # -- state ---------------------------------------------------------------------------
@@ -48,6 +50,12 @@ class NodeDevices:
         with self._lock:
             self._modes = {i: m for i, m in modes.items() if m != "Whole"}
         self.refresh()
+
+    def set_taints(self, taints: Mapping[int, str]) -> None:
+        """GPU index -> why: its devices get a NoSchedule taint at the next refresh, so
+        nothing new is allocated there while it waits to be reconfigured."""
+        with self._lock:
+            self._taints = dict(taints)
 
     def mode(self, index: int) -> GpuMode:
         with self._lock:
@@ -72,6 +80,7 @@ class NodeDevices:
             for gpu in sorted(self._current_gpus(), key=lambda g: g.index):
                 if gpu.health != HealthState.HEALTHY:
                     continue  # nothing new lands on it; prepared claims stay
+                first = len(devices)
                 mode = self._modes.get(gpu.index, "Whole")
                 name = gpu_device_name(gpu.index)
                 if mode == "DynamicMIG" and self._mig_ready(gpu):
@@ -97,6 +106,14 @@ class NodeDevices:
                 else:
                     devices.append(whole_gpu_device(gpu))
                     kinds[name] = "gpu"
+                if gpu.index in self._taints:
+                    taint = {
+                        "key": TAINT_KEY,
+                        "value": self._taints[gpu.index],
+                        "effect": "NoSchedule",
+                    }
+                    for device in devices[first:]:
+                        device["taints"] = [taint]
             self._devices, self._counters = devices, counters
             self._partitions, self._static, self._kinds = partitions, static, kinds
 

@@ -80,6 +80,8 @@ class ClaimPreparerImpl:
     ) -> None:
         self.node_name = node_name
         self._status = status
+        # Called after claims were unprepared (a GPU may have become free to reconfigure).
+        self.on_unprepared: Callable[[], None] | None = None
         # Fault injection for crash tests (FLEXGPU_FAULT_CRASH_AT): SIGKILL ourselves at a
         # named step, exactly as an OOM kill or node shutdown would interrupt us.
         self._crash_at = crash_at
@@ -130,6 +132,8 @@ class ClaimPreparerImpl:
                     results[ref.uid] = UnprepareResult(
                         error=f"unpreparing claim {ref.namespace}/{ref.name}: {err}"
                     )
+        if self.on_unprepared is not None and claims:
+            self.on_unprepared()
         return results
 
     # -- state ---------------------------------------------------------------------------

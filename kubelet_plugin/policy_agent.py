@@ -1,0 +1,272 @@
+"""Applies the GpuNodePolicy that selects this node, GPU by GPU, without draining the node.
+
+A GPU whose mode or MIG layout must change is first tainted (NoSchedule) in the published
+slices so nothing new lands on it; while prepared claims still use it the change waits
+(status Pending, with the claims named); once idle its MIG instances are changed through the
+backend, the slices republished and the taint lifted. Other GPUs keep serving throughout.
+A layout that does not fit a GPU is refused in the policy's status and the GPU left as it is.
+With no matching policy the plugin's command-line modes apply; with a tie nothing changes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from driver.backend_errors import GpuBackendError
+from driver.gpu_model import GpuInfo
+from driver.mig_layout import LayoutError, MigPlacementPlan, layout_of, validate_layout
+from driver.names import CRD_GROUP
+from driver.node_policy import (
+    APPLIED_CONDITION,
+    PLURAL,
+    ConditionStatus,
+    GpuModeSpec,
+    GpuNodePolicy,
+    GpuStatus,
+    NodePolicyError,
+    NodeStatus,
+    PolicyReason,
+    gpu_modes,
+    gpu_status,
+    node_condition,
+    node_status_patch,
+    parse_node_policy,
+    select_policy,
+    set_condition,
+)
+from kubelet_plugin.node_devices import GpuMode, NodeDevices
+from kubelet_plugin.preparer import ClaimPreparerImpl
+
+log = logging.getLogger(__name__)
+
+VERSION = "v1alpha1"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Want:
+    mode: GpuMode
+    layout: Mapping[str, int] | None = None
+    spec: GpuModeSpec | None = None
+
+
+class PolicyAgent:
+    def __init__(
+        self,
+        api: Any,
+        node_name: str,
+        *,
+        devices: NodeDevices,
+        preparer: ClaimPreparerImpl,
+        republish: Callable[[], None],
+        interval_s: float = 5.0,
+    ) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self.node_name = node_name
+        self._devices = devices
+        self._preparer = preparer
+        self._republish = republish
+        self._interval_s = interval_s
+        # What the plugin's flags say, for GPUs no policy covers.
+        self._defaults: dict[int, GpuMode] = {
+            g.index: devices.mode(g.index) for g in devices.gpus()
+        }
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="node-policy", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def poke(self) -> None:
+        """Re-evaluate soon (a claim was unprepared: a waiting change may proceed)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile_once()
+                self.last_error = None
+            except Exception as err:  # API trouble: retry on the next round, never crash
+                self.last_error = str(err)
+                log.warning("applying node policy failed: %s", err)
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+
+    # -- one pass ------------------------------------------------------------------------
+    def reconcile_once(self) -> None:
+        policies = self._policies()
+        node: Any = self._core.read_node(self.node_name)
+        choice = select_policy(policies, dict(node.metadata.labels or {}))
+        gpus = self._devices.gpus()
+        if choice.is_conflict:
+            message = choice.conflict_message(self.node_name)
+            for policy in choice.conflict:
+                self._write_status(policy, {}, message)
+            log.warning("%s", message)
+            return
+        wants = self._wants(choice.policy, gpus)
+        busy = self._busy_gpus()
+        modes: dict[int, GpuMode] = {g.index: self._devices.mode(g.index) for g in gpus}
+        statuses: dict[str, GpuStatus] = {}
+        taints: dict[int, str] = {}
+        for gpu in sorted(gpus, key=lambda g: g.index):
+            want = wants[gpu.index]
+            reason, message = self._reconcile_gpu(gpu, want, busy, modes, taints)
+            if want.spec is not None:
+                current = self._current_layout(gpu)
+                statuses[str(gpu.index)] = gpu_status(want.spec, gpu, reason, message, current)
+        self._devices.set_taints(taints)
+        self._devices.set_modes(modes)
+        self._republish()
+        if choice.policy is not None:
+            self._write_status(choice.policy, statuses, "")
+
+    def _reconcile_gpu(
+        self,
+        gpu: GpuInfo,
+        want: Want,
+        busy: Mapping[int, list[str]],
+        modes: dict[int, GpuMode],
+        taints: dict[int, str],
+    ) -> tuple[PolicyReason, str]:
+        plan: list[MigPlacementPlan] = []
+        if want.mode == "MIG":
+            try:
+                profiles = self._devices.mig_profiles(gpu.index) if gpu.mig_capable else []
+                plan = validate_layout(want.layout or {}, gpu, profiles)
+            except (LayoutError, GpuBackendError) as err:
+                reason = getattr(err, "reason", PolicyReason.UNSUPPORTED)
+                text = getattr(err, "message", str(err))
+                return PolicyReason(str(reason)), text
+        current_mode = modes.get(gpu.index, "Whole")
+        current_layout = self._current_layout(gpu)
+        if current_mode == want.mode and (
+            want.mode != "MIG" or current_layout == dict(want.layout or {})
+        ):
+            return PolicyReason.APPLIED, ""
+        users = busy.get(gpu.index, [])
+        if users:
+            taints[gpu.index] = "reconfiguring"
+            return PolicyReason.PENDING, (
+                f"waiting to change to {_describe(want)}: in use by claim(s) "
+                f"{', '.join(sorted(users))}; new claims are kept off it meanwhile"
+            )
+        try:
+            self._change(gpu, current_mode, want, plan)
+        except GpuBackendError as err:
+            taints[gpu.index] = "reconfiguring"
+            return PolicyReason.PENDING, f"changing to {_describe(want)} failed: {err}"
+        modes[gpu.index] = want.mode
+        log.info("GPU %d is now %s", gpu.index, _describe(want))
+        return PolicyReason.APPLIED, ""
+
+    def _change(
+        self, gpu: GpuInfo, current: GpuMode, want: Want, plan: list[MigPlacementPlan]
+    ) -> None:
+        backend = self._devices.backend
+        mig_on = gpu.mig_mode is not None and gpu.mig_mode.current
+        if mig_on:
+            # Idle GPU: any instance left is the old layout's (or a dynamic leftover).
+            for instance in backend.list_mig_devices(gpu.index):
+                backend.destroy_mig_device(gpu.index, instance.gpu_instance_id)
+        if want.mode in ("MIG", "DynamicMIG") and not mig_on:
+            mode = backend.set_mig_mode(gpu.index, True)
+            if not mode.current:
+                raise GpuBackendError("enabling MIG mode needs a GPU reset")
+        if want.mode in ("Whole", "Shared") and mig_on:
+            backend.set_mig_mode(gpu.index, False)
+        for step in plan:
+            backend.create_mig_device(gpu.index, step.profile_id, step.placement)
+        self._devices.refresh()
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _policies(self) -> list[GpuNodePolicy]:
+        try:
+            listed: Any = self._custom.list_cluster_custom_object(CRD_GROUP, VERSION, PLURAL)
+        except client.ApiException as err:
+            if err.status == 404:  # CRD not installed: no policies
+                return []
+            raise
+        policies = []
+        for item in listed.get("items", []):
+            try:
+                policies.append(parse_node_policy(item))
+            except NodePolicyError as err:  # admission rejects these; never crash on one
+                log.warning("ignoring invalid GpuNodePolicy: %s", err)
+        return policies
+
+    def _wants(self, policy: GpuNodePolicy | None, gpus: list[GpuInfo]) -> dict[int, Want]:
+        wants = {g.index: Want(self._defaults.get(g.index, "Whole")) for g in gpus}
+        if policy is not None:
+            for index, spec in gpu_modes(policy, gpus).items():
+                wants[index] = Want(str(spec.mode), spec.mig_layout, spec)  # type: ignore[arg-type]
+        return wants
+
+    def _busy_gpus(self) -> dict[int, list[str]]:
+        users: dict[int, list[str]] = {}
+        for record in self._preparer.load_checkpoint().claims.values():
+            for device in record.devices:
+                gpu = self._devices.gpu(device.device_name)
+                if gpu is not None:
+                    users.setdefault(gpu.index, []).append(f"{record.namespace}/{record.name}")
+        return users
+
+    def _current_layout(self, gpu: GpuInfo) -> dict[str, int] | None:
+        if not gpu.mig_capable:
+            return None
+        return layout_of(self._devices.backend.list_mig_devices(gpu.index))
+
+    # -- status ----------------------------------------------------------------------------
+    def _write_status(
+        self, policy: GpuNodePolicy, gpus: dict[str, GpuStatus], conflict: str
+    ) -> None:
+        old = policy.status.nodes.get(self.node_name) if policy.status else None
+        status, reason, message = node_condition(gpus, conflict)
+        now = datetime.datetime.now(datetime.UTC)
+        generation = policy.metadata.generation
+        conditions = set_condition(
+            old.conditions if old else [],
+            APPLIED_CONDITION,
+            status=status,
+            reason=reason.value,
+            message=message,
+            now=now,
+            observed_generation=generation,
+        )
+        new = NodeStatus(observedGeneration=generation, gpus=gpus, conditions=conditions)
+        if old is not None and old == new:
+            return
+        self._custom.patch_cluster_custom_object_status(
+            CRD_GROUP,
+            VERSION,
+            PLURAL,
+            policy.name,
+            node_status_patch(self.node_name, new, old),
+            _content_type=MERGE_PATCH,
+        )
+        if status is not ConditionStatus.TRUE:
+            log.info("policy %s on %s: %s: %s", policy.name, self.node_name, reason, message)
+
+
+def _describe(want: Want) -> str:
+    if want.mode == "MIG":
+        layout = ", ".join(f"{n}x{c}" for n, c in sorted((want.layout or {}).items()))
+        return f"MIG {layout}"
+    return want.mode
