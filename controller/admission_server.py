@@ -1,0 +1,299 @@
+"""The admission webhook alone, as a process: ``python -m controller.admission_server``.
+
+For the local test world (the controller is a local process and the apiserver calls it at a
+URL) and for running the webhook apart from the rest of the controller::
+
+    python -m controller.admission_server --kubeconfig KUBECONFIG --listen 127.0.0.1:9443 \\
+        [--webhook-secret-namespace flexgpu-system --webhook-secret-name flexgpu-webhook-tls] \\
+        [--webhook-cert-dir DIR] [--webhook-url-host HOST] \\
+        [--webhook-configuration-name flexgpu-validation]
+
+In-cluster (no ``--kubeconfig``), pass ``--webhook-service-name`` (and
+``--webhook-service-namespace``) so the configuration names the Service instead of a URL.
+``add_webhook_arguments``/``options_from_args`` give the controller's CLI the same flags.
+``run_webhook_for_tests`` starts this process for a test and waits until the apiserver can
+reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import kopf
+
+from controller.admission import register_admission
+from controller.webhook_config import CONFIGURATION_NAME, ServiceRef
+from controller.webhook_server import WebhookOptions, configure_webhook
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def connection_info(configuration: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from a ``kubernetes.client.Configuration`` (kubeconfig loaded)."""
+    header = configuration.get_api_key_with_prefix(
+        "BearerToken"
+    ) or configuration.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    """The webhook's flags (``--webhook-*``); ``options_from_args`` turns them into
+    ``WebhookOptions``. The controller's CLI can add the same flags."""
+    group = parser.add_argument_group("admission webhook")
+    group.add_argument(
+        "--webhook-listen",
+        "--listen",
+        dest="webhook_listen",
+        type=_host_port,
+        default=("0.0.0.0", 9443),
+        metavar="HOST:PORT",
+        help="where to serve HTTPS (default 0.0.0.0:9443)",
+    )
+    group.add_argument(
+        "--webhook-url-host",
+        help="local mode: host in the webhook URL https://HOST:PORT (default: the listen host)",
+    )
+    group.add_argument(
+        "--webhook-service-name",
+        help="in-cluster: the webhook Service (the configuration names it instead of a URL)",
+    )
+    group.add_argument(
+        "--webhook-service-namespace", help="the Service's namespace (default: the Secret's)"
+    )
+    group.add_argument("--webhook-service-port", type=int, default=443)
+    group.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        help="use tls.crt, tls.key (and ca.crt) from this folder as is, e.g. mounted by "
+        "cert-manager; the Secret is then not touched",
+    )
+    group.add_argument("--webhook-secret-namespace", default="flexgpu-system")
+    group.add_argument("--webhook-secret-name", default="flexgpu-webhook-tls")
+    group.add_argument("--webhook-configuration-name", default=CONFIGURATION_NAME)
+    group.add_argument(
+        "--no-webhook-configuration",
+        dest="webhook_manage_configuration",
+        action="store_false",
+        help="do not create or update the ValidatingWebhookConfiguration",
+    )
+    group.add_argument(
+        "--webhook-resync-interval",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how often the Secret is checked for renewal (default 3600)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m controller.admission_server",
+        description="flexgpu validating admission webhook (kopf)",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    add_webhook_arguments(parser)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> WebhookOptions:
+    service = None
+    if args.webhook_service_name:
+        namespace = args.webhook_service_namespace or args.webhook_secret_namespace
+        service = ServiceRef(
+            namespace=namespace, name=args.webhook_service_name, port=args.webhook_service_port
+        )
+    addr, port = args.webhook_listen
+    return WebhookOptions(
+        listen_addr=addr,
+        port=port,
+        service=service,
+        url_host=args.webhook_url_host,
+        cert_dir=args.webhook_cert_dir,
+        secret_namespace=args.webhook_secret_namespace,
+        secret_name=args.webhook_secret_name,
+        configuration_name=args.webhook_configuration_name,
+        manage_configuration=args.webhook_manage_configuration,
+        resync_interval_s=args.webhook_resync_interval,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from kubernetes import client, config
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = options_from_args(args)
+    if args.kubeconfig:
+        api_client = config.new_client_from_config(config_file=args.kubeconfig)
+    else:
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        api_client = client.ApiClient(configuration)
+
+    registry = kopf.OperatorRegistry()
+    register_admission(registry)
+
+    if args.kubeconfig:
+
+        @kopf.on.login(registry=registry)
+        def _login(**_: Any) -> kopf.ConnectionInfo:
+            return connection_info(api_client.configuration)
+
+    else:
+        kopf.on.login(registry=registry)(kopf.login_with_service_account)
+
+    @kopf.on.startup(registry=registry)
+    def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False
+        configure_webhook(settings, options, api_client)
+
+    kopf.run(registry=registry, standalone=True, clusterwide=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- for tests
+
+
+@dataclass
+class WebhookProcess:
+    """A running ``controller.admission_server`` started by ``run_webhook_for_tests``."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    url: str
+    log_path: Path
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _configuration_url(admission: Any, name: str) -> str | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        current = admission.read_validating_webhook_configuration(name)
+    except ApiException:
+        return None
+    hooks = current.webhooks or []
+    return hooks[0].client_config.url if hooks and hooks[0].client_config else None
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def run_webhook_for_tests(
+    kubeconfig: Path,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    secret_namespace: str = "flexgpu-system",
+    secret_name: str = "flexgpu-webhook-tls",
+    configuration_name: str = CONFIGURATION_NAME,
+    extra_args: Sequence[str] = (),
+    timeout_s: float = 60.0,
+) -> Iterator[WebhookProcess]:
+    """Start the webhook on ``127.0.0.1:port`` against the cluster of ``kubeconfig`` and wait
+    until it listens and the configuration points at it. The Secret's namespace must exist.
+    Stops the process on exit (the configuration stays; delete it if the test should not
+    leave it behind). The apiserver may need a moment more to load a new configuration."""
+    from kubernetes import client, config
+
+    port = port or free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "controller.admission_server",
+        f"--kubeconfig={kubeconfig}",
+        f"--webhook-listen=127.0.0.1:{port}",
+        f"--webhook-secret-namespace={secret_namespace}",
+        f"--webhook-secret-name={secret_name}",
+        f"--webhook-configuration-name={configuration_name}",
+        *extra_args,
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    log: TextIO = log_path.open("a")
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    handle = WebhookProcess(proc, port, f"https://127.0.0.1:{port}", log_path)
+    admission = client.AdmissionregistrationV1Api(
+        config.new_client_from_config(config_file=str(kubeconfig))
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"webhook exited with {proc.returncode}:\n{handle.log_tail()}")
+            url = _configuration_url(admission, configuration_name)
+            if url is not None and url.startswith(handle.url + "/") and _listening(port):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"webhook not ready after {timeout_s:.0f}s:\n{handle.log_tail()}"
+                )
+            time.sleep(0.2)
+        yield handle
+    finally:
+        handle.stop()
+        log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

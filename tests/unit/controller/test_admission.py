@@ -1,0 +1,329 @@
+"""controller.admission: the pure checks, the review rules and the kopf registration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+
+from controller.admission import (
+    ADMISSION_TARGETS,
+    MAX_LISTED_PROBLEMS,
+    REJECTION_CODE,
+    answer_admission_review,
+    register_admission,
+    rejection_message,
+    request_device_types,
+    validate_device_class,
+    validate_node_policy,
+    validate_resource_claim,
+    validate_resource_claim_template,
+)
+
+GPU = {"apiVersion": "gpu.flexgpu.dev/v1alpha1", "kind": "GpuConfig"}
+MIG = {"apiVersion": "gpu.flexgpu.dev/v1alpha1", "kind": "MigConfig"}
+PARAMS = "spec.devices.config[0].opaque.parameters"
+QUANTITY = 'a Kubernetes quantity of whole bytes greater than 0, e.g. "10Gi"'
+
+
+def mps(**limits: Any) -> dict[str, Any]:
+    return {**GPU, "sharing": {"strategy": "MPS", "mpsConfig": limits}}
+
+
+def claim(
+    parameters: Any,
+    device_class: str = "gpu.flexgpu.dev",
+    requests: list[str] | None = None,
+    driver: str = "gpu.flexgpu.dev",
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"opaque": {"driver": driver, "parameters": parameters}}
+    if requests is not None:
+        entry["requests"] = requests
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
+                "config": [entry],
+            }
+        },
+    }
+
+
+BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "GpuConfig for a MIG request",
+        claim(GPU, "mig.flexgpu.dev", ["gpu"]),
+        'spec.devices.config[0]: request "gpu": GpuConfig cannot configure a MIG device; '
+        "use MigConfig",
+    ),
+    (
+        "MigConfig for a shared GPU request",
+        claim(MIG, "shared-gpu.flexgpu.dev", ["gpu"]),
+        'spec.devices.config[0]: request "gpu": MigConfig cannot configure a shared GPU; '
+        "use GpuConfig",
+    ),
+    (
+        "unknown field",
+        claim(mps(defaultActiveThreadPercentag=50)),
+        f"{PARAMS}.sharing.mpsConfig.defaultActiveThreadPercentag: unknown field; allowed: "
+        "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
+        "defaultPerDevicePinnedMemoryLimit",
+    ),
+    (
+        "percentage 0",
+        claim(mps(defaultActiveThreadPercentage=0)),
+        f"{PARAMS}.sharing.mpsConfig.defaultActiveThreadPercentage: 0 is not allowed; "
+        "allowed: an integer from 1 to 100",
+    ),
+    (
+        "percentage 101",
+        claim(mps(defaultActiveThreadPercentage=101)),
+        f"{PARAMS}.sharing.mpsConfig.defaultActiveThreadPercentage: 101 is not allowed; "
+        "allowed: an integer from 1 to 100",
+    ),
+    (
+        "negative quantity",
+        claim(mps(defaultPinnedDeviceMemoryLimit="-1Gi")),
+        f'{PARAMS}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "-1Gi" is not allowed; '
+        f"allowed: {QUANTITY}",
+    ),
+    (
+        "malformed quantity",
+        claim(mps(defaultPinnedDeviceMemoryLimit="10GB")),
+        f'{PARAMS}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "10GB" is not allowed '
+        f'(unknown suffix "GB"); allowed: {QUANTITY}',
+    ),
+    (
+        "both sharing blocks",
+        claim(
+            {
+                **GPU,
+                "sharing": {
+                    "strategy": "TimeSlicing",
+                    "timeSlicingConfig": {"interval": "Short"},
+                    "mpsConfig": {},
+                },
+            }
+        ),
+        f"{PARAMS}.sharing: timeSlicingConfig and mpsConfig together are not allowed; allowed: "
+        "timeSlicingConfig with strategy TimeSlicing, or mpsConfig with strategy MPS",
+    ),
+    (
+        "wrong apiVersion",
+        claim({**GPU, "apiVersion": "resource.nvidia.com/v1beta1"}),
+        f'{PARAMS}.apiVersion: "resource.nvidia.com/v1beta1" is not allowed; allowed: '
+        "gpu.flexgpu.dev/v1alpha1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "obj", "expected"), BAD_CLAIMS, ids=[c[0] for c in BAD_CLAIMS])
+def test_bad_claims_are_rejected_with_the_exact_text(
+    what: str, obj: dict[str, Any], expected: str
+) -> None:
+    assert validate_resource_claim(obj) == [expected]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        claim(GPU),
+        claim(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
+        claim(MIG, "mig.flexgpu.dev", ["gpu"]),
+        claim({**GPU, "sharing": {"strategy": "TimeSlicing"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
+        # A blanket config of the other kind applies to no device here: skipped, as in prepare.
+        claim(MIG, "gpu.flexgpu.dev"),
+        # Another driver's config is not ours to judge, whatever it holds.
+        claim({"anything": True}, driver="gpu.nvidia.com"),
+        # A class we do not know: no kind check.
+        claim(GPU, "example.com-gpu", ["gpu"]),
+        {"spec": {"devices": {"requests": [{"name": "x"}]}}},
+        {"spec": {}},
+        {},
+    ],
+)
+def test_good_claims_pass(obj: dict[str, Any]) -> None:
+    assert validate_resource_claim(obj) == []
+
+
+def test_every_problem_of_every_entry_is_listed() -> None:
+    obj = claim({**GPU, "sharing": {"strategy": "Shared", "foo": 1}})
+    obj["spec"]["devices"]["config"].append(
+        {"opaque": {"driver": "gpu.flexgpu.dev", "parameters": {"kind": "GpuConfig"}}}
+    )
+    assert validate_resource_claim(obj) == [
+        f'{PARAMS}.sharing.strategy: "Shared" is not allowed; allowed: Exclusive, TimeSlicing, MPS',
+        f"{PARAMS}.sharing.foo: unknown field; allowed: strategy, timeSlicingConfig, mpsConfig",
+        "spec.devices.config[1].opaque.parameters.apiVersion: missing; allowed: "
+        "gpu.flexgpu.dev/v1alpha1",
+    ]
+
+
+def test_templates_name_the_path_under_spec_spec() -> None:
+    template = {"spec": {"spec": claim(mps(defaultActiveThreadPercentage=0))["spec"]}}
+    assert validate_resource_claim_template(template) == [
+        "spec.spec.devices.config[0].opaque.parameters.sharing.mpsConfig."
+        "defaultActiveThreadPercentage: 0 is not allowed; allowed: an integer from 1 to 100"
+    ]
+    assert validate_resource_claim_template({"spec": {}}) == []
+
+
+def test_first_available_subrequests_get_the_kind_of_their_class() -> None:
+    requests = [
+        {
+            "name": "main",
+            "firstAvailable": [
+                {"name": "whole", "deviceClassName": "gpu.flexgpu.dev"},
+                {"name": "slice", "deviceClassName": "mig.flexgpu.dev"},
+                {"name": "other", "deviceClassName": "other.example.com"},
+            ],
+        },
+        {"name": "plain", "exactly": {"deviceClassName": "shared-gpu.flexgpu.dev"}},
+        {"exactly": {"deviceClassName": "gpu.flexgpu.dev"}},  # no name: skipped
+        "junk",
+    ]
+    assert request_device_types(requests) == {
+        "main/whole": "gpu",
+        "main/slice": "mig",
+        "plain": "shared",
+    }
+    obj = claim(MIG, requests=["main/slice"])
+    obj["spec"]["devices"]["requests"] = requests
+    assert validate_resource_claim(obj) == []
+    obj["spec"]["devices"]["config"][0]["requests"] = ["main"]
+    assert validate_resource_claim(obj) == [
+        'spec.devices.config[0]: request "main/whole": MigConfig cannot configure a whole GPU; '
+        "use GpuConfig"
+    ]
+
+
+def test_device_classes() -> None:
+    def device_class(parameters: Any, driver: str = "gpu.flexgpu.dev") -> dict[str, Any]:
+        return {"spec": {"config": [{"opaque": {"driver": driver, "parameters": parameters}}]}}
+
+    assert validate_device_class(device_class(GPU)) == []
+    assert validate_device_class(device_class(MIG)) == []
+    assert validate_device_class(device_class({"x": 1}, driver="other.example.com")) == []
+    assert validate_device_class({"spec": {"selectors": []}}) == []
+    assert validate_device_class(device_class({**GPU, "sharing": {"strategy": "Shared"}})) == [
+        'spec.config[0].opaque.parameters.sharing.strategy: "Shared" is not allowed; allowed: '
+        "Exclusive, TimeSlicing, MPS"
+    ]
+
+
+def policy(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "flexgpu.dev/v1alpha1",
+        "kind": "GpuNodePolicy",
+        "metadata": {"name": "p", "resourceVersion": "5", "managedFields": []},
+        "spec": spec,
+    }
+
+
+def test_node_policies() -> None:
+    assert validate_node_policy(policy(gpus=[{"selector": {"all": True}, "mode": "Whole"}])) == []
+    assert validate_node_policy(
+        policy(gpus=[{"selector": {"all": True}, "mode": "MIG", "migLayout": {"1g10gb": 7}}])
+    ) == [
+        'spec.gpus[0].migLayout: key "1g10gb" is not allowed; allowed: a MIG profile name such '
+        'as "1g.10gb", "1g.10gb+me" or "3g.40gb"'
+    ]
+
+
+def test_rejection_message_lists_every_problem() -> None:
+    assert rejection_message(["a: b"]) == "a: b"
+    assert rejection_message(["a: b", "c: d"]) == "2 problems:\n- a: b\n- c: d"
+    many = [f"p{i}: x" for i in range(MAX_LISTED_PROBLEMS + 3)]
+    text = rejection_message(many)
+    assert text.startswith(f"{len(many)} problems:\n- p0: x\n")
+    assert text.endswith(f"- p{MAX_LISTED_PROBLEMS - 1}: x\n- ... and 3 more problems")
+
+
+def _review(operation: str, obj: Any, old: Any = None, plural: str = "resourceclaims") -> Any:
+    group, version = (
+        ("flexgpu.dev", "v1alpha1") if plural == "gpunodepolicies" else ("resource.k8s.io", "v1")
+    )
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "resource": {"group": group, "version": version, "resource": plural},
+            "operation": operation,
+            "object": obj,
+            "oldObject": old,
+        },
+    }
+
+
+BAD = claim(mps(defaultActiveThreadPercentage=0))
+
+
+def test_answer_admission_review() -> None:
+    denied = answer_admission_review(_review("CREATE", BAD))
+    assert denied == {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {
+            "uid": "u-1",
+            "allowed": False,
+            "status": {"message": validate_resource_claim(BAD)[0], "code": REJECTION_CODE},
+        },
+    }
+    allowed = answer_admission_review(_review("CREATE", claim(GPU)))
+    assert allowed is not None and allowed["response"] == {"uid": "u-1", "allowed": True}
+    assert answer_admission_review(_review("CREATE", BAD, plural="pods")) is None
+    bad_policy = policy(priority="high")
+    answer = answer_admission_review(_review("CREATE", bad_policy, plural="gpunodepolicies"))
+    assert answer is not None and answer["response"]["allowed"] is False
+
+
+def test_updates_are_checked_only_when_the_checked_part_changed() -> None:
+    relabelled = {**BAD, "metadata": {**BAD["metadata"], "labels": {"a": "b"}}}
+    deleting = {**BAD, "metadata": {**BAD["metadata"], "deletionTimestamp": "2025-01-01T00:00Z"}}
+
+    def allowed(review: Any) -> bool:
+        answer = answer_admission_review(review)
+        assert answer is not None
+        return bool(answer["response"]["allowed"])
+
+    assert allowed(_review("UPDATE", relabelled, old=BAD))
+    assert allowed(_review("UPDATE", deleting, old=claim(GPU)))
+    assert allowed(_review("DELETE", None, old=BAD))
+    assert not allowed(_review("UPDATE", BAD, old=claim(GPU)))
+    # A policy's spec edit is checked; a metadata-only edit of a now-invalid one is not.
+    bad_policy = policy(priority="high")
+    relabelled_policy = {**bad_policy, "metadata": {"name": "p", "labels": {"x": "y"}}}
+    good_policy = policy(priority=1)
+    review = _review("UPDATE", relabelled_policy, old=bad_policy, plural="gpunodepolicies")
+    assert allowed(review)
+    review = _review("UPDATE", bad_policy, old=good_policy, plural="gpunodepolicies")
+    assert not allowed(review)
+
+
+def test_register_admission_adds_one_validating_handler_per_resource() -> None:
+    registry = kopf.OperatorRegistry()
+    register_admission(registry)
+    handlers = registry._webhooks.get_all_handlers()
+    assert [h.id for h in handlers] == [target[0] for target in ADMISSION_TARGETS]
+    assert {h.selector.plural for h in handlers if h.selector} == {
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "deviceclasses",
+        "gpunodepolicies",
+    }
+    assert all(set(h.operations or ()) == {"CREATE", "UPDATE"} for h in handlers)
+    claims = handlers[0]
+    claims.fn(operation="CREATE", new=claim(GPU), old=None)  # type: ignore[call-arg]
+    with pytest.raises(kopf.AdmissionError) as caught:
+        claims.fn(operation="CREATE", new=BAD, old=None)  # type: ignore[call-arg]
+    assert str(caught.value) == validate_resource_claim(BAD)[0]
+    assert caught.value.code == REJECTION_CODE
+    # The default registry is left alone.
+    assert not any(
+        h.id == "resourceclaims" for h in kopf.get_default_registry()._webhooks.get_all_handlers()
+    )
