@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from controller.cli_cluster import add_capacity, add_explain
 from driver.backend import GpuBackend
 from driver.backend_errors import BackendUnavailableError, GpuBackendError
 from driver.inventory import collect_inventory
@@ -94,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexgpu", description="flexgpu GPU driver tools")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_inventory(subparsers)
+    add_explain(subparsers)
+    add_capacity(subparsers)
     return parser
 
 

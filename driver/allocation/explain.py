@@ -58,6 +58,10 @@ class RequestDiagnosis:
     near_misses: str = ""  # devices in the class the selectors leave out, summarized
     selector_error: str = ""
     message: str = ""
+    # The devices behind each count: a REASONS entry or "free" -> device ids, in allocation
+    # order. Callers that know more than the evaluator (which nodes a pod may use and why,
+    # where a device sits) name the nodes, taints and sizes with them.
+    devices: Mapping[str, tuple[DeviceId, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,7 @@ def diagnose_request(
     selectors: SelectorCache,
 ) -> RequestDiagnosis:
     excluded = dict.fromkeys(REASONS, 0)
+    by_reason: dict[str, list[DeviceId]] = {}
     in_class = free = 0
     near: list[Device] = []
     holders: set[str] = set()
@@ -184,6 +189,7 @@ def diagnose_request(
         except LookupError:
             continue
         in_class += 1
+        by_reason.setdefault(reason or "free", []).append(seen.id)
         if reason is None:
             free += 1
             for node in usable_nodes:
@@ -210,6 +216,7 @@ def diagnose_request(
         holders=tuple(sorted(holders)),
         near_misses=summarize_kinds(near),
         selector_error=error,
+        devices={reason: tuple(ids) for reason, ids in by_reason.items()},
     )
     return _with_message(diagnosis, [s.device for s in devices])
 

@@ -1,0 +1,89 @@
+"""The leader's work, one pass per tick: diagnostics for pending claims, pool metrics and the
+controller's part of GpuNodePolicy status.
+
+Every replica keeps the cache warm (the watches run everywhere), so a replica that becomes
+leader acts at its next tick instead of after a full re-list. A pass starts only while the
+lease is held and the cache has synced; losing the lease stops the work before the next write
+and drops what the pass tracked, so the new leader alone decides what to say.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final
+
+from kubernetes import client
+
+from controller import metrics, policy_status
+from controller.cluster_state import ClusterState
+from controller.diagnostics import Diagnostics
+
+log = logging.getLogger(__name__)
+
+TICK_S: Final = 1.0
+
+
+class ActiveWork:
+    def __init__(
+        self,
+        state: ClusterState,
+        diagnostics: Diagnostics,
+        api: client.ApiClient,
+        is_leader: Callable[[], bool],
+        *,
+        tick_s: float = TICK_S,
+    ) -> None:
+        self._state = state
+        self._diagnostics = diagnostics
+        self._api = api
+        self._is_leader = is_leader
+        self._tick_s = tick_s
+        self._pending_clock = metrics.PendingClock()
+        self._was_leader = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="active-work", daemon=True)
+        self.passes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick_s):
+            try:
+                self.tick()
+            except Exception:  # keep ticking; the next pass starts from a fresh snapshot
+                log.exception("controller pass failed")
+
+    def _demote(self) -> None:
+        self._diagnostics.forget()
+        self._pending_clock = metrics.PendingClock()
+        metrics.POOL.update(None)
+
+    def tick(self) -> None:
+        leader = self._is_leader()
+        metrics.LEADER.set(1 if leader else 0)
+        if not leader:
+            if self._was_leader:
+                self._demote()
+            self._was_leader = False
+            return
+        self._was_leader = True
+        if not self._state.synced():
+            return
+        snapshot = self._state.snapshot()
+        wall = datetime.now(UTC)
+        result = self._diagnostics.run_pass(snapshot, wall)
+        metrics.POOL.update(metrics.pool_figures(snapshot, wall, result.unsatisfiable))
+        self._pending_clock.update(snapshot, wall)
+        if self._state.synced(("policies",)) and self._is_leader():
+            patches = policy_status.desired_patches(snapshot.policies, snapshot.nodes, wall)
+            if patches:
+                policy_status.apply_patches(self._api, patches)
+        self.passes += 1

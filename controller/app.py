@@ -1,0 +1,78 @@
+"""The controller's parts wired together: cache and watches (every replica), lease elector,
+the leader's work, the metrics endpoint. ``controller.main`` runs this inside kopf."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kubernetes import client
+
+from controller import kube, metrics
+from controller.active import ActiveWork
+from controller.cluster_state import ClusterState
+from controller.diagnostics import Diagnostics
+from controller.events import EventRecorder
+from controller.leader import LeaseElector
+from controller.reflector import Reflector, start_reflectors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    identity: str
+    lease_name: str
+    lease_namespace: str
+    pending_delay_s: float
+    recheck_s: float
+    reemit_s: float
+    metrics_port: int | None
+    metrics_address: str = "0.0.0.0"
+
+
+class Controller:
+    def __init__(self, api: client.ApiClient, config: ControllerConfig) -> None:
+        self.api = api
+        self.config = config
+        self.state = ClusterState()
+        self.elector = LeaseElector(
+            kube.clone(api),
+            name=config.lease_name,
+            namespace=config.lease_namespace,
+            identity=config.identity,
+        )
+        work_api = kube.clone(api)
+        self.diagnostics = Diagnostics(
+            EventRecorder(work_api, config.identity),
+            delay_s=config.pending_delay_s,
+            recheck_s=config.recheck_s,
+            reemit_s=config.reemit_s,
+        )
+        self.work = ActiveWork(
+            self.state, self.diagnostics, work_api, lambda: self.elector.is_leader
+        )
+        self._reflectors: list[Reflector] = []
+
+    def start(self) -> None:
+        if self.config.metrics_port is not None:
+            metrics.serve(self.config.metrics_port, self.config.metrics_address)
+        self._reflectors = start_reflectors(self.state, lambda: kube.clone(self.api))
+        self.elector.start()
+        self.work.start()
+        log.info(
+            "flexgpu-controller %s started (lease %s/%s, pending delay %.0fs)",
+            self.config.identity,
+            self.config.lease_namespace,
+            self.config.lease_name,
+            self.config.pending_delay_s,
+        )
+
+    def stop(self) -> None:
+        """Stops the active work first, then gives the lease up for a prompt takeover."""
+        self.work.stop()
+        self.elector.stop(release=True)
+        for reflector in self._reflectors:
+            reflector.stop()
+        for reflector in self._reflectors:
+            reflector.join(5)

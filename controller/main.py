@@ -1,0 +1,177 @@
+"""``flexgpu-controller``: the cluster controller process.
+
+kopf runs the process (signals, start-up and clean-up, credentials, the liveness endpoint and
+the admission webhook when it is installed), with an explicit ``kopf.OperatorRegistry`` so
+nothing registers itself by import side effect. The controller's own work does not go
+through kopf's resource handlers: the cache needs list-then-watch with deletions reconciled on
+re-list, and the active work must start and stop with our Lease, not with kopf's peering; both
+run in threads (``controller.app``) that kopf starts and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from controller import kube
+from controller.app import Controller, ControllerConfig
+from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
+
+log = logging.getLogger("flexgpu.controller")
+
+DEFAULT_NAMESPACE = "flexgpu-system"
+DEFAULT_LEASE = "flexgpu-controller"
+
+
+def _default_identity() -> str:
+    # In a pod, the pod name is unique and readable in `kubectl get lease`.
+    base = os.environ.get("POD_NAME") or socket.gethostname()
+    return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flexgpu-controller",
+        description="flexgpu cluster controller: diagnostics for GPU claims that cannot be "
+        "allocated, pool metrics, GpuNodePolicy status, admission webhook",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials)")
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
+        help="namespace of the controller's own objects (default: $POD_NAMESPACE or "
+        f"{DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument(
+        "--pending-delay",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="explain a pod's claims once it has been Pending this long (default 30)",
+    )
+    parser.add_argument(
+        "--recheck-interval",
+        type=float,
+        default=DEFAULT_RECHECK_S,
+        metavar="SECONDS",
+        help="re-explain a pending claim at most this often, when the cluster changed",
+    )
+    parser.add_argument(
+        "--reemit-interval",
+        type=float,
+        default=DEFAULT_REEMIT_S,
+        metavar="SECONDS",
+        help="repeat an unchanged diagnosis Event after this long (default 1800)",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=8080, help="Prometheus endpoint port; 0 turns it off"
+    )
+    parser.add_argument("--metrics-address", default="0.0.0.0", help="address to serve metrics on")
+    parser.add_argument("--lease-name", default=DEFAULT_LEASE, help="leader election Lease name")
+    parser.add_argument("--lease-namespace", help="namespace of the Lease (default: --namespace)")
+    parser.add_argument(
+        "--identity", help="this replica's name in the Lease (default: pod name or host + id)"
+    )
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=0,
+        help="serve kopf's liveness probe on this port at /healthz (0: off)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ControllerConfig:
+    return ControllerConfig(
+        identity=args.identity or _default_identity(),
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace or args.namespace,
+        pending_delay_s=args.pending_delay,
+        recheck_s=args.recheck_interval,
+        reemit_s=args.reemit_interval,
+        metrics_port=args.metrics_port or None,
+        metrics_address=args.metrics_address,
+    )
+
+
+def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
+    """kopf's credentials from the kubernetes client's, so both talk to the same cluster as the
+    same user whichever way (--kubeconfig or in-cluster) they were loaded."""
+    header = configuration.get_api_key_with_prefix(
+        "BearerToken"
+    ) or configuration.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or ("Bearer" if token else None),
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+def install_admission(registry: kopf.OperatorRegistry) -> bool:
+    """Hook for the admission webhook (``controller.admission.register_admission``): wired
+    here once that module is part of the package; returns whether it was."""
+    return False
+
+
+def build_registry(controller: Controller) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(controller.api.configuration)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # kopf's own Events describe its handlers; there are none that touch objects here.
+        settings.posting.enabled = False
+        controller.start()
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await asyncio.to_thread(controller.stop)
+
+    install_admission(registry)
+    return registry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        api = kube.api_client(args.kubeconfig)
+    except kube.KubeConfigError as err:
+        print(f"flexgpu-controller: {err}", file=sys.stderr)
+        return 2
+    controller = Controller(api, config_from_args(args))
+    registry = build_registry(controller)
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(
+        registry=registry,
+        standalone=True,  # one active replica is our Lease's job, not kopf's peering
+        clusterwide=True,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
