@@ -409,7 +409,9 @@ def test_second_replica_takes_over_after_sigkill(
         assert "not tolerated" in messages[0]
         events = client.CoreV1Api(api).list_namespaced_event(ns).items
         reporters = {
-            e.reporting_instance for e in events if e.involved_object.name == "after-failover"
+            e.reporting_instance
+            for e in events
+            if e.reason == REASON and e.involved_object.name == "after-failover"
         }
         assert reporters == {other}
     finally:
