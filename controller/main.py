@@ -1,8 +1,8 @@
 """``flexgpu-controller``: the cluster controller process.
 
 kopf runs the process (signals, start-up and clean-up, credentials, the liveness endpoint and
-the admission webhook when it is installed), with an explicit ``kopf.OperatorRegistry`` so
-nothing registers itself by import side effect. The controller's own work does not go
+the admission webhook, unless ``--no-webhook``), with an explicit ``kopf.OperatorRegistry``
+so nothing registers itself by import side effect. The controller's own work does not go
 through kopf's resource handlers: the cache needs list-then-watch with deletions reconciled on
 re-list, and the active work must start and stop with our Lease, not with kopf's peering; both
 run in threads (``controller.app``) that kopf starts and stops.
@@ -24,8 +24,11 @@ import kopf
 from kubernetes import client
 
 from controller import kube
+from controller.admission import register_admission
+from controller.admission_server import add_webhook_arguments, options_from_args
 from controller.app import Controller, ControllerConfig
 from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
+from controller.webhook_server import WebhookOptions, configure_webhook
 
 log = logging.getLogger("flexgpu.controller")
 
@@ -89,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve kopf's liveness probe on this port at /healthz (0: off)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument(
+        "--no-webhook",
+        dest="webhook",
+        action="store_false",
+        help="do not serve the admission webhook from this process",
+    )
+    add_webhook_arguments(parser)
     return parser
 
 
@@ -123,13 +133,11 @@ def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
     )
 
 
-def install_admission(registry: kopf.OperatorRegistry) -> bool:
-    """Hook for the admission webhook (``controller.admission.register_admission``): wired
-    here once that module is part of the package; returns whether it was."""
-    return False
-
-
-def build_registry(controller: Controller) -> kopf.OperatorRegistry:
+def build_registry(
+    controller: Controller, webhook: WebhookOptions | None = None
+) -> kopf.OperatorRegistry:
+    """kopf's registry: login, start/stop of the controller and, with ``webhook`` options, the
+    admission handlers (every replica serves them; only the lease holder does active work)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -140,13 +148,16 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         # kopf's own Events describe its handlers; there are none that touch objects here.
         settings.posting.enabled = False
+        if webhook is not None:
+            configure_webhook(settings, webhook, kube.clone(controller.api))
         controller.start()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         await asyncio.to_thread(controller.stop)
 
-    install_admission(registry)
+    if webhook is not None:
+        register_admission(registry)
     return registry
 
 
@@ -162,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flexgpu-controller: {err}", file=sys.stderr)
         return 2
     controller = Controller(api, config_from_args(args))
-    registry = build_registry(controller)
+    registry = build_registry(controller, options_from_args(args) if args.webhook else None)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(
         registry=registry,

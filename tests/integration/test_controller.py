@@ -197,6 +197,8 @@ class ControllerProcess:
                 "--pending-delay=2",
                 "--recheck-interval=1",
                 "--metrics-port=0",
+                # The webhook has its own tests; its configuration would reach other tests' objects.
+                "--no-webhook",
             ],
             cwd=REPO,
             env=env,
