@@ -47,6 +47,9 @@ class Snapshot:
     pods: Mapping[str, PodRecord]
     policies: Mapping[str, Mapping[str, Any]]
     revision: int
+    # Grows only when a slice changes: results cached per device (CEL selectors) stay valid
+    # while it stays the same, whatever claims and pods do.
+    slices_revision: int = 0
 
 
 class ClusterState:
@@ -55,6 +58,7 @@ class ClusterState:
         self._objects: dict[Kind, dict[str, Any]] = {kind: {} for kind in KINDS}
         self._synced: set[Kind] = set()
         self._revision = 0
+        self._slices_revision = 0
 
     def _convert(self, kind: Kind, obj: Mapping[str, Any]) -> Any:
         try:
@@ -73,7 +77,7 @@ class ClusterState:
         with self._lock:
             self._objects[kind] = fresh
             self._synced.add(kind)
-            self._revision += 1
+            self._bump(kind)
 
     def apply(self, kind: Kind, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event: ADDED, MODIFIED or DELETED."""
@@ -85,7 +89,12 @@ class ClusterState:
                     return
             else:
                 self._objects[kind][key] = record
-            self._revision += 1
+            self._bump(kind)
+
+    def _bump(self, kind: Kind) -> None:
+        self._revision += 1
+        if kind == "slices":
+            self._slices_revision += 1
 
     def synced(self, kinds: Iterable[Kind] = REQUIRED) -> bool:
         with self._lock:
@@ -102,6 +111,7 @@ class ClusterState:
                 pods=dict(o["pods"]),
                 policies=dict(o["policies"]),
                 revision=self._revision,
+                slices_revision=self._slices_revision,
             )
 
     def counts(self) -> dict[str, int]:

@@ -27,6 +27,7 @@ from controller.evaluation import evaluate
 from controller.events import EventSink, EventTarget
 from controller.messages import Lookup, claim_message, fingerprint, pod_message
 from controller.pending import PendingClaim, pending_claims
+from driver.allocation.allocator import SelectorCache
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Diagnostics:
         self.reemit_s = reemit_s
         self._clock = clock
         self._tracked: dict[PairKey, Tracked] = {}
+        # Selector results, valid while no slice changes (see Snapshot.slices_revision).
+        self._selectors: tuple[int, SelectorCache] = (-1, SelectorCache())
 
     @property
     def tracked(self) -> dict[PairKey, Tracked]:
@@ -98,8 +101,16 @@ class Diagnostics:
         changed = tracked.revision != revision
         return changed and now - tracked.checked_at >= self.recheck_s
 
+    def _selector_cache(self, snapshot: Snapshot) -> SelectorCache:
+        revision, cache = self._selectors
+        if revision != snapshot.slices_revision:
+            cache = SelectorCache()
+            self._selectors = (snapshot.slices_revision, cache)
+        return cache
+
     def run_pass(self, snapshot: Snapshot, wall: datetime) -> PassResult:
         now = self._clock()
+        selectors = self._selector_cache(snapshot)
         lookup = Lookup(snapshot)
         live: set[PairKey] = set()
         unsatisfiable = explained = emitted = 0
@@ -109,7 +120,7 @@ class Diagnostics:
             tracked = self._tracked.get(key)
             if self._due_for_check(tracked, snapshot.revision, now):
                 started = time.perf_counter()
-                ev = evaluate(snapshot, item.claim, item.pod)
+                ev = evaluate(snapshot, item.claim, item.pod, selectors, lookup.state)
                 metrics.EXPLAIN_SECONDS.observe(time.perf_counter() - started)
                 explained += 1
                 previous = tracked

@@ -131,28 +131,50 @@ def tainted(device: Device, spec: RequestSpec) -> bool:
 
 
 class SelectorCache:
-    """Selector results per device, and the CEL ``device`` variable per device."""
+    """Selector results per device and expression, and the CEL ``device`` variable per device.
+
+    CEL evaluation dominates the cost of an explanation, and the same class and request
+    selectors meet the same devices again and again, so results are kept. Entries are keyed
+    by the device object's identity and hold a reference to it, so an identity is never reused
+    while the cache lives; a caller may share one cache across calls for as long as the
+    devices it sees are the same objects (the controller keeps one while no slice changes).
+    """
 
     def __init__(self) -> None:
         self._activations: dict[int, Mapping[str, Any]] = {}
+        self._devices: dict[int, Device] = {}
+        self._results: dict[tuple[int, str], bool | SelectorError] = {}
 
-    def matches(self, expressions: Sequence[str], driver: str, device: Device, where: str) -> bool:
-        if not expressions:
-            return True
+    def _result(self, expression: str, driver: str, device: Device) -> bool | SelectorError:
+        key = (id(device), expression)
+        cached = self._results.get(key)
+        if cached is not None:
+            return cached
         activation = self._activations.get(id(device))
         if activation is None:
             activation = device_activation(driver, device)
             self._activations[id(device)] = activation
+            self._devices[id(device)] = device
+        result: bool | SelectorError
+        try:
+            result = bool(evaluate(expression, activation))
+        except SelectorError as err:
+            result = err
+        self._results[key] = result
+        return result
+
+    def matches(self, expressions: Sequence[str], driver: str, device: Device, where: str) -> bool:
         for index, expression in enumerate(expressions):
-            try:
-                if not evaluate(expression, activation):
-                    return False
-            except SelectorError as err:
+            result = self._result(expression, driver, device)
+            if isinstance(result, SelectorError):
                 raise SelectorError(
                     expression,
-                    f"{where}: selector #{index} on device {driver}/{device.name}: {err.message}",
-                    compile_error=err.compile_error,
-                ) from err
+                    f"{where}: selector #{index} on device {driver}/{device.name}: "
+                    f"{result.message}",
+                    compile_error=result.compile_error,
+                ) from result
+            if not result:
+                return False
         return True
 
 
@@ -540,8 +562,10 @@ def allocate_anywhere(
     slices: Sequence[ResourceSlice],
     classes: Mapping[str, DeviceClass],
     state: AllocatedState,
+    *,
+    selectors: SelectorCache | None = None,
 ) -> ClusterVerdict:
-    selectors = SelectorCache()
+    selectors = selectors or SelectorCache()
     verdicts = tuple(
         allocate(claims, n, slices, classes, state, selectors=selectors) for n in nodes
     )

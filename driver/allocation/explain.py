@@ -281,13 +281,19 @@ def explain_claim(
     nodes: Sequence[Node],
     *,
     usable_nodes: Sequence[str] | None = None,
+    selectors: SelectorCache | None = None,
+    state: AllocatedState | None = None,
 ) -> Explanation:
     """Explains ``claim`` against the cluster: ``claims`` give what others hold, ``usable_nodes``
-    names the nodes the pod may run on (all of ``nodes`` when None)."""
+    names the nodes the pod may run on (all of ``nodes`` when None). Callers explaining many
+    claims over one cluster may pass ``selectors``, shared across calls over the same devices
+    (see ``SelectorCache``), and ``state``, ``allocated_state`` of ``claims`` computed once; it
+    must not count ``claim`` itself (an unallocated claim never does)."""
     usable = [n for n in nodes if usable_nodes is None or n.name in set(usable_nodes)]
-    state = allocated_state(claims, skip=[claim.key])
-    verdict = allocate_anywhere([claim], usable, slices, classes, state)
-    selectors = SelectorCache()
+    if state is None or claim.allocation:
+        state = allocated_state(claims, skip=[claim.key])
+    selectors = selectors or SelectorCache()
+    verdict = allocate_anywhere([claim], usable, slices, classes, state, selectors=selectors)
     devices = _cluster_devices(slices, nodes)
     diagnoses = []
     for request in claim.requests:
