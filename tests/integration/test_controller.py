@@ -24,7 +24,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.names import DRIVER_NAME
+from driver import node_policy
+from driver.names import CRD_GROUP, DRIVER_NAME
 from driver.sim_backend import SimulatedBackend
 from driver.topology import load_topology
 from kubelet_plugin.node_devices import NodeDevices
@@ -136,6 +137,7 @@ def _events(api: Any, ns: str, kind: str, name: str) -> list[str]:
 @pytest.fixture(scope="module")
 def world(api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     ensure_device_classes(api)
+    _install_policy_crd(api)
     tmp = tmp_path_factory.mktemp("ctl")
     run = uuid.uuid4().hex[:5]
     ns = f"ctl-{run}"
@@ -169,6 +171,27 @@ def world(api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]
         publisher.delete_all()
     for node in w.nodes.values():
         core.delete_node(node)
+
+
+def _install_policy_crd(api: Any) -> None:
+    """The GpuNodePolicy CRD, before the controller starts (its watch then finds it at once)."""
+    manifest = yaml.safe_load((REPO / "crds" / "flexgpu.dev_gpunodepolicies.yaml").read_text())
+    extensions = client.ApiextensionsV1Api(api)
+    try:
+        extensions.create_custom_resource_definition(manifest)
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    objects = client.CustomObjectsApi(api)
+
+    def served() -> bool:
+        try:
+            objects.list_cluster_custom_object(CRD_GROUP, node_policy.VERSION, node_policy.PLURAL)
+        except client.ApiException:
+            return False
+        return True
+
+    wait_for(served, what="gpunodepolicies served")
 
 
 def _has_default_account(core: Any, ns: str) -> bool:
@@ -330,6 +353,76 @@ def test_no_event_for_a_claim_that_fits(
     wait_for(lambda: _scheduled(api, ns, "fits"), timeout_s=60, what="fits scheduled")
     time.sleep(4)
     assert _events(api, ns, "Pod", "fits") == []
+
+
+# --- GpuNodePolicy status ------------------------------------------------------------------
+
+
+def _policy_status(api: Any, name: str) -> dict[str, Any]:
+    body = client.CustomObjectsApi(api).get_cluster_custom_object(
+        CRD_GROUP, node_policy.VERSION, node_policy.PLURAL, name
+    )
+    return dict(body.get("status") or {})
+
+
+def _conflict(status: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == "Conflict"), {})
+
+
+def test_policy_status_matched_nodes_and_conflict(
+    api: Any, world: World, controller: ControllerProcess
+) -> None:
+    objects = client.CustomObjectsApi(api)
+    run = world.run
+    client.CoreV1Api(api).patch_node(
+        world.nodes["pairs"], {"metadata": {"labels": {"ctl.flexgpu.dev/policy": run}}}
+    )
+    names = {"tie-a": 3, "tie-b": 3, "low": 1}
+    for suffix, priority in names.items():
+        objects.create_cluster_custom_object(
+            CRD_GROUP,
+            node_policy.VERSION,
+            node_policy.PLURAL,
+            {
+                "apiVersion": node_policy.API_VERSION,
+                "kind": node_policy.KIND,
+                "metadata": {"name": f"ctl-{run}-{suffix}"},
+                "spec": {
+                    "priority": priority,
+                    "nodeSelector": {"matchLabels": {"ctl.flexgpu.dev/policy": run}},
+                },
+            },
+        )
+    try:
+        tie = f"ctl-{run}-tie-a"
+        status = wait_for(
+            lambda: (s := _policy_status(api, tie)) and _conflict(s).get("status") == "True" and s,
+            timeout_s=30,
+            what="Conflict=True on the tied policy",
+        )
+        assert status["matchedNodes"] == [world.nodes["pairs"]]
+        message = _conflict(status)["message"]
+        assert f"ctl-{run}-tie-a, ctl-{run}-tie-b all select node {world.nodes['pairs']}" in message
+        low = wait_for(lambda: _policy_status(api, f"ctl-{run}-low"), what="low policy status")
+        assert _conflict(low)["status"] == "False" and low["matchedNodes"] == [world.nodes["pairs"]]
+        # The tie resolved: the condition clears.
+        objects.delete_cluster_custom_object(
+            CRD_GROUP, node_policy.VERSION, node_policy.PLURAL, f"ctl-{run}-tie-b"
+        )
+        wait_for(
+            lambda: _conflict(_policy_status(api, tie)).get("status") == "False",
+            timeout_s=30,
+            what="Conflict=False once the tie is gone",
+        )
+    finally:
+        for suffix in names:
+            try:
+                objects.delete_cluster_custom_object(
+                    CRD_GROUP, node_policy.VERSION, node_policy.PLURAL, f"ctl-{run}-{suffix}"
+                )
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
 
 
 # --- the CLI ----------------------------------------------------------------------------------
