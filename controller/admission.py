@@ -206,14 +206,21 @@ def _plain(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if body is None else {key: body[key] for key in body}
 
 
-def _handler(validator: Validator, part: Part) -> Callable[..., None]:
+def _handler(validator: Validator, part: Part, kind: str) -> Callable[..., None]:
     def handle(
         operation: str | None,
         new: Mapping[str, Any] | None,
         old: Mapping[str, Any] | None,
         **_: Any,
     ) -> None:
-        problems = review(validator, part, operation, _plain(new), _plain(old))
+        from controller.metrics import WEBHOOK_DECISIONS, WEBHOOK_ERRORS
+
+        try:
+            problems = review(validator, part, operation, _plain(new), _plain(old))
+        except Exception:
+            WEBHOOK_ERRORS.labels(kind=kind).inc()
+            raise
+        WEBHOOK_DECISIONS.labels(kind=kind, allowed=str(not problems).lower()).inc()
         if problems:
             raise kopf.AdmissionError(rejection_message(problems), code=REJECTION_CODE)
 
@@ -297,4 +304,4 @@ def register_admission(registry: kopf.OperatorRegistry) -> None:
             id=handler_id,
             operations=["CREATE", "UPDATE"],
             registry=registry,
-        )(_handler(validator, part))
+        )(_handler(validator, part, plural))
