@@ -34,6 +34,7 @@ class SimulatedGpuNode:
         root: Path | None = None,
         plugin_args: tuple[str, ...] = (),
         plugin_env: dict[str, str] | None = None,
+        plugin_kubeconfig: Path | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.name = name
@@ -43,6 +44,8 @@ class SimulatedGpuNode:
         self.root = root or Path(tempfile.mkdtemp(prefix="fg-", dir="/tmp"))
         self.plugin_args = plugin_args
         self.plugin_env = plugin_env
+        # The plugin may act as a ServiceAccount (the chart's) instead of the admin.
+        self.plugin_kubeconfig = plugin_kubeconfig or kubeconfig
         self.api: Any = config.new_client_from_config(config_file=str(kubeconfig))
         self.harness: Component | None = None
         self.plugin: Component | None = None
@@ -98,7 +101,7 @@ class SimulatedGpuNode:
                 "--gpu-backend=simulated",
                 f"--topology={self.topology}",
                 f"--node-name={self.name}",
-                f"--kubeconfig={self.kubeconfig}",
+                f"--kubeconfig={self.plugin_kubeconfig}",
                 f"--registry-dir={self.root / 'registry'}",
                 f"--plugins-dir={self.root / 'plugins'}",
                 f"--cdi-dir={self.cdi_dir}",
