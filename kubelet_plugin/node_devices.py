@@ -73,6 +73,9 @@ class NodeDevices:
                     self._unhealthy.add(gone.index)
             self._gpus = gpus
             devices: list[Device] = []
+            # Published last: the scheduler fills devices first-fit in slice order, so a
+            # whole-GPU claim takes an ordinary GPU before it carves up a dynamic-MIG one.
+            dynamic: list[Device] = []
             counters: list[dict[str, Any]] = []
             partitions: dict[str, MigPartition] = {}
             static: dict[str, MigDevice] = {}
@@ -80,13 +83,13 @@ class NodeDevices:
             for gpu in sorted(self._current_gpus(), key=lambda g: g.index):
                 if gpu.health != HealthState.HEALTHY:
                     continue  # nothing new lands on it; prepared claims stay
-                first = len(devices)
+                mine: list[Device] = []
                 mode = self._modes.get(gpu.index, "Whole")
                 name = gpu_device_name(gpu.index)
-                if mode == "DynamicMIG" and self._mig_ready(gpu):
+                is_dynamic = mode == "DynamicMIG" and self._mig_ready(gpu)
+                if is_dynamic:
                     profiles = self.backend.mig_profiles(gpu.index)
-                    mig, parts = dynamic_mig_devices(gpu, profiles)
-                    devices += mig
+                    mine, parts = dynamic_mig_devices(gpu, profiles)
                     counters.append(counter_set(gpu, profiles))
                     partitions.update(parts)
                     kinds.update({n: "mig" for n in parts})
@@ -94,17 +97,16 @@ class NodeDevices:
                 elif mode == "MIG" and self._mig_ready(gpu):
                     profiles = self.backend.mig_profiles(gpu.index)
                     instances = self.backend.list_mig_devices(gpu.index)
-                    mig, parts = static_mig_devices(gpu, profiles, instances)
-                    devices += mig
+                    mine, parts = static_mig_devices(gpu, profiles, instances)
                     by_placement = {(i.profile_id, i.placement.start): i for i in instances}
                     for device_name, part in parts.items():
                         static[device_name] = by_placement[(part.profile_id, part.placement.start)]
                         kinds[device_name] = "mig"
                 elif mode == "Shared":
-                    devices.append(shared_gpu_device(gpu))
+                    mine = [shared_gpu_device(gpu)]
                     kinds[name] = "shared"
                 else:
-                    devices.append(whole_gpu_device(gpu))
+                    mine = [whole_gpu_device(gpu)]
                     kinds[name] = "gpu"
                 if gpu.index in self._taints:
                     taint = {
@@ -112,9 +114,10 @@ class NodeDevices:
                         "value": self._taints[gpu.index],
                         "effect": "NoSchedule",
                     }
-                    for device in devices[first:]:
+                    for device in mine:
                         device["taints"] = [taint]
-            self._devices, self._counters = devices, counters
+                (dynamic if is_dynamic else devices).extend(mine)
+            self._devices, self._counters = devices + dynamic, counters
             self._partitions, self._static, self._kinds = partitions, static, kinds
 
     def _mig_ready(self, gpu: GpuInfo) -> bool:

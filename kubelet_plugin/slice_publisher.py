@@ -10,34 +10,56 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from kubernetes import client, watch
 
 from driver.names import DRIVER_NAME
+from driver.quantity import QuantityError, parse_quantity
 from driver.resource_slice import Device, slice_specs
 
 log = logging.getLogger(__name__)
 
 RESYNC_INTERVAL_S = 30.0
+RAPID_WRITES = 10
+RAPID_WINDOW_S = 10.0
+RAPID_PAUSE_S = 5.0
 MAX_BACKOFF_S = 30.0
 
 
-def contains(actual: Any, desired: Any) -> bool:
+# Fields holding quantities: the server writes them back in canonical form ("40960Mi" comes
+# back as "40Gi"), so they compare by value, not by text.
+_QUANTITY_KEYS = frozenset({"value", "default", "min", "max", "step", "validValues"})
+
+
+def contains(actual: Any, desired: Any, key: str = "") -> bool:
     """True when every field we set is present and equal in what the server holds (the server
     may add defaults; lists must match element by element)."""
     if isinstance(desired, dict):
         return isinstance(actual, dict) and all(
-            k in actual and contains(actual[k], v) for k, v in desired.items()
+            k in actual and contains(actual[k], v, k) for k, v in desired.items()
         )
     if isinstance(desired, list):
         return (
             isinstance(actual, list)
             and len(actual) == len(desired)
-            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+            and all(contains(a, d, key) for a, d in zip(actual, desired, strict=True))
         )
+    if key in _QUANTITY_KEYS and isinstance(actual, str) and isinstance(desired, str):
+        return _same_quantity(actual, desired)
     return bool(actual == desired)
+
+
+def _same_quantity(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return parse_quantity(a).value == parse_quantity(b).value
+    except QuantityError:
+        return False
 
 
 class SlicePublisher:
@@ -102,13 +124,26 @@ class SlicePublisher:
     # -- reconcile ---------------------------------------------------------------------
     def _reconcile_loop(self) -> None:
         backoff = 0.5
+        writes: deque[float] = deque(maxlen=RAPID_WRITES)
         while not self._stop.is_set():
             self._wake.wait(timeout=self._resync_interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 return
             try:
-                self.reconcile_once()
+                if self.reconcile_once():
+                    writes.append(time.monotonic())
+                    if len(writes) == RAPID_WRITES and writes[-1] - writes[0] < RAPID_WINDOW_S:
+                        # Someone keeps changing our slices, or the server keeps what we
+                        # write in another form: do not fight it in a tight loop.
+                        log.error(
+                            "slices rewritten %d times in %.0fs; slowing down",
+                            RAPID_WRITES,
+                            RAPID_WINDOW_S,
+                        )
+                        writes.clear()
+                        if self._stop.wait(RAPID_PAUSE_S):
+                            return
                 self.last_error = None
                 backoff = 0.5
             except Exception as err:  # API or network errors: retry, never die

@@ -183,3 +183,26 @@ def test_scheduler_allocates_by_product_name_from_published_slices(
     results = claim.status.allocation.devices.results
     assert sorted(r.device for r in results) == ["gpu-0", "gpu-1"]
     assert {r.pool for r in results} == {node}
+
+
+def test_published_content_is_stable_for_every_topology(api: Any, tmp_path: Path) -> None:
+    """What the server stores (quantities canonicalised, defaults added) must count as what we
+    wrote, or the publisher would rewrite its slices forever."""
+    import time
+
+    for topology in ("dgx-a100-8", "h200-4", "mixed", "l4-2-pcie"):
+        node = f"sim-stable-{topology}"
+        create_simulated_node(api, node)
+        backend = SimulatedBackend(
+            load_topology(topology), node, state_path=tmp_path / f"{topology}.json"
+        )
+        publisher = SlicePublisher(api, node, resync_interval_s=5)
+        publisher.set_devices(render_whole_gpus(backend.list_gpus()))
+        publisher.start()
+        try:
+            wait_for(lambda n=node: _our_slices(api, n), what=f"{topology} slices")
+            time.sleep(1.5)
+            assert publisher.reconciles == 1, f"{topology}: rewritten {publisher.reconciles}x"
+        finally:
+            publisher.stop()
+            publisher.delete_all()

@@ -111,3 +111,13 @@ def test_too_many_attributes_is_refused_with_the_limit() -> None:
     device = {"name": "x", "attributes": {f"a{i}": {"int": i} for i in range(33)}}
     with pytest.raises(ValueError, match="at most 32"):
         slice_specs("n", [device], generation=1)
+
+
+def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
+    from kubelet_plugin.slice_publisher import contains
+
+    desired = {"capacity": {"memory": {"value": "40960Mi"}}, "name": "gpu-0"}
+    assert contains({"capacity": {"memory": {"value": "40Gi"}}, "name": "gpu-0"}, desired)
+    assert not contains({"capacity": {"memory": {"value": "41Gi"}}, "name": "gpu-0"}, desired)
+    # Only quantity fields compare by value; a name never does.
+    assert not contains({"name": "1k"}, {"name": "1000"})
