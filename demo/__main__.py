@@ -1,158 +1,168 @@
-"""`make demo`: starts the local cluster, publishes a simulated GPU node's devices, applies
-the workload catalog in this folder and prints what the real scheduler allocated.
+"""`make demo`: a local Kubernetes 1.37 cluster with flexgpu installed by its Helm chart,
+three simulated GPU nodes, and the workload catalog in this folder, with a table of what
+each pod got. `make demo-down` (``python -m demo down``) stops everything.
 
-`make demo-down` (``python -m demo down``) stops the cluster."""
+A background supervisor (``python -m demo serve``) owns the control plane, the controller
+and the nodes, so they keep running after `make demo` returns; a second `make demo` reuses
+them and only runs the catalog again.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import yaml
-from kubernetes import client, config, dynamic
+from kubernetes import config
 
-from driver.names import DRIVER_NAME
-from driver.resource_slice import render_whole_gpus
-from driver.sim_backend import SimulatedBackend
-from driver.topology import load_topology
-from kubelet_plugin.slice_publisher import SlicePublisher
-from tools.cluster import __main__ as cluster_cli
-from tools.cluster import create_simulated_node
+from demo import catalog
+from demo.world import NODES, DemoWorld, container_log
+from tools.cluster.binaries import REPO_ROOT, control_plane_dir, helm_tools_dir
+from tools.cluster.control_plane import ControlPlane
 
-HERE = Path(__file__).resolve().parent
-WORKDIR = HERE.parent / ".run" / "demo"
-NAMESPACE = "flexgpu-demo"
-NODES = {"gpu-node-h100": "hgx-h100-8"}
+WORKDIR = REPO_ROOT / ".run" / "demo"
+NODE_ROOT = Path("/tmp/flexgpu-demo")
 
 
 def step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-def apply_file(dyn: dynamic.DynamicClient, path: Path, namespace: str | None) -> None:
-    for doc in yaml.safe_load_all(path.read_text()):
-        if not doc:
-            continue
-        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        ns = namespace if resource.namespaced else None
-        try:
-            resource.create(body=doc, namespace=ns)
-            print(f"  created {doc['kind']} {doc['metadata']['name']}")
-        except client.ApiException as err:
-            if err.status != 409:
-                raise
-            print(f"  exists  {doc['kind']} {doc['metadata']['name']}")
+def _supervisor_pid() -> int | None:
+    try:
+        pid = int((WORKDIR / "supervisor.pid").read_text())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
 
 
-def claim_names(pod: Any) -> list[str]:
-    """Claims a pod uses: named directly in its spec, or generated from a template."""
-    names = [r.resource_claim_name for r in pod.spec.resource_claims or [] if r.resource_claim_name]
-    names += [
-        r.resource_claim_name
-        for r in pod.status.resource_claim_statuses or []
-        if r.resource_claim_name
-    ]
-    return names
+def serve() -> int:
+    """Runs until SIGTERM: control plane, chart, controller, nodes (all die with us)."""
+    stop = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    plane = ControlPlane(workdir=WORKDIR / "cluster")
+    plane.start()
+    world = DemoWorld(plane.kubeconfig, WORKDIR, node_root=NODE_ROOT)
+    try:
+        world.start()
+        (WORKDIR / "ready").write_text(plane.version + "\n")
+        while not stop:
+            time.sleep(0.5)
+    finally:
+        (WORKDIR / "ready").unlink(missing_ok=True)
+        world.stop()
+        plane.stop()
+    return 0
 
 
-def claim_rows(api: Any) -> list[tuple[str, str, str, str]]:
-    core: Any = client.CoreV1Api(api)
-    resource: Any = client.ResourceV1Api(api)
-    slices = resource.list_resource_slice(field_selector=f"spec.driver={DRIVER_NAME}").items
-    product = {
-        (s.spec.pool.name, d.name): d.attributes["productName"].string
-        for s in slices
-        for d in (s.spec.devices or [])
-    }
-    rows = []
-    for pod in core.list_namespaced_pod(NAMESPACE).items:
-        devices = []
-        for name in claim_names(pod):
-            claim = resource.read_namespaced_resource_claim(name, NAMESPACE)
-            allocation = claim.status.allocation if claim.status else None
-            for r in allocation.devices.results if allocation else []:
-                devices.append(f"{r.device} ({product.get((r.pool, r.device), '?')})")
-        rows.append(
-            (
-                str(pod.metadata.name),
-                pod.spec.node_name or "-",
-                str(pod.status.phase),
-                ", ".join(devices) or "-",
+def ensure_running() -> Path:
+    kubeconfig = WORKDIR / "cluster" / "kubeconfig"
+    if _supervisor_pid() and (WORKDIR / "ready").exists():
+        print(f"reusing the running demo cluster ({kubeconfig})")
+        return kubeconfig
+    WORKDIR.mkdir(parents=True, exist_ok=True)
+    for stale in ("ready", "supervisor.pid"):
+        (WORKDIR / stale).unlink(missing_ok=True)
+    subprocess.run(["rm", "-rf", str(WORKDIR / "cluster")], check=False)
+    step("building or finding the Kubernetes v1.37 control plane, helm and kubectl")
+    control_plane_dir()
+    helm_tools_dir()
+    step(
+        "starting the control plane, installing the chart, starting the controller and "
+        "three simulated GPU nodes (plugin + kubelet harness each)"
+    )
+    log = (WORKDIR / "supervisor.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "demo", "serve"],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    (WORKDIR / "supervisor.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + 600
+    while not (WORKDIR / "ready").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = (WORKDIR / "supervisor.log").read_text()[-4000:]
+            raise SystemExit(
+                f"the demo cluster did not start; {WORKDIR / 'supervisor.log'}:\n{tail}"
             )
-        )
-    return sorted(rows)
-
-
-def print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    headers = ("POD", "NODE", "PHASE", "DEVICES")
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
-    ]
-    for row in (headers, *rows):
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        time.sleep(0.5)
+    for name, topology, flags in NODES:
+        print(f"  {name}: {topology} {' '.join(flags)}".rstrip())
+    return kubeconfig
 
 
 def up() -> int:
-    step("starting the local Kubernetes control plane")
-    if cluster_cli.up(WORKDIR) != 0:
-        return 1
-    kubeconfig = WORKDIR / "kubeconfig"
+    kubeconfig = ensure_running()
     api = config.new_client_from_config(config_file=str(kubeconfig))
-    dyn = dynamic.DynamicClient(api)
+    step(f"applying the workload catalog to namespace {catalog.NAMESPACE}")
+    catalog.reset_namespace(api)
+    for manifest in catalog.manifests():
+        first = manifest.read_text().splitlines()[0].lstrip("# ")
+        catalog.apply(api, manifest)
+        print(f"  {manifest.name}: {first}")
 
-    for node, topology in NODES.items():
-        step(f"simulated node {node} ({topology}): registering it and publishing its GPUs")
-        create_simulated_node(api, node, labels={"flexgpu.dev/topology": topology})
-        backend = SimulatedBackend(
-            load_topology(topology), node, state_path=WORKDIR / "nodes" / node / "gpu-state.json"
-        )
-        publisher = SlicePublisher(api, node)
-        publisher.set_devices(render_whole_gpus(backend.list_gpus()))
-        publisher.reconcile_once()
-        print(f"  published {len(backend.list_gpus())} GPUs in pool {node}")
+    step("waiting for the scheduler, the plugins and the containers")
 
-    step("applying DeviceClasses and the workload catalog (demo/*.yaml)")
-    core: Any = client.CoreV1Api(api)
-    try:
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-    except client.ApiException as err:
-        if err.status != 409:
-            raise
-    while True:
-        try:
-            core.read_namespaced_service_account("default", NAMESPACE)
-            break
-        except client.ApiException:
-            time.sleep(0.2)
-    apply_file(dyn, HERE / "deviceclasses.yaml", None)
-    for manifest in sorted(HERE.glob("[0-9]*.yaml")):
-        apply_file(dyn, manifest, NAMESPACE)
+    def log_of(node: str, pod: str) -> str:
+        return container_log(NODE_ROOT, node, catalog.NAMESPACE, pod)
 
-    step("waiting for the scheduler to allocate every claim")
-    deadline = time.monotonic() + 60
-    rows = claim_rows(api)
-    while time.monotonic() < deadline and any(r[3] == "-" for r in rows):
-        time.sleep(0.5)
-        rows = claim_rows(api)
-    print_table(rows)
-    pending = [r[0] for r in rows if r[3] == "-"]
+    rows = catalog.wait_settled(api, log_of)
+    print(catalog.table(rows))
+    step(f"why {catalog.UNSATISFIABLE} is still pending (the controller's Event)")
+    explanation = catalog.explanation(api)
     print(
-        f"\nThe cluster keeps running. Try:\n  export KUBECONFIG={kubeconfig}\n"
-        f"  kubectl get resourceslices\n  kubectl -n {NAMESPACE} get resourceclaims -o wide\n"
-        f"Logs: {WORKDIR / 'logs'}/   Stop it with: make demo-down"
+        "  "
+        + (
+            explanation
+            or "(no explanation yet; try: flexgpu explain "
+            f"{catalog.NAMESPACE}/{catalog.UNSATISFIABLE})"
+        )
     )
-    if pending:
-        print(f"not allocated: {', '.join(pending)}", file=sys.stderr)
-        return 1
+    print(f"""
+The cluster keeps running. Try:
+  export KUBECONFIG={kubeconfig}
+  {helm_tools_dir() / "kubectl"} get resourceslices
+  {helm_tools_dir() / "kubectl"} -n {catalog.NAMESPACE} get resourceclaims
+  .venv/bin/flexgpu capacity
+  .venv/bin/flexgpu explain {catalog.NAMESPACE}/{catalog.UNSATISFIABLE}
+Logs: {WORKDIR / "logs"}/ and {NODE_ROOT}/<node>/logs/   Stop it with: make demo-down""")
+    settled = all(r.phase == "Running" for r in rows if r.pod != catalog.UNSATISFIABLE)
+    return 0 if settled and explanation else 1
+
+
+def down() -> int:
+    pid = _supervisor_pid()
+    if pid is None:
+        print("the demo is not running")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(600):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    (WORKDIR / "supervisor.pid").unlink(missing_ok=True)
+    print("demo stopped")
     return 0
 
 
 def main() -> int:
-    if sys.argv[1:] == ["down"]:
-        return cluster_cli.down(WORKDIR)
-    return up()
+    command = sys.argv[1] if len(sys.argv) > 1 else "up"
+    return {"up": up, "serve": serve, "down": down}[command]()
 
 
 if __name__ == "__main__":

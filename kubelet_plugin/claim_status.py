@@ -2,10 +2,9 @@
 tells a user what they got: GPU UUID, product, MIG profile, share limits, and a Ready
 condition.
 
-Written from a background thread with server-side apply under a field manager per node: the
-prepare path (and its latency) never waits on it, the server merges our entries with other
-drivers' (the list is keyed by driver, pool, device and share id), and unprepare removes
-exactly ours by applying an empty list.
+Written from a background thread, so the prepare path (and its latency) never waits on it.
+Each write replaces only this node's entries (driver gpu.flexgpu.dev, pool = node) and keeps
+other drivers' ones; unprepare removes ours.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from kubernetes import client
 from driver.names import DRIVER_NAME
 
 log = logging.getLogger(__name__)
-
-_APPLY = "application/apply-patch+yaml"
 
 
 @dataclass(frozen=True)
@@ -48,6 +45,7 @@ class ClaimStatusWriter:
     def __init__(self, api: Any, node_name: str) -> None:
         self._resource = client.ResourceV1Api(api)
         self._manager = f"{DRIVER_NAME}/{node_name}"
+        self._node = node_name  # our pool: the entries of this pool are ours
         self._queue: queue.Queue[_Update | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -78,7 +76,42 @@ class ClaimStatusWriter:
             except Exception as err:  # best effort: status never breaks the plugin
                 log.warning("claim %s/%s status: %s", update.namespace, update.name, err)
 
-    def apply(self, update: _Update) -> None:
+    def apply(self, update: _Update, attempts: int = 5) -> None:
+        """Replaces this node's entries in ``status.devices`` and keeps everyone else's.
+
+        A read-modify-write guarded by resourceVersion rather than server-side apply: apply
+        on claims whose allocation carries opaque config parameters is refused by the
+        server (it rebuilds status.allocation without them)."""
+        for _ in range(attempts):
+            response: Any = self._resource.read_namespaced_resource_claim(
+                update.name, update.namespace, _preload_content=False
+            )
+            claim = json.loads(response.data)
+            if claim["metadata"].get("uid") != update.uid:
+                return  # re-created under the same name: not ours to describe
+            status = claim.setdefault("status", {})
+            keep = [
+                d
+                for d in status.get("devices") or []
+                if not (d.get("driver") == DRIVER_NAME and d.get("pool") == self._node)
+            ]
+            status["devices"] = keep + self._entries(update)
+            try:
+                self._resource.replace_namespaced_resource_claim_status(
+                    update.name, update.namespace, claim, field_manager=self._manager
+                )
+                return
+            except client.ApiException as err:
+                if err.status != 409:
+                    raise
+        log.warning(
+            "claim %s/%s status: gave up after %d conflicts",
+            update.namespace,
+            update.name,
+            attempts,
+        )
+
+    def _entries(self, update: _Update) -> list[dict[str, Any]]:
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         entries = []
         for d in update.devices:
@@ -100,18 +133,4 @@ class ClaimStatusWriter:
             if d.share_id:
                 entry["shareID"] = d.share_id
             entries.append(entry)
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            # The UID guards against writing onto a claim re-created under the same name.
-            "metadata": {"name": update.name, "namespace": update.namespace, "uid": update.uid},
-            "status": {"devices": entries},
-        }
-        self._resource.patch_namespaced_resource_claim_status(
-            update.name,
-            update.namespace,
-            json.loads(json.dumps(body)),
-            field_manager=self._manager,
-            force=True,
-            _content_type=_APPLY,
-        )
+        return entries

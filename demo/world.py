@@ -1,0 +1,146 @@
+"""The demo's world on a running control plane: the Helm chart installed, the controller and
+three simulated GPU nodes (kubelet plugin + kubelet harness each) running as local processes
+with the chart's ServiceAccounts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from tools.cluster import create_simulated_node
+from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
+from tools.cluster.gpu_node import SimulatedGpuNode
+from tools.cluster.process import Component
+from tools.cluster.tokens import service_account_kubeconfig
+
+SYSTEM_NAMESPACE = "flexgpu-system"
+RELEASE = "flexgpu"
+WEBHOOK_CONFIGURATION = "flexgpu-validation"
+# (node, topology, plugin flags): on-demand MIG on half the H100s, whole A100s, shared L4s.
+NODES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("gpu-node-h100", "hgx-h100-8", ("--dynamic-mig-gpus=0,1,2,3",)),
+    ("gpu-node-a100", "dgx-a100-8", ()),
+    ("gpu-node-l4", "l4-2-pcie", ("--shared-gpus=all",)),
+)
+
+
+class DemoWorld:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        workdir: Path,
+        *,
+        pending_delay_s: float = 3,
+        node_root: Path = Path("/tmp/flexgpu-demo"),
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+        self.pending_delay_s = pending_delay_s
+        self.node_root = node_root
+        self.api: Any = config.new_client_from_config(config_file=str(kubeconfig))
+        self.nodes: dict[str, SimulatedGpuNode] = {}
+        self.controller: Component | None = None
+
+    def install_chart(self) -> None:
+        tools = helm_tools_dir()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        result = subprocess.run(
+            [
+                str(tools / "helm"),
+                "upgrade",
+                "--install",
+                RELEASE,
+                str(REPO_ROOT / "charts" / "flexgpu"),
+                "--namespace",
+                SYSTEM_NAMESPACE,
+                "--create-namespace",
+                "--take-ownership",
+                "--wait=false",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
+
+    def start(self) -> None:
+        self.install_chart()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        creds = self.workdir / "credentials"
+        creds.mkdir(exist_ok=True)
+        controller_config = service_account_kubeconfig(
+            self.api,
+            self.kubeconfig,
+            SYSTEM_NAMESPACE,
+            f"{RELEASE}-controller",
+            creds / "controller.kubeconfig",
+            seconds=86400,
+        )
+        self.controller = Component(
+            "flexgpu-controller",
+            [
+                sys.executable,
+                "-m",
+                "controller.main",
+                f"--kubeconfig={controller_config}",
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--pending-delay={self.pending_delay_s}",
+                "--recheck-interval=2",
+                "--metrics-port=0",
+                "--liveness-port=0",
+                "--webhook-listen=127.0.0.1:0",
+                "--webhook-url-host=127.0.0.1",
+                f"--webhook-secret-namespace={SYSTEM_NAMESPACE}",
+                f"--webhook-configuration-name={WEBHOOK_CONFIGURATION}",
+            ],
+            self.workdir / "logs" / "controller.log",
+        )
+        self.controller.start()
+        shutil.rmtree(self.node_root, ignore_errors=True)
+        for name, topology, flags in NODES:
+            create_simulated_node(self.api, name, labels={"flexgpu.dev/topology": topology})
+            plugin_config = service_account_kubeconfig(
+                self.api,
+                self.kubeconfig,
+                SYSTEM_NAMESPACE,
+                f"{RELEASE}-kubelet-plugin",
+                creds / f"{name}.kubeconfig",
+                node=name,
+                seconds=86400,
+            )
+            root = self.node_root / name
+            root.mkdir(parents=True)
+            node = SimulatedGpuNode(
+                self.kubeconfig,
+                name,
+                topology,
+                root=root,
+                plugin_args=flags,
+                plugin_kubeconfig=plugin_config,
+            )
+            node.start()
+            self.nodes[name] = node
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+        if self.controller is not None:
+            self.controller.stop()
+        with contextlib.suppress(client.ApiException):  # already gone
+            client.AdmissionregistrationV1Api(self.api).delete_validating_webhook_configuration(
+                WEBHOOK_CONFIGURATION
+            )
+
+
+def container_log(node_root: Path, node: str, namespace: str, pod: str) -> str:
+    path = node_root / node / "kubelet" / "pods" / f"{namespace}_{pod}" / "main.log"
+    return path.read_text() if path.exists() else ""
