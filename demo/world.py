@@ -132,7 +132,7 @@ class DemoWorld:
 
     def stop(self) -> None:
         for node in self.nodes.values():
-            node.stop()
+            node.cleanup()
         if self.controller is not None:
             self.controller.stop()
         with contextlib.suppress(client.ApiException):  # already gone

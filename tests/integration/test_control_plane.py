@@ -3,6 +3,8 @@ published ResourceSlices, and the resourceclaim controller manages generated cla
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +17,18 @@ pytestmark = pytest.mark.integration
 
 DRIVER = "gpu.flexgpu.dev"
 IS_GPU = f'device.attributes["{DRIVER}"].type == "gpu"'
+
+
+@pytest.fixture(autouse=True)
+def remove_test_nodes(api: Any) -> Iterator[None]:
+    """The hand-written slices here have no plugin behind them: later tests must not see them."""
+    yield
+    for node in ("sim-foundation-a", "sim-foundation-b"):
+        with contextlib.suppress(client.ApiException):
+            client.ResourceV1Api(api).delete_collection_resource_slice(
+                field_selector=f"spec.nodeName={node}")
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(api).delete_node(node)
 
 
 def _slice(node: str, devices: list[str]) -> dict[str, Any]:

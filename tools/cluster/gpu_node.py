@@ -3,6 +3,7 @@ the kubelet harness (upstream plugin manager + DRA manager) acting as its kubele
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import sys
@@ -139,7 +140,15 @@ class SimulatedGpuNode:
             self.harness.stop()
 
     def cleanup(self) -> None:
+        """Stops the node and removes it from the cluster with its slices, so no later test
+        sees devices that no plugin serves."""
         self.stop()
+        resource: Any = client.ResourceV1Api(self.api)
+        with contextlib.suppress(client.ApiException):
+            resource.delete_collection_resource_slice(
+                field_selector=f"spec.nodeName={self.name}")
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(self.api).delete_node(self.name)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
