@@ -9,7 +9,6 @@ them and only runs the catalog again.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from demo import catalog
 from demo.world import NODES, DemoWorld, container_log
 from tools.cluster.binaries import REPO_ROOT, control_plane_dir, helm_tools_dir
 from tools.cluster.control_plane import ControlPlane
+from tools.cluster.supervisor import stop_supervisor, supervisor_pid
 
 WORKDIR = REPO_ROOT / ".run" / "demo"
 NODE_ROOT = Path("/tmp/flexgpu-demo")
@@ -29,15 +29,6 @@ NODE_ROOT = Path("/tmp/flexgpu-demo")
 
 def step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
-
-
-def _supervisor_pid() -> int | None:
-    try:
-        pid = int((WORKDIR / "supervisor.pid").read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
 
 
 def serve() -> int:
@@ -67,7 +58,7 @@ def serve() -> int:
 
 def ensure_running() -> Path:
     kubeconfig = WORKDIR / "cluster" / "kubeconfig"
-    if _supervisor_pid() and (WORKDIR / "ready").exists():
+    if supervisor_pid(WORKDIR) and (WORKDIR / "ready").exists():
         print(f"reusing the running demo cluster ({kubeconfig})")
         return kubeconfig
     WORKDIR.mkdir(parents=True, exist_ok=True)
@@ -144,19 +135,7 @@ Logs: {WORKDIR / "logs"}/ and {NODE_ROOT}/<node>/logs/   Stop it with: make demo
 
 
 def down() -> int:
-    pid = _supervisor_pid()
-    if pid is None:
-        print("the demo is not running")
-        return 0
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(600):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    (WORKDIR / "supervisor.pid").unlink(missing_ok=True)
-    print("demo stopped")
+    print("demo stopped" if stop_supervisor(WORKDIR) else "the demo is not running")
     return 0
 
 

@@ -6,7 +6,6 @@ waits until the cluster is ready and prints where the kubeconfig and logs are.""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -14,17 +13,9 @@ import time
 from pathlib import Path
 
 from tools.cluster.binaries import REPO_ROOT
+from tools.cluster.supervisor import stop_supervisor, supervisor_pid
 
 DEFAULT_DIR = REPO_ROOT / ".run" / "cluster"
-
-
-def _pid(workdir: Path) -> int | None:
-    try:
-        pid = int((workdir / "supervisor.pid").read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
 
 
 def serve(workdir: Path) -> int:
@@ -53,7 +44,7 @@ def serve(workdir: Path) -> int:
 
 
 def up(workdir: Path) -> int:
-    if _pid(workdir):
+    if supervisor_pid(workdir):
         print(f"cluster already running; KUBECONFIG={workdir / 'kubeconfig'}")
         return 0
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,19 +86,7 @@ def up(workdir: Path) -> int:
 
 
 def down(workdir: Path) -> int:
-    pid = _pid(workdir)
-    if pid is None:
-        print("cluster is not running")
-        return 0
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(600):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    (workdir / "supervisor.pid").unlink(missing_ok=True)
-    print("cluster stopped")
+    print("cluster stopped" if stop_supervisor(workdir) else "cluster is not running")
     return 0
 
 
@@ -123,7 +102,7 @@ def main() -> int:
         return up(workdir)
     if args.command == "down":
         return down(workdir)
-    running = _pid(workdir) is not None and (workdir / "ready").exists()
+    running = supervisor_pid(workdir) is not None and (workdir / "ready").exists()
     print(f"running, KUBECONFIG={workdir / 'kubeconfig'}" if running else "not running")
     return 0 if running else 1
 
