@@ -89,7 +89,10 @@ HELM_SCRIPT = REPO_ROOT / "tools" / "helm" / "fetch.sh"
 def helm_tools_dir() -> Path:
     """The folder with ``helm`` (v4) and ``kubectl`` (v1.37), fetched on first use."""
     proc = subprocess.run(
-        ["bash", str(HELM_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False,
+        ["bash", str(HELM_SCRIPT)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
         env={**os.environ, "PYTHON": sys.executable},
     )
     if proc.returncode != 0:

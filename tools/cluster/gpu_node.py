@@ -145,8 +145,7 @@ class SimulatedGpuNode:
         self.stop()
         resource: Any = client.ResourceV1Api(self.api)
         with contextlib.suppress(client.ApiException):
-            resource.delete_collection_resource_slice(
-                field_selector=f"spec.nodeName={self.name}")
+            resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={self.name}")
         with contextlib.suppress(client.ApiException):
             client.CoreV1Api(self.api).delete_node(self.name)
         if self._own_root:

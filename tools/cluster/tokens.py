@@ -35,8 +35,12 @@ def service_account_kubeconfig(
         "kind": "Config",
         "clusters": admin["clusters"],
         "users": [{"name": service_account, "user": {"token": issued.status.token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": admin["clusters"][0]["name"],
-                                                 "user": service_account}}],
+        "contexts": [
+            {
+                "name": "sa",
+                "context": {"cluster": admin["clusters"][0]["name"], "user": service_account},
+            }
+        ],
         "current-context": "sa",
     }
     out.write_text(yaml.safe_dump(config))
