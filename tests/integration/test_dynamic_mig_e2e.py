@@ -154,7 +154,11 @@ def test_crash_after_creating_an_instance_leaves_no_orphan(
     now = [i for i in instances(node)[gpu] if i not in before[gpu]]
     assert [i["uuid"] for i in now] == [env["NVIDIA_VISIBLE_DEVICES"]]  # only the retry's
     release(api, namespace, "crashy")
-    assert instances(node) == before
+    # Nothing this test created remains (the previous test's pods may still be going away,
+    # so what was there before can only shrink).
+    known = {i["uuid"] for v in before.values() for i in v}
+    assert {i["uuid"] for v in instances(node).values() for i in v} <= known
+    assert leftover[0]["uuid"] not in known
 
 
 def _env() -> dict[str, str]:
