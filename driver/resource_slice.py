@@ -160,34 +160,47 @@ def slice_specs(
     devices: Sequence[Device],
     generation: int,
     shared_counters: Sequence[dict[str, Any]] = (),
+    *,
+    counters_in_own_slice: bool = True,
 ) -> list[dict[str, Any]]:
     """The ``spec`` of every slice in the node's pool, consistent in generation and count.
 
-    Shared counters go into a slice of their own (required from Kubernetes 1.35 on, accepted
-    before), placed first so the pool is complete in one pass.
+    Kubernetes 1.35+ wants shared counters in slices of their own (at most 8 counter sets
+    each), placed first so the pool is complete in one pass. A 1.34 server wants each counter
+    set in the same slice as the devices that consume it (``counters_in_own_slice=False``):
+    then every counter set travels with its consumers and the other devices are chunked.
     """
     for device in devices:
         check_device(device)
-    groups = chunk_devices(devices)
-    # At most 8 counter sets (one per dynamic-MIG GPU) fit in one slice.
-    counter_groups = [
-        list(shared_counters[i : i + MAX_COUNTER_SETS_PER_SLICE])
-        for i in range(0, len(shared_counters), MAX_COUNTER_SETS_PER_SLICE)
+    pool = {"name": node_name, "generation": generation, "resourceSliceCount": 0}
+    bodies: list[dict[str, Any]] = []
+    if counters_in_own_slice:
+        for i in range(0, len(shared_counters), MAX_COUNTER_SETS_PER_SLICE):
+            bodies.append(
+                {"sharedCounters": list(shared_counters[i : i + MAX_COUNTER_SETS_PER_SLICE])}
+            )
+        rest = list(devices)
+    else:
+        rest = []
+        by_set: dict[str, list[Device]] = {c["name"]: [] for c in shared_counters}
+        for device in devices:
+            sets = [c["counterSet"] for c in device.get("consumesCounters", [])]
+            if sets and sets[0] in by_set:
+                by_set[sets[0]].append(device)
+            else:
+                rest.append(device)
+        for counters in shared_counters:
+            consumers = by_set[counters["name"]]
+            if len(consumers) > MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS:
+                raise ValueError(
+                    f"counter set {counters['name']}: {len(consumers)} devices consume it; one "
+                    f"slice holds at most {MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS}"
+                )
+            bodies.append({"sharedCounters": [counters], "devices": consumers})
+    if rest or not bodies:
+        bodies += [{"devices": group} for group in chunk_devices(rest)]
+    pool["resourceSliceCount"] = len(bodies)
+    return [
+        {"driver": DRIVER_NAME, "nodeName": node_name, "pool": dict(pool), **body}
+        for body in bodies
     ]
-    specs: list[dict[str, Any]] = []
-    count = len(groups) + len(counter_groups)
-    pool = {"name": node_name, "generation": generation, "resourceSliceCount": count}
-    for counters in counter_groups:
-        specs.append(
-            {
-                "driver": DRIVER_NAME,
-                "nodeName": node_name,
-                "pool": dict(pool),
-                "sharedCounters": counters,
-            }
-        )
-    for group in groups:
-        specs.append(
-            {"driver": DRIVER_NAME, "nodeName": node_name, "pool": dict(pool), "devices": group}
-        )
-    return specs

@@ -9,6 +9,7 @@ exponentially instead of spinning.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -79,6 +80,7 @@ class SlicePublisher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._node_uid: str | None = None
+        self._own_counter_slices: bool | None = None
         self.reconciles = 0  # count of reconcile passes that wrote something, for tests
         self.last_error: str | None = None
 
@@ -154,6 +156,14 @@ class SlicePublisher:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 self._wake.set()
 
+    def _counters_in_own_slice(self) -> bool:
+        """Kubernetes 1.35 moved shared counters into slices of their own; ask once."""
+        if self._own_counter_slices is None:
+            version: Any = client.VersionApi(self._api).get_code()
+            minor = re.match(r"\d+", str(version.minor))
+            self._own_counter_slices = minor is None or int(minor.group()) >= 35
+        return self._own_counter_slices
+
     def _slice_name(self, i: int) -> str:
         return f"{self.node_name}-{DRIVER_NAME}-{i}"
 
@@ -196,7 +206,13 @@ class SlicePublisher:
             if self._generation <= highest and not self._matches(existing, devices, counters):
                 self._generation = highest + 1
             generation = self._generation
-        specs = slice_specs(self.node_name, devices, generation, counters)
+        specs = slice_specs(
+            self.node_name,
+            devices,
+            generation,
+            counters,
+            counters_in_own_slice=self._counters_in_own_slice(),
+        )
         wanted = {self._slice_name(i): spec for i, spec in enumerate(specs)}
         wrote = False
         owner = self._owner()
@@ -245,7 +261,13 @@ class SlicePublisher:
         if not existing:
             return False
         generation = next(iter(existing.values()))["spec"]["pool"]["generation"]
-        specs = slice_specs(self.node_name, devices, generation, counters)
+        specs = slice_specs(
+            self.node_name,
+            devices,
+            generation,
+            counters,
+            counters_in_own_slice=self._counters_in_own_slice(),
+        )
         return len(specs) == len(existing) and all(
             contains(existing.get(self._slice_name(i), {}).get("spec"), spec)
             for i, spec in enumerate(specs)

@@ -121,3 +121,37 @@ def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
     assert not contains({"capacity": {"memory": {"value": "41Gi"}}, "name": "gpu-0"}, desired)
     # Only quantity fields compare by value; a name never does.
     assert not contains({"name": "1k"}, {"name": "1000"})
+
+
+def test_a_1_34_server_gets_each_counter_set_beside_its_consumers() -> None:
+    from driver.mig_devices import counter_set, dynamic_mig_devices
+    from driver.sim_backend import SimulatedBackend
+
+    backend = SimulatedBackend.from_topology("hgx-h100-8", "n")
+    gpus = backend.list_gpus()
+    devices, counters = [whole_gpu_device(gpus[7])], []
+    for gpu in gpus[:2]:
+        profiles = backend.mig_profiles(gpu.index) if gpu.mig_mode and gpu.mig_mode.current else []
+        if not profiles:
+            backend.set_mig_mode(gpu.index, True)
+            profiles = backend.mig_profiles(gpu.index)
+        mig, _ = dynamic_mig_devices(gpu, profiles)
+        devices += mig
+        counters.append(counter_set(gpu, profiles))
+
+    own = slice_specs("n", devices, 3, counters)
+    assert [("sharedCounters" in s, len(s.get("devices", []))) for s in own] == [
+        (True, 0),
+        (False, 53),
+    ]
+    legacy = slice_specs("n", devices, 3, counters, counters_in_own_slice=False)
+    assert [
+        (len(s["sharedCounters"]) if "sharedCounters" in s else 0, len(s["devices"]))
+        for s in legacy
+    ] == [(1, 26), (1, 26), (0, 1)]
+    for spec in legacy[:2]:
+        (counter,) = spec["sharedCounters"]
+        assert {c["counterSet"] for d in spec["devices"] for c in d["consumesCounters"]} == {
+            counter["name"]
+        }
+    assert {s["pool"]["resourceSliceCount"] for s in legacy} == {3}
