@@ -222,7 +222,8 @@ def test_sigkill_during_writes_leaves_old_or_new_version(store: CheckpointStore)
     kills = 0
     while kills < 25 and time.monotonic() < deadline:
         store.save(_with_generation(base, 0))
-        done, started = context.Value("q", 0), context.Event()
+        # lock=False: a writer killed while holding the lock would hang every later read.
+        done, started = context.Value("q", 0, lock=False), context.Event()
         child = context.Process(target=_keep_writing, args=(store, base, done, started))
         child.start()
         try:
