@@ -62,7 +62,11 @@ cluster-down: venv
 	@$(PY) -m tools.cluster down
 
 # Benchmarks print figures (percentiles, rates, memory) and explain them; nothing is asserted.
+# prepare_latency runs the plugin beside the upstream reference driver, whose kubelet plugin
+# tools/example-driver/build.sh builds into the same cache (cold: a few minutes on 2 cores).
 bench: setup
+	@echo "==> reference DRA driver (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/example-driver/build.sh >/dev/null
 	@$(PY) -m bench.prepare_latency
 	@$(PY) -m bench.mig_scheduling
 

@@ -1,0 +1,216 @@
+"""The two kubelet plugins under comparison: how each is started, where its DRA socket is, and
+how long it takes from exec to serving that socket and to its ResourceSlices existing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from kubernetes import client, watch
+
+from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from tools.cluster.process import Component
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_BUILD = REPO / "tools" / "example-driver" / "build.sh"
+DEVICES = 8
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    label: str
+    driver: str  # DRA driver name, also the ResourceSlice spec.driver
+    device_class: str  # written into the bench claims' requests
+    identity: str  # ServiceAccount and FlowSchema name
+    argv: tuple[str, ...]
+    socket: Path
+    env: dict[str, str] | None = None
+
+
+def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> PluginSpec:
+    return PluginSpec(
+        label="flexgpu",
+        driver="gpu.flexgpu.dev",
+        device_class="gpu.flexgpu.dev",
+        identity="flexgpu-plugin",
+        argv=(
+            sys.executable,
+            "-m",
+            "kubelet_plugin.main",
+            "--gpu-backend=simulated",
+            "--topology=hgx-h100-8",
+            f"--node-name={node}",
+            f"--kubeconfig={kubeconfig}",
+            f"--registry-dir={root}/reg",
+            f"--plugins-dir={root}/plugins",
+            f"--cdi-dir={cdi_root}",
+            f"--data-dir={root}/data",
+        ),
+        socket=root / "plugins" / "gpu.flexgpu.dev" / "dra.sock",
+    )
+
+
+def example_binary() -> Path:
+    """Builds the reference driver's kubelet plugin (or finds it cached); its path."""
+    done = subprocess.run(
+        ["bash", str(EXAMPLE_BUILD)], check=False, stdout=subprocess.PIPE, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{EXAMPLE_BUILD} failed with exit code {done.returncode}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def example_spec(
+    binary: Path, root: Path, kubeconfig: Path, node: str, cdi_root: Path
+) -> PluginSpec:
+    return PluginSpec(
+        label="example",
+        driver="gpu.example.com",
+        device_class="gpu.example.com",
+        identity="example-plugin",
+        argv=(
+            str(binary),
+            f"--node-name={node}",
+            f"--num-devices={DEVICES}",
+            f"--cdi-root={cdi_root}",
+            f"--kubelet-registrar-directory-path={root}/reg",
+            f"--kubelet-plugins-directory-path={root}/plugins",
+            f"--kubeconfig={kubeconfig}",
+            # client-go's default (5 qps, burst 10) would throttle its claim reads: measure
+            # the driver, not the limiter.
+            "--kube-api-qps=1000",
+            "--kube-api-burst=1000",
+        ),
+        socket=root / "plugins" / "gpu.example.com" / "dra.sock",
+        # Its flags also read environment variables (KUBECONFIG, NODE_NAME, V, ...): none leak in.
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
+    )
+
+
+@dataclass
+class StartTimes:
+    to_socket_s: float  # exec -> DRA socket answers an empty NodePrepareResources
+    to_slices_s: float  # exec -> ResourceSlices list gpu-0..gpu-7 of this node
+
+
+class SliceWatch:
+    """Notes when this driver's slices for the node first hold all of gpu-0..gpu-(N-1)."""
+
+    def __init__(self, api: Any, spec: PluginSpec, node: str) -> None:
+        self._api = api
+        self._selector = f"spec.driver={spec.driver},spec.nodeName={node}"
+        self._wanted = {f"gpu-{i}" for i in range(DEVICES)}
+        self.seen_at: float | None = None
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        resource: Any = client.ResourceV1Api(self._api)
+        devices: dict[str, set[str]] = {}
+        for event in self._watch.stream(
+            resource.list_resource_slice,
+            field_selector=self._selector,
+            timeout_seconds=int(START_TIMEOUT_S),
+        ):
+            obj = event["object"]
+            name = obj.metadata.name
+            if event["type"] == "DELETED":
+                devices.pop(name, None)
+            else:
+                devices[name] = {d.name for d in (obj.spec.devices or [])}
+            if self._wanted <= set().union(*devices.values()):
+                self.seen_at = time.perf_counter()
+                self._watch.stop()
+                return
+
+    def wait(self, timeout_s: float) -> float | None:
+        self._thread.join(timeout_s)
+        self._watch.stop()
+        return self.seen_at
+
+
+def delete_slices(api: Any, spec: PluginSpec, node: str) -> None:
+    """Removes the driver's slices for the node and waits until none is left."""
+    resource: Any = client.ResourceV1Api(api)
+    selector = f"spec.driver={spec.driver},spec.nodeName={node}"
+    resource.delete_collection_resource_slice(field_selector=selector)
+    deadline = time.monotonic() + 30
+    while resource.list_resource_slice(field_selector=selector).items:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"slices of {spec.driver} on {node} still listed after 30 s")
+        time.sleep(0.05)
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+class RunningPlugin:
+    """One plugin process plus a DRA connection to it."""
+
+    def __init__(self, spec: PluginSpec, log: Path) -> None:
+        self.spec = spec
+        self.component = Component(spec.label, spec.argv, log, env=spec.env)
+        self.channel: grpc.Channel | None = None
+        self.stub: dra_pb2_grpc.DRAPluginStub | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.component.pid is not None
+        return self.component.pid
+
+    def start(self, api: Any, node: str) -> StartTimes:
+        """Execs the plugin with none of its slices in the API; returns the start-up times."""
+        delete_slices(api, self.spec, node)
+        self.spec.socket.unlink(missing_ok=True)
+        slices = SliceWatch(api, self.spec, node)
+        slices.start()
+        began = time.perf_counter()
+        self.component.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _accepts(self.spec.socket):
+            if not self.component.running():
+                raise RuntimeError(
+                    f"{self.spec.label} plugin exited with code {self.component.exit_code()}; "
+                    f"log {self.component.log_path}:\n{self.component.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.spec.label}: no DRA socket after {START_TIMEOUT_S}s")
+            time.sleep(0.002)
+        self.channel = grpc.insecure_channel(f"unix://{self.spec.socket}")
+        self.stub = dra_pb2_grpc.DRAPluginStub(self.channel)
+        self.stub.NodePrepareResources(
+            dra_pb2.NodePrepareResourcesRequest(claims=[]), timeout=30, wait_for_ready=True
+        )
+        serving = time.perf_counter()
+        listed = slices.wait(max(1.0, deadline - time.monotonic()))
+        if listed is None:
+            raise RuntimeError(
+                f"{self.spec.label}: slices with gpu-0..gpu-{DEVICES - 1} not listed within "
+                f"{START_TIMEOUT_S}s; log {self.component.log_path}"
+            )
+        return StartTimes(serving - began, listed - began)
+
+    def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+            self.stub = None
+        self.component.stop()

@@ -1,0 +1,25 @@
+"""CPU time and resident memory of a running process, read from /proc."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of every thread of `pid`, in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # The command name (field 2) may hold spaces; the fields after its closing ")" are fixed.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / _TICKS
+
+
+def memory_mib(pid: int, field: str = "VmRSS") -> float:
+    """A memory field of /proc/<pid>/status (VmRSS: resident now; VmHWM: peak), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"/proc/{pid}/status has no {field!r} line")
