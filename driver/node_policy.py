@@ -48,8 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from types import NoneType, UnionType
-from typing import Annotated, Any, Final, Literal, TypeAlias, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import (
     AfterValidator,
@@ -62,7 +61,6 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from driver.gpu_model import GpuInfo
 from driver.mig_layout import (
@@ -74,13 +72,27 @@ from driver.mig_layout import (
     validate_layout,
 )
 from driver.names import CRD_GROUP
-from driver.opaque_config import _ALLOWED as _OPAQUE_ALLOWED
-from driver.opaque_config import _DEVICE_KEY_ALLOWED, GpuSharing, show_value
-from driver.opaque_config import _plain as _plain_copy
+from driver.opaque_config import SHARING_ALLOWED, SHARING_KEYS_ALLOWED, GpuSharing
+from driver.validation_messages import (
+    MAX_PROBLEMS,
+    MessageRules,
+    Pattern,
+    Problem,
+    ProblemsError,
+    StrictModel,
+    conflict,
+    nested,
+    only_str,
+    plain_copy,
+    translate,
+    value_detail,
+    value_error,
+)
 
 __all__ = [
     "API_VERSION",
     "KIND",
+    "MAX_PROBLEMS",
     "PLURAL",
     "SHORT_NAME",
     "Condition",
@@ -130,8 +142,6 @@ CRD_NAME: Final = f"{PLURAL}.{CRD_GROUP}"
 
 # Node condition type each plugin keeps in status.nodes[<node>].conditions.
 APPLIED_CONDITION: Final = "Applied"
-# Problems beyond this many are counted, not listed (same rule as opaque config).
-MAX_PROBLEMS: Final = 20
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
 # Bounds that keep the apiserver's CEL cost estimate finite; far above any real policy.
@@ -178,17 +188,6 @@ class SelectorOperator(StrEnum):
 # --------------------------------------------------------------------------- field types
 
 
-def _only_str(value: object) -> object:
-    # Enums validate laxly (strict wants enum members from a dict); a manifest holds strings.
-    if not isinstance(value, str):
-        raise PydanticCustomError("flexgpu_value", "not a string", {"reason": ""})
-    return value
-
-
-def _value_error(reason: str) -> PydanticCustomError:
-    return PydanticCustomError("flexgpu_value", "{reason}", {"reason": reason})
-
-
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
@@ -196,15 +195,15 @@ _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 def _label_key(key: str) -> str:
     prefix, slash, name = key.rpartition("/")
     if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
-        raise _value_error("prefix is not a DNS subdomain")
+        raise value_error("prefix is not a DNS subdomain")
     if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
-        raise _value_error("not a label name")
+        raise value_error("not a label name")
     return key
 
 
 def _label_value(value: str) -> str:
     if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
-        raise _value_error("not a label value")
+        raise value_error("not a label value")
     return value
 
 
@@ -214,7 +213,7 @@ MIG_PROFILE_NAME: Final = re.compile(r"[1-9][0-9]?g\.[0-9]{1,4}gb([+-][a-z]{1,8}
 
 def _profile_name(name: str) -> str:
     if not MIG_PROFILE_NAME.fullmatch(name):
-        raise _value_error("")
+        raise value_error("")
     return name
 
 
@@ -222,7 +221,7 @@ def _distinct(values: list[int]) -> list[int]:
     seen: set[int] = set()
     for value in values:
         if value in seen:
-            raise _value_error(f"{value} twice")
+            raise value_error(f"{value} twice")
         seen.add(value)
     return values
 
@@ -230,18 +229,18 @@ def _distinct(values: list[int]) -> list[int]:
 def _timestamp(value: str) -> str:
     # RFC 3339 as Kubernetes writes metav1.Time: 2025-01-01T00:00:00Z.
     if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", value):
-        raise _value_error("not an RFC 3339 time")
+        raise value_error("not an RFC 3339 time")
     try:
         datetime.fromisoformat(value)
     except ValueError:
-        raise _value_error("not an RFC 3339 time") from None
+        raise value_error("not an RFC 3339 time") from None
     return value
 
 
-Mode: TypeAlias = Annotated[GpuMode, Strict(False), BeforeValidator(_only_str)]
-Reason: TypeAlias = Annotated[PolicyReason, Strict(False), BeforeValidator(_only_str)]
-Status: TypeAlias = Annotated[ConditionStatus, Strict(False), BeforeValidator(_only_str)]
-Operator: TypeAlias = Annotated[SelectorOperator, Strict(False), BeforeValidator(_only_str)]
+Mode: TypeAlias = Annotated[GpuMode, Strict(False), BeforeValidator(only_str)]
+Reason: TypeAlias = Annotated[PolicyReason, Strict(False), BeforeValidator(only_str)]
+Status: TypeAlias = Annotated[ConditionStatus, Strict(False), BeforeValidator(only_str)]
+Operator: TypeAlias = Annotated[SelectorOperator, Strict(False), BeforeValidator(only_str)]
 LabelKey: TypeAlias = Annotated[str, AfterValidator(_label_key)]
 LabelValue: TypeAlias = Annotated[str, AfterValidator(_label_value)]
 ProfileName: TypeAlias = Annotated[str, AfterValidator(_profile_name)]
@@ -254,22 +253,7 @@ Timestamp: TypeAlias = Annotated[
 MigLayout: TypeAlias = dict[ProfileName, MigCount]
 
 
-def _conflict(field: str, detail: str, allowed: str) -> PydanticCustomError:
-    ctx = {"field": field, "detail": detail, "allowed": allowed}
-    return PydanticCustomError("flexgpu_conflict", "{detail}", ctx)
-
-
 # --------------------------------------------------------------------------- models
-
-
-class _Strict(BaseModel):
-    # As in driver.opaque_config: JSON types only, unknown fields rejected, JSON field names.
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        frozen=True,
-        field_title_generator=lambda name, _info: name,
-    )
 
 
 _VALUES_RULE: Final = (
@@ -278,7 +262,7 @@ _VALUES_RULE: Final = (
 )
 
 
-class LabelSelectorRequirement(_Strict):
+class LabelSelectorRequirement(StrictModel):
     """A label selector requirement, as in Kubernetes' metav1.LabelSelector."""
 
     model_config = ConfigDict(
@@ -307,9 +291,9 @@ class LabelSelectorRequirement(_Strict):
         wants = self.operator in (SelectorOperator.IN, SelectorOperator.NOT_IN)
         allowed = "a non-empty list with operators In and NotIn, none with Exists and DoesNotExist"
         if wants and not listed:
-            raise _conflict("values", f"missing with operator {self.operator.value}", allowed)
+            raise conflict("values", f"missing with operator {self.operator.value}", allowed)
         if listed and not wants:
-            raise _conflict("values", f"not allowed with operator {self.operator.value}", allowed)
+            raise conflict("values", f"not allowed with operator {self.operator.value}", allowed)
         return self
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -322,7 +306,7 @@ class LabelSelectorRequirement(_Strict):
         return inside if self.operator is SelectorOperator.IN else not inside
 
 
-class LabelSelector(_Strict):
+class LabelSelector(StrictModel):
     """Which nodes the policy covers. All requirements must hold; an empty selector selects
     every node."""
 
@@ -343,7 +327,7 @@ class LabelSelector(_Strict):
 _ONE_SELECTOR: Final = "exactly one of productName, indices, all: true"
 
 
-class GpuSelector(_Strict):
+class GpuSelector(StrictModel):
     """Which GPUs of a node an entry covers: exactly one of productName, indices, all."""
 
     model_config = ConfigDict(
@@ -387,10 +371,10 @@ class GpuSelector(_Strict):
             if value is not None
         ]
         if not given:
-            raise _conflict("", "empty is not allowed", _ONE_SELECTOR)
+            raise conflict("", "empty is not allowed", _ONE_SELECTOR)
         if len(given) > 1:
             both = " and ".join(given) if len(given) == 2 else "productName, indices and all"
-            raise _conflict("", f"{both} together are not allowed", _ONE_SELECTOR)
+            raise conflict("", f"{both} together are not allowed", _ONE_SELECTOR)
         return self
 
     def selects(self, gpu: GpuInfo) -> bool:
@@ -405,7 +389,7 @@ class GpuSelector(_Strict):
 _LAYOUT_ALLOWED: Final = 'a map of MIG profile name to count, e.g. {"1g.10gb": 7}'
 
 
-class GpuSelection(_Strict):
+class GpuSelection(StrictModel):
     """A mode for the GPUs the selector picks. Later entries override earlier ones."""
 
     model_config = ConfigDict(
@@ -431,15 +415,15 @@ class GpuSelection(_Strict):
     @model_validator(mode="after")
     def _layout_with_mig(self) -> GpuSelection:
         if self.mode is GpuMode.MIG and self.migLayout is None:
-            raise _conflict("migLayout", "missing", f"required with mode MIG, {_LAYOUT_ALLOWED}")
+            raise conflict("migLayout", "missing", f"required with mode MIG, {_LAYOUT_ALLOWED}")
         if self.mode is not GpuMode.MIG and self.migLayout is not None:
-            raise _conflict(
+            raise conflict(
                 "migLayout", f"not allowed with mode {self.mode.value}", "only with mode MIG"
             )
         return self
 
 
-class HealthSpec(_Strict):
+class HealthSpec(StrictModel):
     """Health monitoring of the covered nodes' GPUs."""
 
     ignoredXids: (
@@ -452,7 +436,7 @@ class HealthSpec(_Strict):
     )
 
 
-class GpuNodePolicySpec(_Strict):
+class GpuNodePolicySpec(StrictModel):
     """How the GPUs of the selected nodes are offered."""
 
     nodeSelector: LabelSelector = Field(
@@ -479,7 +463,7 @@ class GpuNodePolicySpec(_Strict):
     health: HealthSpec | None = None
 
 
-class Condition(_Strict):
+class Condition(StrictModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
     type: str = Field(min_length=1, max_length=316, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")
@@ -492,7 +476,7 @@ class Condition(_Strict):
     observedGeneration: int | None = Field(default=None, ge=0)
 
 
-class GpuStatus(_Strict):
+class GpuStatus(StrictModel):
     """One GPU of a node under the policy."""
 
     mode: Mode = Field(description="The mode the policy gives this GPU")
@@ -504,7 +488,7 @@ class GpuStatus(_Strict):
     message: str = Field(default="", max_length=32768)
 
 
-class NodeStatus(_Strict):
+class NodeStatus(StrictModel):
     """What one node's plugin made of the policy."""
 
     observedGeneration: int | None = Field(
@@ -519,7 +503,7 @@ class NodeStatus(_Strict):
     )
 
 
-class GpuNodePolicyStatus(_Strict):
+class GpuNodePolicyStatus(StrictModel):
     """Written by the controller (conditions, matchedNodes) and by each node's plugin
     (its own entry of nodes)."""
 
@@ -550,7 +534,7 @@ class PolicyMetadata(BaseModel):
     deletionTimestamp: str | None = None
 
 
-class GpuNodePolicy(_Strict):
+class GpuNodePolicy(StrictModel):
     """Per-node GPU configuration (cluster-scoped)."""
 
     apiVersion: Literal["flexgpu.dev/v1alpha1"] = "flexgpu.dev/v1alpha1"
@@ -568,28 +552,14 @@ class GpuNodePolicy(_Strict):
 
 
 @dataclass(frozen=True)
-class PolicyProblem:
+class PolicyProblem(Problem):
     """One reason an object is not a valid policy: ``path`` holds field names, list indices
     and map keys from the object's root; ``detail`` is the text after the path."""
 
-    path: tuple[object, ...]
-    detail: str
 
-    def render(self) -> str:
-        name = _join_path(self.path) or "object"
-        return _printable(f"{name}: {self.detail}")
-
-
-class NodePolicyError(ValueError):
+class NodePolicyError(ProblemsError[PolicyProblem]):
     """The object is not a valid GpuNodePolicy. ``problems`` holds one text per problem (at
     most ``MAX_PROBLEMS``, then a count of the rest); ``details`` the same, structured."""
-
-    def __init__(self, details: Sequence[PolicyProblem]) -> None:
-        self.details = list(details[:MAX_PROBLEMS])
-        self.problems = [problem.render() for problem in self.details]
-        if len(details) > MAX_PROBLEMS:
-            self.problems.append(f"... and {len(details) - MAX_PROBLEMS} more problems")
-        super().__init__("; ".join(self.problems))
 
 
 # --------------------------------------------------------------------------- parsing
@@ -615,12 +585,12 @@ _CONDITION: Final = {
 }
 
 
-def _condition_paths(prefix: tuple[str, ...]) -> dict[tuple[str, ...], str]:
+def _condition_paths(prefix: tuple[str, ...]) -> dict[Pattern, str]:
     return {(*prefix, "*", *key): text for key, text in _CONDITION.items()}
 
 
 _NODE: Final = ("status", "nodes", "*")
-_ALLOWED: Final[dict[tuple[str, ...], str]] = {
+_ALLOWED: Final[dict[Pattern, str]] = {
     ("apiVersion",): API_VERSION,
     ("kind",): KIND,
     ("metadata",): "an object with the policy's name",
@@ -666,24 +636,29 @@ _ALLOWED: Final[dict[tuple[str, ...], str]] = {
     **_condition_paths(("status", "conditions")),
     **_condition_paths((*_NODE, "conditions")),
     # spec.sharing is the opaque config's GpuSharing: same texts.
-    **{("spec", *key): text for key, text in _OPAQUE_ALLOWED.items() if key[0] == "sharing"},
+    **nested(("spec", "sharing"), SHARING_ALLOWED),
 }
 # What a map's keys allow, by the map's path.
-_KEYS_ALLOWED: Final[dict[tuple[str, ...], str]] = {
+_KEYS_ALLOWED: Final[dict[Pattern, str]] = {
     ("spec", "nodeSelector", "matchLabels"): _LABEL_KEY_ALLOWED,
     ("spec", "gpus", "*", "migLayout"): _PROFILE_ALLOWED,
     (*_NODE, "gpus", "*", "migLayout"): _PROFILE_ALLOWED,
-    ("spec", "sharing", "mpsConfig", "defaultPerDevicePinnedMemoryLimit"): _DEVICE_KEY_ALLOWED,
+    **nested(("spec", "sharing"), SHARING_KEYS_ALLOWED),
 }
+_RULES: Final = MessageRules(
+    model=GpuNodePolicy,
+    allowed=_ALLOWED,
+    fallback=f"see the {KIND} CRD schema",
+    keys_allowed=_KEYS_ALLOWED,
+)
 
 
 def parse_node_policy(obj: Mapping[str, Any]) -> GpuNodePolicy:
     """Validate a GpuNodePolicy object (decoded JSON, as the API returns it or a manifest holds
     it) into the model. Raises ``NodePolicyError`` listing every problem, and nothing else."""
-    data = _plain_copy(obj, 0)
+    data = plain_copy(obj)
     if not isinstance(data, dict):
-        detail = f"{show_value(data)} is not allowed; allowed: {_ROOT_ALLOWED}"
-        raise NodePolicyError([PolicyProblem((), detail)])
+        raise NodePolicyError([PolicyProblem((), value_detail(data, _ROOT_ALLOWED))])
     problems: list[PolicyProblem] = []
     if "apiVersion" not in data:
         problems.append(PolicyProblem(("apiVersion",), f"missing; allowed: {API_VERSION}"))
@@ -692,160 +667,10 @@ def parse_node_policy(obj: Mapping[str, Any]) -> GpuNodePolicy:
     try:
         policy = GpuNodePolicy.model_validate(data)
     except ValidationError as error:
-        problems += [_translate(entry) for entry in error.errors()]
+        problems += [translate(_RULES, entry, PolicyProblem) for entry in error.errors()]
     if problems:
-        raise NodePolicyError(_sorted(problems))
+        raise NodePolicyError(problems)
     return policy
-
-
-def _sorted(problems: list[PolicyProblem]) -> list[PolicyProblem]:
-    # pydantic reports in field order already; keep it, just drop exact repeats.
-    seen: set[tuple[tuple[object, ...], str]] = set()
-    out = []
-    for problem in problems:
-        key = (tuple(repr(p) for p in problem.path), problem.detail)
-        if key not in seen:
-            seen.add(key)
-            out.append(problem)
-    return out
-
-
-def _translate(entry: Mapping[str, Any]) -> PolicyProblem:
-    loc = _mark_keys(tuple(entry["loc"]))
-    error_type = entry["type"]
-    ctx = entry.get("ctx") or {}
-    if error_type == "extra_forbidden":
-        parent = _type_at(loc[:-1])
-        fields = (
-            ", ".join(parent.model_fields)
-            if isinstance(parent, type) and issubclass(parent, BaseModel)
-            else ""
-        )
-        return PolicyProblem(loc, f"unknown field; allowed: {fields}")
-    if loc and loc[-1] == "[key]":
-        allowed = _KEYS_ALLOWED.get(_pattern(loc[:-2]), "a string")
-        return PolicyProblem(
-            loc[:-2], f"key {show_value(loc[-2])} is not allowed; allowed: {allowed}"
-        )
-    if error_type == "flexgpu_conflict":
-        path = loc + ((ctx["field"],) if ctx["field"] else ())
-        return PolicyProblem(path, f"{ctx['detail']}; allowed: {ctx['allowed']}")
-    allowed = _allowed(loc)
-    if error_type == "missing":
-        return PolicyProblem(loc, f"missing; allowed: {allowed}")
-    reason = ctx.get("reason", "") if error_type == "flexgpu_value" else ""
-    because = f" ({reason})" if reason else ""
-    value = show_value(entry.get("input"))
-    return PolicyProblem(loc, f"{value} is not allowed{because}; allowed: {allowed}")
-
-
-def _unwrap(annotation: object) -> object:
-    """The type inside Annotated[...] and X | None."""
-    while True:
-        origin = get_origin(annotation)
-        if origin is Annotated:
-            annotation = get_args(annotation)[0]
-        elif origin in (Union, UnionType):
-            members = [arg for arg in get_args(annotation) if arg is not NoneType]
-            if len(members) != 1:
-                return annotation
-            annotation = members[0]
-        else:
-            return annotation
-
-
-def _walk(loc: Sequence[object]) -> tuple[tuple[str, ...], object]:
-    """The path with list indices and map keys as "*", and the type found there (None when
-    the path leaves the model)."""
-    current: object = GpuNodePolicy
-    pattern: list[str] = []
-    for segment in loc:
-        current = _unwrap(current)
-        origin = get_origin(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            info = current.model_fields.get(segment) if isinstance(segment, str) else None
-            if info is None:
-                return (*pattern, str(segment)), None
-            pattern.append(str(segment))
-            current = info.annotation
-        elif origin is dict:
-            pattern.append("*")
-            current = get_args(current)[1]
-        elif origin is list:
-            pattern.append("*")
-            current = get_args(current)[0]
-        else:
-            return (*pattern, str(segment)), None
-    return tuple(pattern), _unwrap(current)
-
-
-class MapKey(str):
-    """A map key in a problem's path: always shown in brackets, ``migLayout["1g.10gb"]``."""
-
-    __slots__ = ()
-
-
-def _mark_keys(loc: Sequence[object]) -> tuple[object, ...]:
-    """``loc`` with the segments that are map keys as ``MapKey``."""
-    current: object = GpuNodePolicy
-    out: list[object] = []
-    for position, segment in enumerate(loc):
-        current = _unwrap(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            info = current.model_fields.get(segment) if isinstance(segment, str) else None
-            if info is None:
-                return (*out, *loc[position:])
-            current = info.annotation
-            out.append(segment)
-        elif get_origin(current) is dict and isinstance(segment, str):
-            current = get_args(current)[1]
-            out.append(MapKey(segment))
-        elif get_origin(current) is list:
-            current = get_args(current)[0]
-            out.append(segment)
-        else:
-            return (*out, *loc[position:])
-    return tuple(out)
-
-
-def _pattern(loc: Sequence[object]) -> tuple[str, ...]:
-    return _walk(loc)[0]
-
-
-def _type_at(loc: Sequence[object]) -> object:
-    return _walk(loc)[1]
-
-
-def _allowed(loc: Sequence[object]) -> str:
-    pattern, found = _walk(loc)
-    if pattern in _ALLOWED:
-        return _ALLOWED[pattern]
-    if isinstance(found, type) and issubclass(found, BaseModel):
-        return "an object with fields " + ", ".join(found.model_fields)
-    return f"see the {KIND} CRD schema"
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _join_path(path: Sequence[object]) -> str:
-    out = ""
-    for segment in path:
-        if isinstance(segment, int) and not isinstance(segment, bool):
-            out += f"[{segment}]"
-        elif (
-            isinstance(segment, str)
-            and not isinstance(segment, MapKey)
-            and _IDENTIFIER.fullmatch(segment)
-        ):
-            out += f".{segment}" if out else segment
-        else:
-            out += f"[{show_value(segment)}]"
-    return out
-
-
-def _printable(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --------------------------------------------------------------------------- choosing

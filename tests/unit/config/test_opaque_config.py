@@ -227,6 +227,12 @@ BAD: list[tuple[str, object, list[str]]] = [
         ],
     ),
     (
+        # A map key is shown in brackets even when it looks like a field name.
+        "per-device: bad value under a key that looks like a field",
+        mps(defaultPerDevicePinnedMemoryLimit={"gpu0": "-1"}),
+        [f'{PER}["gpu0"]: "-1" is not allowed; allowed: {QTY}'],
+    ),
+    (
         "per-device: not an object",
         mps(defaultPerDevicePinnedMemoryLimit=["1Gi"]),
         [

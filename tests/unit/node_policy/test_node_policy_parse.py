@@ -353,6 +353,26 @@ def test_top_level_rejections() -> None:
     ]
 
 
+def test_a_key_that_is_not_a_string_is_an_unknown_field() -> None:
+    # Python callers can pass such a dict; it gets the same text as in opaque config.
+    with pytest.raises(NodePolicyError) as caught:
+        parse_node_policy({**manifest("a"), 1: 2})
+    assert caught.value.problems == [
+        "[1]: unknown field; allowed: apiVersion, kind, metadata, spec, status"
+    ]
+
+
+def test_sharing_block_problems_read_as_in_opaque_config() -> None:
+    # spec.sharing is a GpuSharing: same paths and texts as in a claim's GpuConfig, with map
+    # keys in brackets even when they look like field names.
+    per_device = {"gpu0": "-1"}
+    sharing = {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": per_device}}
+    assert _problems(sharing=sharing) == [
+        'spec.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit["gpu0"]: "-1" is not allowed; '
+        'allowed: a Kubernetes quantity of whole bytes greater than 0, e.g. "10Gi"'
+    ]
+
+
 @pytest.mark.parametrize("obj", [[1], "x", None, 3])
 def test_not_an_object(obj: Any) -> None:
     with pytest.raises(NodePolicyError) as caught:
