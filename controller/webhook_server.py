@@ -25,18 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import tempfile
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp.web
 import kopf
 from kopf._cogs.structs.reviews import Request, Response
-from kopf._core.engines.admission import UnknownResourceError
+from kopf._core.engines.admission import UnknownResourceError, WebhookError
 
 from controller.admission import answer_admission_review
+from controller.admission_review import Refusal, parse_review
 from controller.webhook_config import (
     CONFIGURATION_NAME,
     DEFAULT_NAMESPACE_SELECTOR,
@@ -53,6 +57,7 @@ from controller.webhook_tls import (
     service_hostnames,
     write_cert_dir,
 )
+from driver.user_text import shorten
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +97,16 @@ class WebhookOptions:
 
     @property
     def target(self) -> ClientTarget:
+        return self.target_at(self.port)
+
+    def target_at(self, port: int) -> ClientTarget:
+        """The target when the server listens on ``port`` (``port`` 0 asks for any free
+        port; the configuration must then name the one actually bound)."""
         if self.service is not None:
             return self.service
         host = self.reach_host
         shown = f"[{host}]" if ":" in host else host
-        return f"https://{shown}:{self.port}"
+        return f"https://{shown}:{port}"
 
     @property
     def reach_host(self) -> str:
@@ -119,6 +129,8 @@ class FlexgpuWebhookServer:
         self._bundle: CertBundle | None = None
         self._files: CertFiles | None = None
         self._tempdir: tempfile.TemporaryDirectory[str] | None = None
+        # The port actually listened on: options.port, or the one bound for port 0.
+        self.bound_port: int | None = None
 
     # -- certificates -------------------------------------------------------------------
 
@@ -151,8 +163,9 @@ class FlexgpuWebhookServer:
         """Blocking: create or update the ValidatingWebhookConfiguration."""
         if not self.options.manage_configuration:
             return
+        port = self.bound_port if self.bound_port is not None else self.options.port
         body = build_webhook_configuration(
-            self.options.target,
+            self.options.target_at(port),
             ca_bundle,
             name=self.options.configuration_name,
             namespace_selector=self.options.namespace_selector,
@@ -186,7 +199,7 @@ class FlexgpuWebhookServer:
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         files = await asyncio.to_thread(self.load_certificates)
-        inner = kopf.WebhookServer(
+        inner = GuardedWebhookServer(
             addr=self.options.listen_addr or None,
             port=self.options.port,
             host=self.options.reach_host,
@@ -200,6 +213,8 @@ class FlexgpuWebhookServer:
             resync = asyncio.create_task(self._resync_forever())
         try:
             async for client_config in inner(with_discovery_fallback(fn)):
+                # kopf's URL carries the port it bound (a free one when options.port is 0).
+                self.bound_port = urllib.parse.urlsplit(client_config["url"]).port
                 if self.options.cert_dir is not None:
                     # Mounted certs were renewed (kopf restarted on the change): re-read ca.crt.
                     files = await asyncio.to_thread(read_cert_dir, self.options.cert_dir)
@@ -208,8 +223,8 @@ class FlexgpuWebhookServer:
                 logger.info(
                     "admission webhook serving on %s:%s, reached at %s",
                     self.options.listen_addr,
-                    self.options.port,
-                    self.options.target,
+                    self.bound_port,
+                    self.options.target_at(self.bound_port or self.options.port),
                 )
                 yield client_config
         finally:
@@ -220,6 +235,44 @@ class FlexgpuWebhookServer:
             if self._tempdir is not None:
                 self._tempdir.cleanup()
                 self._tempdir = None
+
+
+def _refuse(refusal: Refusal) -> aiohttp.web.Response:
+    return aiohttp.web.Response(status=refusal.status, text=refusal.reason + "\n")
+
+
+class GuardedWebhookServer(kopf.WebhookServer):
+    """kopf's HTTPS webhook server, answering only well-formed AdmissionReviews at the paths
+    of our handlers (``controller.admission_review``): anything else gets a 4xx with a
+    one-line reason, an unknown path 404, never a default ``allowed: true``; an unexpected
+    failure inside a handler a 500 with a short text (the traceback goes to the log only)."""
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        handler_id = request.match_info.get("id", "")
+        try:
+            raw = await request.read()  # 413 past aiohttp's body limit (1 MiB)
+        except aiohttp.web.HTTPException as error:
+            return _refuse(Refusal(error.status, error.reason))
+        body, refusal = parse_review(raw, handler_id)
+        if refusal is not None or body is None:
+            return _refuse(refusal or Refusal(400, "no AdmissionReview"))
+        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+        try:
+            response = await fn(
+                cast(Request, body),
+                webhook=handler_id,
+                headers=dict(request.headers),
+                sslpeer=sslpeer,
+            )
+        except UnknownResourceError as error:
+            return _refuse(Refusal(404, shorten(str(error))))
+        except WebhookError as error:
+            return _refuse(Refusal(400, shorten(str(error))))
+        except Exception:
+            logger.exception("admission request %s failed", body["request"]["uid"][:64])
+            return _refuse(Refusal(500, "internal error in the admission webhook"))
+        return aiohttp.web.json_response(response, dumps=json.dumps)
 
 
 def with_discovery_fallback(fn: kopf.WebhookFn) -> kopf.WebhookFn:

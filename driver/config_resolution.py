@@ -29,7 +29,8 @@ and NVIDIA's DRA driver (``GetOpaqueDeviceConfigs`` and ``prepareDevices``):
 5. If no entry applies, the device gets the default of its kind (sharing ``Exclusive``).
 
 Every entry for this driver is parsed, whether it applies to a prepared device or not: a config
-that does not parse is a user error to report, as NVIDIA's driver does.
+that does not parse is a user error to report, as NVIDIA's driver does. So is a valid config
+this driver cannot carry out yet (``driver.config_support``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal, TypeAlias, get_args
 
+from driver.config_support import unsupported_settings
 from driver.names import DRIVER_NAME
 from driver.opaque_config import (
     ROOT_ALLOWED,
@@ -49,6 +51,7 @@ from driver.opaque_config import (
     parse_opaque_config,
     show_value,
 )
+from driver.user_text import shorten
 
 DeviceType: TypeAlias = Literal["gpu", "mig", "shared"]
 DEVICE_TYPES: Final[tuple[DeviceType, ...]] = get_args(DeviceType)
@@ -151,8 +154,8 @@ def wrong_kind_message(
     """``request "gpu": MigConfig cannot configure a whole GPU (gpu-0); use GpuConfig``, with
     `` (config[1] from the claim)`` appended when ``origin`` is given."""
     wanted = default_config(device_type).kind
-    device = _DEVICE_WORDS[device_type] + (f" ({device_name})" if device_name else "")
-    text = f'request "{request}": {config.kind} cannot configure {device}; use {wanted}'
+    device = _DEVICE_WORDS[device_type] + (f" ({shorten(device_name)})" if device_name else "")
+    text = f'request "{shorten(request)}": {config.kind} cannot configure {device}; use {wanted}'
     return text + (f" ({origin})" if origin else "")
 
 
@@ -256,6 +259,12 @@ def _parse_entries(
             config = parse_opaque_config(opaque["parameters"])
         except OpaqueConfigError as error:
             problems += error.render(f"{where}.opaque.parameters")
+            continue
+        # Valid but beyond what prepare can apply: refused here, where admission and prepare
+        # both pass, so the two cannot disagree.
+        unsupported = unsupported_settings(config)
+        if unsupported:
+            problems += OpaqueConfigError(unsupported).render(f"{where}.opaque.parameters")
             continue
         if entry_source is not None and requests is not None:
             entries.append(ConfigEntry(index, entry_source, requests, config))

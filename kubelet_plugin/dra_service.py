@@ -8,11 +8,13 @@ become per-claim errors, because a gRPC error would make the kubelet drop the wh
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import grpc
 
+from driver.user_text import shorten
 from kubelet_plugin import grpc_handlers as h
 from kubelet_plugin.claims import (
     ClaimPreparer,
@@ -29,12 +31,52 @@ log = logging.getLogger(__name__)
 MISSING_RESULT = "the driver returned no result for this claim"
 
 
+# What the kubelet can send for a real claim: the apiserver's own rules for the names.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAMESPACE = re.compile(_DNS_LABEL)
+_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_UID = re.compile(r"[0-9A-Za-z-]+")
+# (field, pattern, most characters, what is allowed)
+_CLAIM_FIELDS: tuple[tuple[str, re.Pattern[str], int, str], ...] = (
+    ("namespace", _NAMESPACE, 63, "a namespace name (a DNS label of 1-63 characters)"),
+    ("name", _NAME, 253, "a ResourceClaim name (a DNS subdomain of 1-253 characters)"),
+    ("uid", _UID, 128, "a ResourceClaim UID (1-128 letters, digits and dashes)"),
+)
+
+
+def claim_problem(claim: v1.Claim) -> str:
+    """Why the kubelet's ``claim`` cannot name a ResourceClaim, or ``""`` when it can. The
+    text names the field, shows the value (shortened) and what is allowed; nothing about the
+    claim is looked up or prepared when it is refused here."""
+    for field, pattern, most, allowed in _CLAIM_FIELDS:
+        value: str = getattr(claim, field)
+        if not value:
+            return f"claim {field}: empty; allowed: {allowed}"
+        if len(value) > most or not pattern.fullmatch(value):
+            return f"claim {field}: {shorten(repr(value))} is not allowed; allowed: {allowed}"
+    return ""
+
+
 def claim_refs(claims: Iterable[v1.Claim]) -> list[ClaimRef]:
     """Request claims as ClaimRefs, first occurrence of each UID only."""
     unique: dict[str, ClaimRef] = {}
     for claim in claims:
         unique.setdefault(claim.uid, ClaimRef(claim.namespace, claim.name, claim.uid))
     return list(unique.values())
+
+
+def _split(claims: Iterable[v1.Claim]) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The well-formed claims (first occurrence of each UID), and the refusal of each
+    malformed one keyed by its UID as sent (the response map's key)."""
+    refused: dict[str, str] = {}
+    good: list[v1.Claim] = []
+    for claim in claims:
+        problem = claim_problem(claim)
+        if problem:
+            refused.setdefault(claim.uid, problem)
+        else:
+            good.append(claim)
+    return [ref for ref in claim_refs(good) if ref.uid not in refused], refused
 
 
 def _device_message(device: PreparedDevice) -> v1.Device:
@@ -50,7 +92,7 @@ def _device_message(device: PreparedDevice) -> v1.Device:
 
 
 def _describe(claim: ClaimRef) -> str:
-    return f"{claim.namespace}/{claim.name} ({claim.uid})"
+    return shorten(f"{claim.namespace}/{claim.name} ({claim.uid})")
 
 
 class DRAService:
@@ -62,8 +104,11 @@ class DRAService:
     def node_prepare_resources(
         self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext | None = None
     ) -> v1.NodePrepareResourcesResponse:
-        claims = claim_refs(request.claims)
+        claims, refused = _split(request.claims)
         response = v1.NodePrepareResourcesResponse()
+        for uid, problem in refused.items():
+            log.warning("prepare refused: %s", problem)
+            response.claims[uid].error = problem
         if not claims:  # liveness probes send an empty request
             return response
         results: Mapping[str, PrepareResult]
@@ -93,8 +138,11 @@ class DRAService:
         request: v1.NodeUnprepareResourcesRequest,
         context: grpc.ServicerContext | None = None,
     ) -> v1.NodeUnprepareResourcesResponse:
-        claims = claim_refs(request.claims)
+        claims, refused = _split(request.claims)
         response = v1.NodeUnprepareResourcesResponse()
+        for uid, problem in refused.items():
+            log.warning("unprepare refused: %s", problem)
+            response.claims[uid].error = problem
         if not claims:
             return response
         results: Mapping[str, UnprepareResult]

@@ -12,6 +12,7 @@ from driver.config_resolution import ConfigResolutionError, resolve_configs
 from driver.gpu_model import MpsDaemon, TimeSliceInterval
 from driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
 from driver.quantity import QuantityError, parse_quantity
+from driver.user_text import shorten
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
 from kubelet_plugin.node_devices import NodeDevices
 
@@ -45,7 +46,7 @@ def plan_sharing(
     try:
         resolved = resolve_configs(list(claim.configs), sorted({d.request for d in ours}))
     except (ConfigResolutionError, OpaqueConfigError) as err:
-        raise SharingError(f"claim {claim.namespace}/{claim.name}: {err}") from None
+        raise SharingError(f"claim {_claim_name(claim)}: {err}") from None
     plan = SharingPlan()
     clients: list[MpsClient] = []
     for allocated in ours:
@@ -58,12 +59,8 @@ def plan_sharing(
         except ConfigResolutionError as err:
             raise SharingError(str(err)) from None
         if isinstance(config, MigConfig):
-            if config.effective_sharing.strategy != SharingStrategy.EXCLUSIVE:
-                raise SharingError(
-                    f'request "{allocated.request}": sharing.strategy '
-                    f"{config.effective_sharing.strategy} on a MIG device ({allocated.device}) "
-                    "is not supported yet; allowed: Exclusive"
-                )
+            # Exclusive is all a MIG device supports yet; resolve_configs refused the rest
+            # (driver.config_support), exactly as admission does.
             continue
         sharing = config.effective_sharing
         if kind == "shared":
@@ -81,13 +78,17 @@ def plan_sharing(
     if len(gpus) > 1:
         names = ", ".join(f"gpu-{i}" for i in gpus)
         raise SharingError(
-            f"claim {claim.namespace}/{claim.name} uses MPS on {names}; a container talks to "
+            f"claim {_claim_name(claim)} uses MPS on {names}; a container talks to "
             "one MPS daemon, so MPS sharing serves one GPU per claim: request one GPU per "
             "claim, or use strategy Exclusive or TimeSlicing"
         )
     if clients:
         plan.mps = _merge(clients)
     return plan
+
+
+def _claim_name(claim: ClaimView) -> str:
+    return shorten(f"{claim.namespace}/{claim.name}")
 
 
 def _share_client(

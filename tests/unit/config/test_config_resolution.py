@@ -144,26 +144,38 @@ def test_other_drivers_and_unknown_config_types_are_ignored() -> None:
 
 
 def test_blanket_config_of_the_wrong_kind_is_skipped() -> None:
-    # One claim, a GPU request and a MIG request, one blanket config of each kind.
+    # One claim, a GPU request and a MIG request, one blanket config of each kind. (A MIG
+    # device supports only Exclusive so far: an explicit Exclusive tells it from the default.)
+    explicit_mig = parse_opaque_config(params("MigConfig", "Exclusive"))
+    assert explicit_mig != MigConfig()
     configs = [
-        entry(params("MigConfig", "MPS")),
+        entry(params("MigConfig", "Exclusive")),
         entry(params("GpuConfig", "TimeSlicing")),
     ]
     resolved = resolve_configs(configs, ["gpu", "mig"])
     assert resolved["gpu"].for_device("gpu", "gpu-0").kind == "GpuConfig"
-    assert resolved["mig"].for_device("mig", "gpu-1-mig-1g10gb-0").kind == "MigConfig"
-    assert strategy_for(configs, "mig", "mig") == "MPS"
+    assert resolved["mig"].for_device("mig", "gpu-1-mig-1g10gb-0") == explicit_mig
     # A blanket GpuConfig from the claim does not hide the MIG class's config.
     configs = [
-        entry(params("MigConfig", "TimeSlicing"), "mig", source="FromClass"),
+        entry(params("MigConfig", "Exclusive"), "mig", source="FromClass"),
         entry(params("GpuConfig", "MPS")),
     ]
-    assert strategy_for(configs, "mig", "mig") == "TimeSlicing"
+    assert resolve_configs(configs, ["mig"])["mig"].for_device("mig", "dev-0") == explicit_mig
     # Nothing fitting: the default of the device's kind.
     assert (
         resolve_configs([entry(params("MigConfig"))], ["gpu"])["gpu"].for_device("gpu", "gpu-0")
         == GpuConfig()
     )
+
+
+def test_sharing_a_mig_device_is_refused_until_supported() -> None:
+    for strategy in ("TimeSlicing", "MPS"):
+        with pytest.raises(ConfigResolutionError) as caught:
+            resolve_configs([entry(params("MigConfig", strategy))], ["mig"])
+        assert caught.value.problems == [
+            f'config[0].opaque.parameters.sharing.strategy: "{strategy}" is not supported on '
+            "MIG devices yet; allowed: Exclusive"
+        ]
 
 
 def test_scoped_config_of_the_wrong_kind_is_an_error() -> None:

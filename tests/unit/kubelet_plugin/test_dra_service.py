@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import grpc
+import pytest
 from plugin_fakes import MemoryPreparer
 
 from kubelet_plugin.claims import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
@@ -114,3 +115,41 @@ def test_v1beta1_serialiser_drops_share_id_only() -> None:
     assert list(parsed.claims["u"].devices[0].cdi_device_ids) == ["x=y"]
     # Nothing of share_id (field 5) is left on the wire for a v1beta1 kubelet.
     assert v1.NodePrepareResourcesResponse.FromString(data).claims["u"].devices[0].share_id == ""
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        (
+            v1.Claim(namespace="ns", name="", uid="u1"),
+            "claim name: empty; allowed: a ResourceClaim",
+        ),
+        (v1.Claim(namespace="", name="a", uid="u1"), "claim namespace: empty; allowed: a namesp"),
+        (v1.Claim(namespace="ns", name="a", uid=""), "claim uid: empty; allowed: a ResourceClaim"),
+        (v1.Claim(namespace="ns", name="A/b", uid="u1"), "claim name: 'A/b' is not allowed"),
+        (v1.Claim(namespace="n" * 64, name="a", uid="u1"), "claim namespace: 'nnn"),
+    ],
+)
+def test_malformed_claims_are_refused_by_field_and_never_reach_the_preparer(
+    claim: v1.Claim, message: str
+) -> None:
+    preparer = MemoryPreparer()
+    service = DRAService(preparer)
+    good = _claim("ok")
+    prepared = service.node_prepare_resources(v1.NodePrepareResourcesRequest(claims=[claim, good]))
+    assert prepared.claims[claim.uid].error.startswith(message)
+    assert not prepared.claims[claim.uid].devices
+    assert prepared.claims["uid-ok"].error == ""
+    unprepared = service.node_unprepare_resources(v1.NodeUnprepareResourcesRequest(claims=[claim]))
+    assert unprepared.claims[claim.uid].error.startswith(message)
+    assert preparer.calls == [("prepare", ["uid-ok"])]
+
+
+def test_a_huge_claim_name_is_echoed_shortened_with_its_length() -> None:
+    name = "a" * 1_000_000
+    response = DRAService(MemoryPreparer()).node_prepare_resources(
+        v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="ns", name=name, uid="u1")])
+    )
+    error = response.claims["u1"].error
+    assert error.startswith("claim name: 'aaaa") and "(1000002 characters)" in error
+    assert len(error) < 300

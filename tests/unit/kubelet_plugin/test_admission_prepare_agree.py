@@ -1,0 +1,156 @@
+"""Admission and prepare give the same verdict, with the same text, for the same config.
+
+Each row is one opaque config on a request of one of our DeviceClasses. It goes through the
+admission webhook's check of a ResourceClaim (``controller.admission``) and through the kubelet
+plugin's prepare of a claim allocated a device of that class (``ClaimPreparerImpl``). A config
+admission lets through must prepare, and one prepare refuses must already be refused at
+creation, with the same message (its path starts at ``spec.devices.config`` in the object and
+at ``config`` in the allocation result; the rest is identical).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.admission import validate_resource_claim
+from driver.names import DRIVER_NAME, GPU_DEVICE_CLASS, MIG_DEVICE_CLASS
+from driver.sim_backend import SimulatedBackend
+from kubelet_plugin.checkpoint import CheckpointStore
+from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.node_devices import NodeDevices
+from kubelet_plugin.prepare_lock import PrepareLock
+from kubelet_plugin.preparer import ClaimPreparerImpl
+
+NODE = "node-a"
+API = "gpu.flexgpu.dev/v1alpha1"
+# A device of each class on the simulated node: GPU 0 is carved up on demand, GPU 1 is whole.
+DEVICE_OF_CLASS = {GPU_DEVICE_CLASS: "gpu-1", MIG_DEVICE_CLASS: "gpu-0-mig-1g10gb-0"}
+
+
+def mig(sharing: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "MigConfig", **({"sharing": sharing} if sharing else {})}
+
+
+def gpu(sharing: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "GpuConfig", **({"sharing": sharing} if sharing else {})}
+
+
+# (device class, opaque parameters, refused?)
+TABLE: list[tuple[str, object, bool]] = [
+    (MIG_DEVICE_CLASS, mig(), False),
+    (MIG_DEVICE_CLASS, mig({"strategy": "Exclusive"}), False),
+    (MIG_DEVICE_CLASS, mig({"strategy": "TimeSlicing"}), True),
+    (MIG_DEVICE_CLASS, mig({"strategy": "MPS"}), True),
+    (
+        MIG_DEVICE_CLASS,
+        mig({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
+        True,
+    ),
+    (MIG_DEVICE_CLASS, mig({"strategy": "Shared"}), True),
+    (MIG_DEVICE_CLASS, mig({"strategy": "Exclusive", "extra": 1}), True),
+    (GPU_DEVICE_CLASS, gpu(), False),
+    (
+        GPU_DEVICE_CLASS,
+        gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+        False,
+    ),
+    (
+        GPU_DEVICE_CLASS,
+        gpu({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}}),
+        False,
+    ),
+    (GPU_DEVICE_CLASS, gpu({"strategy": "MPS", "timeSlicingConfig": {}}), True),
+    (
+        GPU_DEVICE_CLASS,
+        gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Soon"}}),
+        True,
+    ),
+    (GPU_DEVICE_CLASS, {"apiVersion": "v9", "kind": "GpuConfig"}, True),
+    (GPU_DEVICE_CLASS, [1, 2], True),
+]
+
+
+def admission_problems(device_class: str, parameters: object) -> list[str]:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
+                "config": [
+                    {
+                        "requests": ["gpu"],
+                        "opaque": {"driver": DRIVER_NAME, "parameters": parameters},
+                    }
+                ],
+            }
+        },
+    }
+    return validate_resource_claim(claim)
+
+
+class _OneClaim:
+    def __init__(self, view: ClaimView) -> None:
+        self.view = view
+
+    def get(self, namespace: str, name: str) -> ClaimView | None:
+        return self.view if (namespace, name) == (self.view.namespace, self.view.name) else None
+
+
+def prepare_error(tmp_path: Path, device_class: str, parameters: object) -> str:
+    backend = SimulatedBackend.from_topology("hgx-h100-8", NODE, state_path=tmp_path / "gpus.json")
+    device = AllocatedDevice("gpu", DRIVER_NAME, NODE, DEVICE_OF_CLASS[device_class])
+    entry = {
+        "source": "FromClaim",
+        "requests": ["gpu"],
+        "opaque": {"driver": DRIVER_NAME, "parameters": parameters},
+    }
+    view = ClaimView("uid-c", "ns", "c", True, (device,), (entry,))
+    preparer = ClaimPreparerImpl(
+        node_name=NODE,
+        claims=_OneClaim(view),
+        devices=NodeDevices(backend, dynamic_mig={0}),
+        store=CheckpointStore(tmp_path / "data" / "checkpoint.json"),
+        lock=PrepareLock(tmp_path / "data" / "lock"),
+        cdi_dir=tmp_path / "cdi",
+    )
+    ref = ClaimRef("ns", "c", "uid-c")
+    return preparer.prepare([ref])[ref.uid].error
+
+
+@pytest.mark.parametrize(("device_class", "parameters", "refused"), TABLE)
+def test_admission_and_prepare_agree(
+    tmp_path: Path, device_class: str, parameters: object, refused: bool
+) -> None:
+    problems = admission_problems(device_class, parameters)
+    error = prepare_error(tmp_path, device_class, parameters)
+    assert bool(problems) is refused, problems
+    if not refused:
+        assert error == ""
+        return
+    in_allocation = [p.removeprefix("spec.devices.") for p in problems]
+    assert error == "claim ns/c: " + "; ".join(in_allocation)
+
+
+def test_sharing_on_a_mig_device_is_refused_naming_field_value_and_allowed() -> None:
+    (problem,) = admission_problems(MIG_DEVICE_CLASS, mig({"strategy": "MPS"}))
+    assert problem == (
+        'spec.devices.config[0].opaque.parameters.sharing.strategy: "MPS" is not supported '
+        "on MIG devices yet; allowed: Exclusive"
+    )
+
+
+def test_a_config_of_the_wrong_kind_is_refused_by_both() -> None:
+    # The texts differ here (prepare names the device it was given), the verdict does not.
+    problems = admission_problems(GPU_DEVICE_CLASS, mig())
+    assert len(problems) == 1 and "MigConfig cannot configure a whole GPU" in problems[0]
+
+
+def test_a_config_of_the_wrong_kind_is_refused_by_prepare(tmp_path: Path) -> None:
+    error = prepare_error(tmp_path, GPU_DEVICE_CLASS, mig())
+    assert "MigConfig cannot configure a whole GPU (gpu-1)" in error
