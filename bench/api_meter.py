@@ -93,27 +93,7 @@ class RequestCounter:
 
     def snapshot(self) -> MetricsSnapshot:
         with urllib.request.urlopen(self._url, timeout=10, context=self._ssl) as resp:
-            text = resp.read().decode()
-        by_schema: dict[str, float] = {}
-        by_kind: dict[str, float] = {}
-        for line in text.splitlines():
-            match = _SAMPLE.match(line)
-            if match is None or match["name"] not in (_METRIC, _ALL_REQUESTS):
-                continue
-            labels = dict(_LABEL.findall(match["labels"]))
-            value = float(match["value"])
-            if match["name"] == _METRIC:
-                schema = labels.get("flow_schema", "")
-                by_schema[schema] = by_schema.get(schema, 0.0) + value
-            else:
-                kind = " ".join(
-                    filter(
-                        None,
-                        (labels.get("verb"), labels.get("resource"), labels.get("subresource")),
-                    )
-                )
-                by_kind[kind] = by_kind.get(kind, 0.0) + value
-        return MetricsSnapshot(by_schema, by_kind)
+            return parse_metrics(resp.read().decode())
 
 
 @dataclass(frozen=True)
@@ -127,3 +107,23 @@ class MetricsSnapshot:
     def kinds_since(self, since: MetricsSnapshot) -> dict[str, float]:
         delta = {k: v - since.by_kind.get(k, 0.0) for k, v in self.by_kind.items()}
         return {k: v for k, v in delta.items() if v > 0}
+
+
+def parse_metrics(text: str) -> MetricsSnapshot:
+    """The two request counters from the apiserver's Prometheus text exposition."""
+    by_schema: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] not in {_METRIC, _ALL_REQUESTS}:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        value = float(match["value"])
+        if match["name"] == _METRIC:
+            schema = labels.get("flow_schema", "")
+            by_schema[schema] = by_schema.get(schema, 0.0) + value
+        else:
+            parts = (labels.get("verb"), labels.get("resource"), labels.get("subresource"))
+            kind = " ".join(p for p in parts if p)
+            by_kind[kind] = by_kind.get(kind, 0.0) + value
+    return MetricsSnapshot(by_schema, by_kind)

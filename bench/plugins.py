@@ -33,6 +33,7 @@ class PluginSpec:
     identity: str  # ServiceAccount and FlowSchema name
     argv: tuple[str, ...]
     socket: Path
+    kubelet_dirs: tuple[Path, ...]  # made before exec, as the kubelet has them on a node
     env: dict[str, str] | None = None
 
 
@@ -56,6 +57,7 @@ def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> Plu
             f"--data-dir={root}/data",
         ),
         socket=root / "plugins" / "gpu.flexgpu.dev" / "dra.sock",
+        kubelet_dirs=(root / "reg", root / "plugins"),
     )
 
 
@@ -91,6 +93,7 @@ def example_spec(
             "--kube-api-burst=1000",
         ),
         socket=root / "plugins" / "gpu.example.com" / "dra.sock",
+        kubelet_dirs=(root / "reg", root / "plugins"),
         # Its flags also read environment variables (KUBECONFIG, NODE_NAME, V, ...): none leak in.
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
     )
@@ -179,6 +182,8 @@ class RunningPlugin:
     def start(self, api: Any, node: str) -> StartTimes:
         """Execs the plugin with none of its slices in the API; returns the start-up times."""
         delete_slices(api, self.spec, node)
+        for folder in self.spec.kubelet_dirs:
+            folder.mkdir(parents=True, exist_ok=True)
         self.spec.socket.unlink(missing_ok=True)
         slices = SliceWatch(api, self.spec, node)
         slices.start()
