@@ -2,13 +2,21 @@
 
 The kubelet deletes a driver's slices when it starts and 30 s after the plugin disconnects,
 and anyone with RBAC can edit them, so publishing is a reconcile loop: a watch on our own
-slices wakes it, a periodic resync catches missed events, and API errors back off
-exponentially instead of spinning.
+slices wakes it, a periodic resync catches missed events, and API errors back off instead of
+spinning.
+
+The apiserver can go away (restart, upgrade, network): while it cannot be reached, both loops
+retry every 2 s at most (jittered, so a fleet of nodes does not reconnect in step), and every
+(re)connected watch starts with a list that also wakes a reconcile, so whatever changed while
+nobody watched is repaired within seconds of the server answering again. Errors the server
+answers with (a refused write) back off to 30 s. Every call has a client-side timeout, so no
+dead connection can stall either loop.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 import time
@@ -16,6 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import urllib3
 from kubernetes import client, watch
 
 from driver.names import DRIVER_NAME
@@ -29,6 +38,13 @@ RAPID_WRITES = 10
 RAPID_WINDOW_S = 10.0
 RAPID_PAUSE_S = 5.0
 MAX_BACKOFF_S = 30.0
+# While the server cannot be reached: retry soon, so slices are back seconds after it is.
+FIRST_RETRY_S = 0.2
+UNREACHABLE_RETRY_CAP_S = 2.0
+# (connect, read) seconds for every call: a dead connection fails instead of hanging.
+API_TIMEOUT = (3.0, 20.0)
+# Server-side watch length; the read timeout adds a margin so only a dead stream trips it.
+WATCH_TIMEOUT_S = 20
 
 
 # Fields holding quantities: the server writes them back in canonical form ("40960Mi" comes
@@ -61,6 +77,36 @@ def _same_quantity(a: str, b: str) -> bool:
         return parse_quantity(a).value == parse_quantity(b).value
     except QuantityError:
         return False
+
+
+def unreachable(err: BaseException) -> bool:
+    """True when the error says the server could not be reached or is not serving yet (so
+    retrying soon is right), False when it answered and refused (back off)."""
+    if isinstance(err, client.ApiException):
+        return err.status in (0, None, 408, 429) or err.status >= 500
+    return isinstance(err, urllib3.exceptions.HTTPError | OSError)
+
+
+class Backoff:
+    """Delays between retries: doubling from ``FIRST_RETRY_S``, capped at
+    ``UNREACHABLE_RETRY_CAP_S`` while the server is unreachable and at ``MAX_BACKOFF_S``
+    otherwise, each jittered down by up to half."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+        self._delay = FIRST_RETRY_S
+        self.failures = 0
+
+    def reset(self) -> None:
+        self._delay = FIRST_RETRY_S
+        self.failures = 0
+
+    def next(self, err: BaseException) -> float:
+        cap = UNREACHABLE_RETRY_CAP_S if unreachable(err) else MAX_BACKOFF_S
+        delay = min(self._delay, cap)
+        self._delay = min(self._delay * 2, MAX_BACKOFF_S)
+        self.failures += 1
+        return delay * self._rng.uniform(0.5, 1.0)
 
 
 class SlicePublisher:
@@ -125,7 +171,7 @@ class SlicePublisher:
 
     # -- reconcile ---------------------------------------------------------------------
     def _reconcile_loop(self) -> None:
-        backoff = 0.5
+        backoff = Backoff()
         writes: deque[float] = deque(maxlen=RAPID_WRITES)
         while not self._stop.is_set():
             self._wake.wait(timeout=self._resync_interval_s)
@@ -146,20 +192,22 @@ class SlicePublisher:
                         writes.clear()
                         if self._stop.wait(RAPID_PAUSE_S):
                             return
+                if backoff.failures:
+                    log.info("publishing slices works again after %d failure(s)", backoff.failures)
                 self.last_error = None
-                backoff = 0.5
+                backoff.reset()
             except Exception as err:  # API or network errors: retry, never die
                 self.last_error = str(err)
-                log.warning("publishing slices failed, retrying in %.1fs: %s", backoff, err)
-                if self._stop.wait(backoff):
+                delay = backoff.next(err)
+                log.warning("publishing slices failed, retrying in %.1fs: %s", delay, err)
+                if self._stop.wait(delay):
                     return
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 self._wake.set()
 
     def _counters_in_own_slice(self) -> bool:
         """Kubernetes 1.35 moved shared counters into slices of their own; ask once."""
         if self._own_counter_slices is None:
-            version: Any = client.VersionApi(self._api).get_code()
+            version: Any = client.VersionApi(self._api).get_code(_request_timeout=API_TIMEOUT)
             minor = re.match(r"\d+", str(version.minor))
             self._own_counter_slices = minor is None or int(minor.group()) >= 35
         return self._own_counter_slices
@@ -169,7 +217,9 @@ class SlicePublisher:
 
     def _owner(self) -> dict[str, Any]:
         if self._node_uid is None:
-            node: Any = client.CoreV1Api(self._api).read_node(self.node_name)
+            node: Any = client.CoreV1Api(self._api).read_node(
+                self.node_name, _request_timeout=API_TIMEOUT
+            )
             self._node_uid = str(node.metadata.uid)
         return {
             "apiVersion": "v1",
@@ -179,16 +229,23 @@ class SlicePublisher:
             "controller": True,
         }
 
-    def _list(self) -> list[dict[str, Any]]:
-        result = self._resource.list_resource_slice(
-            field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}"
+    def _selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}"
+
+    def _list_raw(self) -> Any:
+        return self._resource.list_resource_slice(
+            field_selector=self._selector(), _request_timeout=API_TIMEOUT
         )
-        items: list[dict[str, Any]] = self._api.sanitize_for_serialization(result)["items"]
+
+    def _list(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._api.sanitize_for_serialization(self._list_raw())[
+            "items"
+        ]
         return items
 
     def _delete(self, name: str) -> None:
         try:
-            self._resource.delete_resource_slice(name)
+            self._resource.delete_resource_slice(name, _request_timeout=API_TIMEOUT)
         except client.ApiException as err:
             if err.status != 404:
                 raise
@@ -234,10 +291,10 @@ class SlicePublisher:
                 "spec": spec,
             }
             if current is None:
-                self._resource.create_resource_slice(body)
+                self._resource.create_resource_slice(body, _request_timeout=API_TIMEOUT)
             else:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                self._resource.replace_resource_slice(name, body)
+                self._resource.replace_resource_slice(name, body, _request_timeout=API_TIMEOUT)
             wrote = True
         for name in existing.keys() - wanted.keys():
             self._delete(name)
@@ -275,25 +332,52 @@ class SlicePublisher:
 
     # -- watch -------------------------------------------------------------------------
     def _watch_loop(self) -> None:
-        backoff = 0.5
+        backoff = Backoff()
+        version: str | None = None  # None: list first (start, or after any failure)
         while not self._stop.is_set():
-            watcher = watch.Watch()
             try:
-                for _event in watcher.stream(
-                    self._resource.list_resource_slice,
-                    field_selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}",
-                    timeout_seconds=int(self._resync_interval_s),
-                ):
+                if version is None:
+                    version = str(self._list_raw().metadata.resource_version)
+                    # Resync: what changed while nobody watched (slices deleted during an
+                    # apiserver restart) produces no event on the new watch.
+                    self._wake.set()
+                    if backoff.failures:
+                        log.info("slice watch back after %d failure(s)", backoff.failures)
+                    backoff.reset()
+                version = self._watch_from(version)
+            except Exception as err:
+                version = None
+                if isinstance(err, client.ApiException) and err.status == 410:
+                    continue  # the version expired (compaction): an ordinary relist
+                delay = backoff.next(err)
+                if backoff.failures == 1:
+                    log.warning("slice watch failed, retrying in %.1fs: %s", delay, err)
+                else:
+                    log.info("slice watch still failing, retrying in %.1fs: %s", delay, err)
+                if self._stop.wait(delay):
+                    return
+
+    def _watch_from(self, version: str) -> str | None:
+        """Streams events after ``version`` until the server ends the watch; returns where
+        to resume, or ``None`` to list again. Raises on connection and API errors."""
+        watcher = watch.Watch()
+        try:
+            for event in watcher.stream(
+                self._resource.list_resource_slice,
+                field_selector=self._selector(),
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_TIMEOUT_S,
+                _request_timeout=(API_TIMEOUT[0], WATCH_TIMEOUT_S + 10),
+            ):
+                if event.get("type") == "ERROR":
+                    return None
+                if event.get("type") != "BOOKMARK":
                     # Any change to our slices (including our own writes) triggers a cheap
                     # compare; only a real difference leads to a write.
                     self._wake.set()
-                    if self._stop.is_set():
-                        break
-                backoff = 0.5
-            except Exception as err:
-                log.debug("slice watch ended: %s", err)
-                if self._stop.wait(backoff):
-                    return
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-            finally:
-                watcher.stop()
+                if self._stop.is_set():
+                    break
+        finally:
+            watcher.stop()
+        return str(watcher.resource_version) if watcher.resource_version else None

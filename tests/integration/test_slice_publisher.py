@@ -3,6 +3,7 @@ or edited behind its back, and the real scheduler allocates from them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from driver.sim_backend import SimulatedBackend
 from driver.topology import load_topology
 from kubelet_plugin.slice_publisher import SlicePublisher
 from tests.conftest import wait_for
-from tools.cluster import create_simulated_node
+from tools.cluster import ControlPlane, create_simulated_node
 
 pytestmark = pytest.mark.integration
 
@@ -188,8 +189,6 @@ def test_scheduler_allocates_by_product_name_from_published_slices(
 def test_published_content_is_stable_for_every_topology(api: Any, tmp_path: Path) -> None:
     """What the server stores (quantities canonicalised, defaults added) must count as what we
     wrote, or the publisher would rewrite its slices forever."""
-    import time
-
     for topology in ("dgx-a100-8", "h200-4", "mixed", "l4-2-pcie"):
         node = f"sim-stable-{topology}"
         create_simulated_node(api, node)
@@ -206,3 +205,35 @@ def test_published_content_is_stable_for_every_topology(api: Any, tmp_path: Path
         finally:
             publisher.stop()
             publisher.delete_all()
+
+
+def test_slices_return_within_5s_of_an_apiserver_restart(tmp_path: Path) -> None:
+    """The apiserver is down for 12 s (long enough for an uncapped backoff to grow past 8 s),
+    comes back, and a slice deleted right then is re-created within 5 s. Its own control plane:
+    restarting the shared one would disturb the other tests."""
+    with ControlPlane(workdir=tmp_path / "cluster") as plane:
+        api = plane.api_client()
+        node = "sim-restart"
+        create_simulated_node(api, node)
+        backend = SimulatedBackend(load_topology("l4-2-pcie"), node, state_path=tmp_path / "s.json")
+        publisher = SlicePublisher(api, node, resync_interval_s=30)
+        publisher.set_devices(render_whole_gpus(backend.list_gpus()))
+        publisher.start()
+        try:
+            first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
+            plane.restart_apiserver(down_s=12)
+            # A fresh client: the old one's pooled connections died with the server.
+            admin = plane.api_client()
+            client.ResourceV1Api(admin).delete_resource_slice(first.metadata.name)
+            deleted_at = time.monotonic()
+            wait_for(
+                lambda: [
+                    s for s in _our_slices(admin, node) if s.metadata.uid != first.metadata.uid
+                ],
+                timeout_s=5,
+                interval_s=0.05,
+                what="slice re-created within 5 s of the restarted apiserver being ready",
+            )
+            print(f"slice back {time.monotonic() - deleted_at:.2f}s after the delete")
+        finally:
+            publisher.stop()

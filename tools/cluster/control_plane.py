@@ -71,6 +71,7 @@ class ControlPlane:
         self.api_port = 0
         self.feature_gates = ""
         self.version = ""
+        self._admin_ssl: ssl.SSLContext | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> ControlPlane:
@@ -162,8 +163,9 @@ class ControlPlane:
         )
         admin = pki.issue("admin", common_name="flexgpu-admin", organizations=("system:masters",))
         self._write_kubeconfig(self.kubeconfig, pki, admin)
+        self._admin_ssl = self._ssl(pki, admin)
         self._wait_http(
-            apiserver, f"https://127.0.0.1:{self.api_port}/readyz", self._ssl(pki, admin), timeout_s
+            apiserver, f"https://127.0.0.1:{self.api_port}/readyz", self._admin_ssl, timeout_s
         )
 
         sched_cfg = self.workdir / "scheduler.kubeconfig"
@@ -223,6 +225,19 @@ class ControlPlane:
             component.stop()
         if self._own_workdir and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart_apiserver(self, down_s: float = 0.0, timeout_s: float = 120.0) -> float:
+        """Stop kube-apiserver, keep it down for ``down_s`` seconds, start it again with the
+        same flags and port (etcd keeps the data) and wait until it is ready. Returns the
+        ``time.monotonic()`` at which /readyz first answered 200."""
+        apiserver = self.component("kube-apiserver")
+        apiserver.stop()
+        time.sleep(down_s)  # the outage itself, as long as the caller wants it
+        apiserver.start()
+        self._wait_http(
+            apiserver, f"https://127.0.0.1:{self.api_port}/readyz", self._admin_ssl, timeout_s
+        )
+        return time.monotonic()
 
     # -- helpers -----------------------------------------------------------------------
     @property
