@@ -7,8 +7,12 @@ from typing import Any
 import pytest
 from policy_builders import manifest
 
+from driver.names import CRD_GROUP
 from driver.node_policy import (
+    API_VERSION,
+    KIND,
     MAX_PROBLEMS,
+    VERSION,
     GpuMode,
     NodePolicyError,
     SelectorOperator,
@@ -58,6 +62,13 @@ def test_full_policy_parses() -> None:
     assert spec.sharing is not None and spec.sharing.strategy is SharingStrategy.TIME_SLICING
     assert spec.health is not None and spec.health.ignoredXids == [13, 31]
     assert policy.status is None
+
+
+def test_type_meta_of_the_model_is_the_one_served_version() -> None:
+    # The model's Literal types cannot name the constants; they must still agree.
+    policy = parse_node_policy(manifest("a"))
+    assert (policy.apiVersion, policy.kind) == (API_VERSION, KIND)
+    assert f"{CRD_GROUP}/{VERSION}" == API_VERSION
 
 
 def test_defaults() -> None:
