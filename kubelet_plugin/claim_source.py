@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubernetes import client
+from kubelet_plugin.claim_objects import ClaimObjects
+from kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 
 
 @dataclass(frozen=True)
@@ -71,18 +71,25 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
 
 
 class ApiClaimSource:
-    """GETs each claim; raw JSON avoids the client's model round trip on the prepare path."""
+    """GETs each claim as plain JSON and keeps the object for the status writer, whose write
+    then needs no read of its own."""
 
-    def __init__(self, api: Any) -> None:
-        self._resource = client.ResourceV1Api(api)
+    def __init__(self, api: KubeApi, objects: ClaimObjects | None = None) -> None:
+        self._api = api
+        self._objects = objects
 
     def get(self, namespace: str, name: str) -> ClaimView | None:
         try:
-            response: Any = self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False
-            )
-        except client.ApiException as err:
+            obj = self._api.get(claim_path(namespace, name))
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
-        return parse_claim(json.loads(response.data))
+        if self._objects is not None:
+            self._objects.remember(obj)
+        return parse_claim(obj)
+
+
+def claim_path(namespace: str, name: str, subresource: str = "") -> str:
+    segments = ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims", name]
+    return path_of(*segments, *([subresource] if subresource else []))

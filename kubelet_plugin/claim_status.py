@@ -5,24 +5,41 @@ condition.
 Written from a background thread, so the prepare path (and its latency) never waits on it.
 Each write replaces only this node's entries (driver gpu.flexgpu.dev, pool = node) and keeps
 other drivers' ones; unprepare removes ours.
+
+Writes are coalesced per claim: a claim's first change opens a short window, and what is
+written when it closes is the claim's latest desired state, so several prepares and
+unprepares of one claim become at most one write, and a prepare undone within the window
+becomes none. Each write builds on the copy of the claim that prepare read (or the previous
+write returned), guarded by its resourceVersion; only a conflict costs a fresh read.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import logging
-import queue
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client
-
 from driver.names import DRIVER_NAME
+from kubelet_plugin.claim_objects import ClaimObjects
+from kubelet_plugin.claim_source import claim_path
+from kubelet_plugin.kube_api import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
+
+# How long a claim's changes gather before they are written: short enough that a user sees
+# the status within a second or so, long enough to fold a quick prepare/unprepare together.
+COALESCE_S = 1.0
+CONFLICT_ATTEMPTS = 5
+# Transient failures (API down, timeouts) are retried with backoff, then given up.
+FAILURE_ATTEMPTS = 6
+MAX_BACKOFF_S = 30.0
+FLUSH_ON_STOP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -33,88 +50,213 @@ class DeviceStatus:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _Update:
+@dataclass
+class _Pending:
     namespace: str
     name: str
     uid: str
     devices: tuple[DeviceStatus, ...]
+    due: float
+    failures: int = 0
 
 
 class ClaimStatusWriter:
-    def __init__(self, api: Any, node_name: str) -> None:
-        self._resource = client.ResourceV1Api(api)
+    def __init__(
+        self,
+        api: KubeApi,
+        node_name: str,
+        objects: ClaimObjects | None = None,
+        *,
+        coalesce_s: float = COALESCE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
         self._manager = f"{DRIVER_NAME}/{node_name}"
         self._node = node_name  # our pool: the entries of this pool are ours
-        self._queue: queue.Queue[_Update | None] = queue.Queue()
+        self._objects = objects if objects is not None else ClaimObjects()
+        self._coalesce_s = coalesce_s
+        self._clock = clock
+        self._pending: dict[str, _Pending] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
         self._thread: threading.Thread | None = None
+        self.writes = 0  # status writes sent, for tests
 
+    # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        self._queue.put(None)
+    def stop(self, flush_s: float = FLUSH_ON_STOP_S) -> None:
+        """Writes what is still pending (for at most flush_s), then ends the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         if self._thread:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=flush_s + 1)
 
+    # -- called by the preparer (never blocks on the API) ------------------------------------
     def prepared(
         self, namespace: str, name: str, uid: str, devices: Sequence[DeviceStatus]
     ) -> None:
-        self._queue.put(_Update(namespace, name, uid, tuple(devices)))
+        self._want(namespace, name, uid, tuple(devices))
 
     def unprepared(self, namespace: str, name: str, uid: str) -> None:
-        self._queue.put(_Update(namespace, name, uid, ()))
+        self._want(namespace, name, uid, ())
 
+    def _want(self, namespace: str, name: str, uid: str, devices: tuple[DeviceStatus, ...]) -> None:
+        with self._cond:
+            pending = self._pending.get(uid)
+            if pending is None:
+                due = self._clock() + self._coalesce_s
+                self._pending[uid] = _Pending(namespace, name, uid, devices, due)
+                self._cond.notify_all()
+            else:
+                # The window stays where it opened: a claim that keeps changing is still
+                # written promptly, with whatever it wants last.
+                pending.devices = devices
+
+    # -- writing ---------------------------------------------------------------------------
     def _run(self) -> None:
-        while (update := self._queue.get()) is not None:
-            try:
-                self.apply(update)
-            except client.ApiException as err:
-                if err.status not in (404, 409, 422):  # gone or re-created: nothing to say
-                    log.warning("claim %s/%s status: %s", update.namespace, update.name, err)
-            except Exception as err:  # best effort: status never breaks the plugin
-                log.warning("claim %s/%s status: %s", update.namespace, update.name, err)
-
-    def apply(self, update: _Update, attempts: int = 5) -> None:
-        """Replaces this node's entries in ``status.devices`` and keeps everyone else's.
-
-        A read-modify-write guarded by resourceVersion rather than server-side apply: apply
-        on claims whose allocation carries opaque config parameters is refused by the
-        server (it rebuilds status.allocation without them)."""
-        for _ in range(attempts):
-            response: Any = self._resource.read_namespaced_resource_claim(
-                update.name, update.namespace, _preload_content=False
-            )
-            claim = json.loads(response.data)
-            if claim["metadata"].get("uid") != update.uid:
-                return  # re-created under the same name: not ours to describe
-            status = claim.setdefault("status", {})
-            keep = [
-                d
-                for d in status.get("devices") or []
-                if not (d.get("driver") == DRIVER_NAME and d.get("pool") == self._node)
-            ]
-            status["devices"] = keep + self._entries(update)
-            try:
-                self._resource.replace_namespaced_resource_claim_status(
-                    update.name, update.namespace, claim, field_manager=self._manager
-                )
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if not self._pending:
+                        self._cond.wait()
+                        continue
+                    wait = self._next_due() - self._clock()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(timeout=wait)
+                stopping = self._stopping
+            if stopping:
+                self.flush(deadline=self._clock() + FLUSH_ON_STOP_S)
                 return
-            except client.ApiException as err:
+            self.write_due()
+
+    def _next_due(self) -> float:
+        return min((p.due for p in self._pending.values()), default=float("inf"))
+
+    def write_due(self) -> int:
+        """Writes every claim whose window has closed; returns how many were handled."""
+        now = self._clock()
+        with self._cond:
+            due = [p for p in self._pending.values() if p.due <= now]
+            for p in due:
+                del self._pending[p.uid]
+        for p in due:
+            self._write_one(p)
+        return len(due)
+
+    def flush(self, deadline: float | None = None) -> None:
+        """Writes everything pending now, windows or not (shutdown, tests)."""
+        with self._cond:
+            for p in self._pending.values():
+                p.due = min(p.due, self._clock())
+        while self.write_due():
+            if deadline is not None and self._clock() >= deadline:
+                return
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def _write_one(self, pending: _Pending) -> None:
+        try:
+            self.apply(pending)
+        except ApiError as err:
+            if err.status in (404, 422):  # gone, or refused as written: nothing to retry
+                self._objects.forget(pending.uid)
+                log.warning("claim %s/%s status: %s", pending.namespace, pending.name, err)
+                return
+            self._retry_later(pending, err)
+        except Exception as err:  # API unreachable and the like: status never breaks us
+            self._retry_later(pending, err)
+
+    def _retry_later(self, pending: _Pending, err: Exception) -> None:
+        pending.failures += 1
+        if pending.failures >= FAILURE_ATTEMPTS:
+            log.warning(
+                "claim %s/%s status: giving up after %d failures: %s",
+                pending.namespace,
+                pending.name,
+                pending.failures,
+                err,
+            )
+            return
+        backoff = min(self._coalesce_s * 2**pending.failures, MAX_BACKOFF_S)
+        log.info(
+            "claim %s/%s status: %s; retrying in %.1fs",
+            pending.namespace,
+            pending.name,
+            err,
+            backoff,
+        )
+        with self._cond:
+            newer = self._pending.get(pending.uid)
+            if newer is None:
+                pending.due = self._clock() + backoff
+                self._pending[pending.uid] = pending
+                self._cond.notify_all()
+            # else: a newer change is queued and will be written in its own window.
+
+    def apply(self, pending: _Pending) -> None:
+        """Makes the claim's entries of this node equal to ``pending.devices`` and keeps
+        everyone else's.
+
+        A replace guarded by resourceVersion rather than server-side apply: apply on claims
+        whose allocation carries opaque config parameters is refused by the server (it
+        rebuilds status.allocation without them)."""
+        wanted = self._entries(pending.devices)
+        claim = self._objects.get(pending.uid)
+        for _ in range(CONFLICT_ATTEMPTS):
+            if claim is None:
+                claim = self._api.get(claim_path(pending.namespace, pending.name))
+            if (claim.get("metadata") or {}).get("uid") != pending.uid:
+                self._objects.forget(pending.uid)
+                return  # re-created under the same name: not ours to describe
+            devices = (claim.get("status") or {}).get("devices") or []
+            keep = [d for d in devices if not self._ours(d)]
+            if _same_entries([d for d in devices if self._ours(d)], wanted):
+                self._settled(pending, claim)
+                return  # already so (for example a prepare undone before it was written)
+            body = copy.deepcopy(dict(claim))
+            body.setdefault("status", {})["devices"] = keep + wanted
+            try:
+                self.writes += 1
+                written = self._api.request(
+                    "PUT",
+                    claim_path(pending.namespace, pending.name, "status"),
+                    query={"fieldManager": self._manager},
+                    body=body,
+                )
+            except ApiError as err:
                 if err.status != 409:
                     raise
+                claim = None  # someone else changed it: read it again
+                continue
+            self._settled(pending, written)
+            return
         log.warning(
             "claim %s/%s status: gave up after %d conflicts",
-            update.namespace,
-            update.name,
-            attempts,
+            pending.namespace,
+            pending.name,
+            CONFLICT_ATTEMPTS,
         )
 
-    def _entries(self, update: _Update) -> list[dict[str, Any]]:
+    def _settled(self, pending: _Pending, claim: Mapping[str, Any]) -> None:
+        if pending.devices:
+            self._objects.remember(claim)
+        else:
+            self._objects.forget(pending.uid)  # unprepared: nothing more to write for it
+
+    def _ours(self, entry: Mapping[str, Any]) -> bool:
+        return entry.get("driver") == DRIVER_NAME and entry.get("pool") == self._node
+
+    def _entries(self, devices: Sequence[DeviceStatus]) -> list[dict[str, Any]]:
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         entries = []
-        for d in update.devices:
+        for d in devices:
             entry: dict[str, Any] = {
                 "driver": DRIVER_NAME,
                 "pool": d.pool,
@@ -134,3 +276,19 @@ class ClaimStatusWriter:
                 entry["shareID"] = d.share_id
             entries.append(entry)
         return entries
+
+
+def _comparable(entry: Mapping[str, Any]) -> str:
+    """An entry without its timestamps: what decides whether a write would change anything."""
+    conditions = [
+        [c.get("type"), c.get("status"), c.get("reason"), c.get("message")]
+        for c in entry.get("conditions") or []
+    ]
+    fields = [entry.get(k) for k in ("driver", "pool", "device", "shareID")]
+    return json.dumps([fields, entry.get("data") or {}, conditions], sort_keys=True)
+
+
+def _same_entries(
+    current: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]]
+) -> bool:
+    return sorted(map(_comparable, current)) == sorted(map(_comparable, wanted))

@@ -16,7 +16,7 @@ import logging
 import signal
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +110,12 @@ class PluginServer:
         self,
         signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
         grace: float = 5.0,
+        after_start: Callable[[], None] | None = None,
     ) -> signal.Signals:
-        """Start, serve until one of `signals` arrives, stop cleanly; returns that signal."""
+        """Start, serve until one of `signals` arrives, stop cleanly; returns that signal.
+
+        after_start runs once the sockets are served (what serving does not need waits for
+        it); an exception from it stops the servers and propagates."""
         received: list[signal.Signals] = []
         done = threading.Event()
 
@@ -122,6 +126,8 @@ class PluginServer:
         previous = {s: signal.signal(s, on_signal) for s in signals}
         try:
             self.start()
+            if after_start is not None:
+                after_start()
             done.wait()
             log.info("received %s, shutting down", received[0].name)
         finally:

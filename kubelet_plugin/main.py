@@ -1,4 +1,11 @@
-"""`flexgpu-kubelet-plugin`: the per-node daemon."""
+"""`flexgpu-kubelet-plugin`: the per-node daemon.
+
+Start-up order: the registration and DRA sockets are served first, from what serving needs
+(settings, gRPC); GPU discovery, the API client, start-up reconcile and everything else
+follow, their modules imported only then. Until reconcile has finished, a prepare or
+unprepare waits in the StartupGate; slices, health events, node policies and claim status
+start after it.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +13,23 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from driver.backend import GpuBackend
-from driver.backend_errors import GpuBackendError
-from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.claim_source import ApiClaimSource
-from kubelet_plugin.claim_status import ClaimStatusWriter
 from kubelet_plugin.config import ConfigError, PluginConfig, load_config
 from kubelet_plugin.grpc_server import PluginServer
-from kubelet_plugin.health_monitor import HealthMonitor
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.node_events import NodeEventRecorder
-from kubelet_plugin.policy_agent import PolicyAgent
-from kubelet_plugin.prepare_lock import PrepareLock
-from kubelet_plugin.preparer import ClaimPreparerImpl
-from kubelet_plugin.slice_publisher import SlicePublisher
-from kubelet_plugin.startup_reconcile import reconcile_at_start
+from kubelet_plugin.startup_gate import StartupGate
+
+if TYPE_CHECKING:
+    from driver.backend import GpuBackend
+    from kubelet_plugin.kube_api import KubeApi
+    from kubelet_plugin.slice_publisher import SlicePublisher
 
 log = logging.getLogger("flexgpu.kubelet_plugin")
+
+
+class StartupFailed(RuntimeError):
+    """The plugin cannot serve this node (no GPUs, no credentials)."""
 
 
 def make_backend(config: PluginConfig) -> GpuBackend:
@@ -41,23 +45,39 @@ def make_backend(config: PluginConfig) -> GpuBackend:
     return NvmlBackend()
 
 
-def make_api(config: PluginConfig) -> Any:
-    from kubernetes import client
-    from kubernetes import config as kube_config
+def make_api(config: PluginConfig) -> KubeApi:
+    from kubelet_plugin.kube_api import KubeApi
 
     if config.kubeconfig is not None:
-        return kube_config.new_client_from_config(config_file=str(config.kubeconfig))
-    kube_config.load_incluster_config()
-    return client.ApiClient()
+        return KubeApi.from_kubeconfig(config.kubeconfig)
+    return KubeApi.in_cluster()
 
 
-def run(config: PluginConfig) -> int:
+def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
+    """Everything after the sockets: returns what stops it again."""
+    from driver.backend_errors import GpuBackendError
+    from kubelet_plugin.checkpoint import CheckpointStore
+    from kubelet_plugin.claim_objects import ClaimObjects
+    from kubelet_plugin.claim_source import ApiClaimSource
+    from kubelet_plugin.claim_status import ClaimStatusWriter
+    from kubelet_plugin.health_monitor import HealthMonitor
+    from kubelet_plugin.kube_api import KubeConfigError
+    from kubelet_plugin.node_devices import NodeDevices
+    from kubelet_plugin.node_events import NodeEventRecorder
+    from kubelet_plugin.policy_agent import PolicyAgent
+    from kubelet_plugin.prepare_lock import PrepareLock
+    from kubelet_plugin.preparer import ClaimPreparerImpl
+    from kubelet_plugin.startup_reconcile import reconcile_at_start
+
     try:
         backend = make_backend(config)
     except GpuBackendError as err:
-        log.error("no GPUs: %s", err)
-        return 1
-    api = make_api(config)
+        raise StartupFailed(f"no GPUs: {err}") from None
+    try:
+        api = make_api(config)
+    except KubeConfigError as err:
+        backend.close()
+        raise StartupFailed(str(err)) from None
     events = NodeEventRecorder(api, config.node_name)
     count = len(backend.list_gpus())
     devices = NodeDevices(
@@ -65,9 +85,9 @@ def run(config: PluginConfig) -> int:
     )
     store = CheckpointStore(config.checkpoint_path)
     lock = PrepareLock(config.lock_path)
-    claims = ApiClaimSource(api)
-    status = ClaimStatusWriter(api, config.node_name)
-    status.start()
+    objects = ClaimObjects()
+    claims = ApiClaimSource(api, objects)
+    status = ClaimStatusWriter(api, config.node_name, objects)
     preparer = ClaimPreparerImpl(
         node_name=config.node_name,
         claims=claims,
@@ -80,36 +100,75 @@ def run(config: PluginConfig) -> int:
     )
     with lock:
         reconcile_at_start(preparer, store, claims, events)
-    publisher = SlicePublisher(api, config.node_name)
-    publisher.set_devices(devices.slice_devices(), devices.counter_sets())
+
+    def republish() -> None:
+        # `publisher` is bound below; nothing calls this before it is.
+        publisher.set_devices(devices.slice_devices(), devices.counter_sets())
+
+    health = HealthMonitor(backend, devices, config.node_name, on_unhealthy=republish)
+    # Prepares are served from here on; what follows only publishes and watches.
+    gate.open(preparer, health)
+    publisher = _make_publisher(config)
+    republish()
     publisher.start()
-    health = HealthMonitor(
-        backend,
-        devices,
-        config.node_name,
-        on_unhealthy=lambda: publisher.set_devices(devices.slice_devices(), devices.counter_sets()),
-    )
     health.start()
+    status.start()
     agent = PolicyAgent(
-        api,
-        config.node_name,
-        devices=devices,
-        preparer=preparer,
-        republish=lambda: publisher.set_devices(devices.slice_devices(), devices.counter_sets()),
+        api, config.node_name, devices=devices, preparer=preparer, republish=republish
     )
     preparer.on_unprepared = agent.poke
     agent.start()
-    server = PluginServer(config, preparer, health)
-    try:
-        server.run_until_signal((signal.SIGTERM, signal.SIGINT))
-    finally:
+
+    def stop() -> None:
         # Slices stay: the kubelet removes them 30 s after we disconnect, and a restarted
         # plugin takes them over without a window where nothing is published.
         agent.stop()
         health.stop()
         publisher.stop()
         status.stop()
+        api.close()
         backend.close()
+
+    return stop
+
+
+def _make_publisher(config: PluginConfig) -> SlicePublisher:
+    # The slice publisher works with the official client; it is built only now, so its
+    # import is not paid before the sockets are served.
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    from kubelet_plugin.slice_publisher import SlicePublisher
+
+    if config.kubeconfig is not None:
+        api = kube_config.new_client_from_config(config_file=str(config.kubeconfig))
+    else:
+        kube_config.load_incluster_config()
+        api = client.ApiClient()
+    return SlicePublisher(api, config.node_name)
+
+
+def run(config: PluginConfig) -> int:
+    gate = StartupGate()
+    server = PluginServer(config, gate, gate)
+    stops: list[Callable[[], None]] = []
+
+    def after_start() -> None:
+        try:
+            stops.append(start_node(config, gate))
+        except BaseException as err:
+            # Waiting prepares get the reason now, not when their wait runs out.
+            gate.fail(str(err) or type(err).__name__)
+            raise
+
+    try:
+        server.run_until_signal((signal.SIGTERM, signal.SIGINT), after_start=after_start)
+    except StartupFailed as err:
+        log.error("%s", err)
+        return 1
+    finally:
+        for stop in stops:
+            stop()
     return 0
 
 

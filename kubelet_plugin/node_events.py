@@ -7,14 +7,14 @@ import logging
 import uuid
 from typing import Any
 
-from kubernetes import client
+from kubelet_plugin.kube_api import KubeApi, path_of
 
 log = logging.getLogger(__name__)
 
 
 class NodeEventRecorder:
-    def __init__(self, api: Any, node_name: str, component: str = "flexgpu-kubelet-plugin"):
-        self._core = client.CoreV1Api(api)
+    def __init__(self, api: KubeApi, node_name: str, component: str = "flexgpu-kubelet-plugin"):
+        self._api = api
         self._node = node_name
         self._component = component
 
@@ -32,6 +32,8 @@ class NodeEventRecorder:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event("default", body)
+            self._api.request(
+                "POST", path_of("api", "v1", "namespaces", "default", "events"), body=body
+            )
         except Exception as err:  # an Event is best effort; never fail the caller
             log.warning("could not record event %s on node %s: %s", reason, self._node, err)

@@ -6,6 +6,10 @@ slices so nothing new lands on it; while prepared claims still use it the change
 backend, the slices republished and the taint lifted. Other GPUs keep serving throughout.
 A layout that does not fit a GPU is refused in the policy's status and the GPU left as it is.
 With no matching policy the plugin's command-line modes apply; with a tie nothing changes.
+
+The agent reads GpuNodePolicies and this Node from watched local copies, so re-evaluating
+(after every unprepare, on any change of a policy or of the node's labels, and once a minute
+to catch hardware drift) costs no API request; only a changed policy status is written.
 """
 
 from __future__ import annotations
@@ -15,9 +19,6 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from kubernetes import client
 
 from driver.backend_errors import GpuBackendError
 from driver.gpu_model import GpuInfo
@@ -41,13 +42,17 @@ from driver.node_policy import (
     select_policy,
     set_condition,
 )
+from kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
 from kubelet_plugin.node_devices import GpuMode, NodeDevices
 from kubelet_plugin.preparer import ClaimPreparerImpl
+from kubelet_plugin.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
 
 VERSION = "v1alpha1"
-MERGE_PATCH = "application/merge-patch+json"
+# Nothing is read from the API on this beat: it re-applies the cached inputs, so a GPU whose
+# state changed underneath (a failed change, a reset) is put right without any event.
+RESYNC_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -60,17 +65,34 @@ class Want:
 class PolicyAgent:
     def __init__(
         self,
-        api: Any,
+        api: KubeApi,
         node_name: str,
         *,
         devices: NodeDevices,
         preparer: ClaimPreparerImpl,
         republish: Callable[[], None],
-        interval_s: float = 5.0,
+        interval_s: float = RESYNC_S,
     ) -> None:
-        self._custom = client.CustomObjectsApi(api)
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self.node_name = node_name
+        self.policies = WatchedObjects(
+            api,
+            path_of("apis", CRD_GROUP, VERSION, PLURAL),
+            on_change=self.poke,
+            name="gpunodepolicies",
+        )
+        self.node = WatchedObjects(
+            api,
+            path_of("api", "v1", "nodes"),
+            query={"fieldSelector": f"metadata.name={node_name}"},
+            on_change=self.poke,
+            name="node",
+        )
+        # Parsed policies by (name, resourceVersion): parsing is done once per change.
+        self._parsed: dict[tuple[str, str], GpuNodePolicy | None] = {}
+        # Status we wrote per policy, with the resourceVersion it was written over: until
+        # the watch brings our own write back, the copy is older than what we wrote.
+        self._written: dict[str, tuple[str | None, NodeStatus]] = {}
         self._devices = devices
         self._preparer = preparer
         self._republish = republish
@@ -85,12 +107,16 @@ class PolicyAgent:
         self.last_error: str | None = None
 
     def start(self) -> None:
+        self.policies.start()
+        self.node.start()
         self._thread = threading.Thread(target=self._run, name="node-policy", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.policies.stop()
+        self.node.stop()
         if self._thread:
             self._thread.join(timeout=10)
 
@@ -100,6 +126,12 @@ class PolicyAgent:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # Until both copies are filled, "no policy" would only mean "not read yet":
+            # acting on it could undo a layout a policy asks for.
+            if not (self.policies.synced and self.node.synced):
+                self._wake.wait(self._interval_s)
+                self._wake.clear()
+                continue
             try:
                 self.reconcile_once()
                 self.last_error = None
@@ -112,8 +144,11 @@ class PolicyAgent:
     # -- one pass ------------------------------------------------------------------------
     def reconcile_once(self) -> None:
         policies = self._policies()
-        node: Any = self._core.read_node(self.node_name)
-        choice = select_policy(policies, dict(node.metadata.labels or {}))
+        node = self.node.get(self.node_name)
+        if node is None:
+            raise RuntimeError(f"node {self.node_name} not found; no policy applied")
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        choice = select_policy(policies, dict(labels))
         gpus = self._devices.gpus()
         if choice.is_conflict:
             message = choice.conflict_message(self.node_name)
@@ -198,19 +233,20 @@ class PolicyAgent:
 
     # -- inputs ----------------------------------------------------------------------------
     def _policies(self) -> list[GpuNodePolicy]:
-        try:
-            listed: Any = self._custom.list_cluster_custom_object(CRD_GROUP, VERSION, PLURAL)
-        except client.ApiException as err:
-            if err.status == 404:  # CRD not installed: no policies
-                return []
-            raise
-        policies = []
-        for item in listed.get("items", []):
+        parsed: dict[tuple[str, str], GpuNodePolicy | None] = {}
+        for item in self.policies.items():
+            meta = item.get("metadata") or {}
+            key = (str(meta.get("name", "")), str(meta.get("resourceVersion", "")))
+            if key in self._parsed:
+                parsed[key] = self._parsed[key]
+                continue
             try:
-                policies.append(parse_node_policy(item))
+                parsed[key] = parse_node_policy(item)
             except NodePolicyError as err:  # admission rejects these; never crash on one
-                log.warning("ignoring invalid GpuNodePolicy: %s", err)
-        return policies
+                log.warning("ignoring invalid GpuNodePolicy %s: %s", key[0], err)
+                parsed[key] = None
+        self._parsed = parsed
+        return [p for p in parsed.values() if p is not None]
 
     def _wants(self, policy: GpuNodePolicy | None, gpus: list[GpuInfo]) -> dict[int, Want]:
         wants = {g.index: Want(self._defaults.get(g.index, "Whole")) for g in gpus}
@@ -253,14 +289,16 @@ class PolicyAgent:
         new = NodeStatus(observedGeneration=generation, gpus=gpus, conditions=conditions)
         if old is not None and old == new:
             return
-        self._custom.patch_cluster_custom_object_status(
-            CRD_GROUP,
-            VERSION,
-            PLURAL,
-            policy.name,
-            node_status_patch(self.node_name, new, old),
-            _content_type=MERGE_PATCH,
+        version = policy.metadata.resourceVersion
+        if self._written.get(policy.name) == (version, new):
+            return  # written already; the watch has not brought it back yet
+        self._api.request(
+            "PATCH",
+            path_of("apis", CRD_GROUP, VERSION, PLURAL, policy.name, "status"),
+            body=node_status_patch(self.node_name, new, old),
+            content_type=MERGE_PATCH,
         )
+        self._written[policy.name] = (version, new)
         if status is not ConditionStatus.TRUE:
             log.info("policy %s on %s: %s: %s", policy.name, self.node_name, reason, message)
 

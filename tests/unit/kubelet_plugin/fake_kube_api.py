@@ -1,0 +1,112 @@
+"""An in-memory API server for the plugin's KubeApi: objects by path, resourceVersion
+checks on writes, scripted watches, and a log of every request sent."""
+
+from __future__ import annotations
+
+import copy
+import queue
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from kubelet_plugin.kube_api import ApiError
+
+END = object()  # put on a watch's queue: the server ends that watch
+
+
+class FakeWatch:
+    def __init__(self, events: queue.Queue[Any]) -> None:
+        self._events = events
+        self.closed = False
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        while not self.closed:
+            item = self._events.get()
+            if item is END or self.closed:
+                return
+            if isinstance(item, ApiError):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self.closed = True
+        self._events.put(END)
+
+
+class FakeKubeApi:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.sent: list[tuple[str, str]] = []
+        self.fail_next: list[Exception] = []
+        self.version = 100
+        self.watches: queue.Queue[queue.Queue[Any]] = queue.Queue()
+        self.lists: dict[str, list[dict[str, Any]] | ApiError] = {}
+
+    # -- helpers for tests -------------------------------------------------------------
+    def put_object(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        stored = copy.deepcopy(obj)
+        stored.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+        self.objects[path] = stored
+        return copy.deepcopy(stored)
+
+    def count(self, verb: str | None = None) -> int:
+        return len([v for v, _ in self.sent if verb is None or v == verb])
+
+    # -- KubeApi ---------------------------------------------------------------------------
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return self.request("GET", path, query=query)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        self.sent.append((method, path))
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        if method == "GET" and path in self.lists:
+            listed = self.lists[path]
+            if isinstance(listed, ApiError):
+                raise listed
+            return {"metadata": {"resourceVersion": str(self.version)}, "items": listed}
+        if method == "POST":
+            return self.put_object(f"{path}/{body['metadata']['name']}", body)
+        target = path.removesuffix("/status")
+        if target not in self.objects:
+            raise ApiError(404, "NotFound", f"{target} not found")
+        stored = self.objects[target]
+        if method == "GET":
+            return copy.deepcopy(stored)
+        if method == "PUT":
+            if body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", "the object has been modified")
+            updated = copy.deepcopy(stored)
+            updated["status"] = copy.deepcopy(body.get("status"))
+            return self.put_object(target, updated)
+        if method == "PATCH":
+            updated = copy.deepcopy(stored)
+            _merge(updated, body)
+            return self.put_object(target, updated)
+        raise AssertionError(f"unexpected {method} {path}")
+
+    def watch(self, path: str, query: Mapping[str, str], timeout_s: int = 300) -> FakeWatch:
+        self.sent.append(("WATCH", path))
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        events: queue.Queue[Any] = queue.Queue()
+        self.watches.put(events)
+        return FakeWatch(events)
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)

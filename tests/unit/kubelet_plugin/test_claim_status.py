@@ -1,0 +1,236 @@
+"""Claim status writes: one write per claim per window, built on the copy prepare read (no
+GET of their own), only this node's entries touched, conflicts re-read and retried."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from driver.names import DRIVER_NAME
+from kubelet_plugin.claim_objects import ClaimObjects
+from kubelet_plugin.claim_source import ApiClaimSource, claim_path
+from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
+from kubelet_plugin.kube_api import ApiError
+from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
+
+NODE = "node-a"
+PATH = claim_path("ns", "c")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def api() -> FakeKubeApi:
+    fake = FakeKubeApi()
+    fake.put_object(
+        PATH,
+        {
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "status": {
+                "allocation": {"devices": {"results": []}},
+                "devices": [{"driver": "other.example.com", "pool": NODE, "device": "nic-0"}],
+            },
+        },
+    )
+    return fake
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def objects() -> ClaimObjects:
+    return ClaimObjects()
+
+
+@pytest.fixture
+def writer(api: FakeKubeApi, objects: ClaimObjects, clock: Clock) -> ClaimStatusWriter:
+    return ClaimStatusWriter(api, NODE, objects, coalesce_s=1.0, clock=clock)  # type: ignore[arg-type]
+
+
+def read_by_prepare(api: FakeKubeApi, objects: ClaimObjects) -> None:
+    """What the preparer does: one GET through the claim source."""
+    ApiClaimSource(api, objects).get("ns", "c")  # type: ignore[arg-type]
+
+
+GPU0 = DeviceStatus(NODE, "gpu-0", data={"uuid": "GPU-0"})
+GPU1 = DeviceStatus(NODE, "gpu-1", data={"uuid": "GPU-1"})
+
+
+def entries(api: FakeKubeApi) -> list[tuple[str, str]]:
+    return [(d["driver"], d["device"]) for d in api.objects[PATH]["status"].get("devices") or []]
+
+
+def test_prepare_write_uses_the_claim_prepare_read_and_keeps_other_drivers(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    assert writer.write_due() == 0  # the window is still open
+    clock.now += 1.0
+    assert writer.write_due() == 1
+    assert api.sent == [("GET", PATH), ("PUT", PATH + "/status")]
+    assert entries(api) == [("other.example.com", "nic-0"), (DRIVER_NAME, "gpu-0")]
+    (ours,) = [d for d in api.objects[PATH]["status"]["devices"] if d["driver"] == DRIVER_NAME]
+    assert ours["data"] == {"uuid": "GPU-0"}
+    assert [(c["type"], c["status"]) for c in ours["conditions"]] == [("Ready", "True")]
+
+
+def test_unprepare_after_a_written_prepare_needs_no_read(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    writer.unprepared("ns", "c", "u1")
+    clock.now += 1.0
+    writer.write_due()
+    # The second write builds on what the first returned.
+    assert api.sent == [("GET", PATH), ("PUT", PATH + "/status"), ("PUT", PATH + "/status")]
+    assert entries(api) == [("other.example.com", "nic-0")]
+    assert objects.get("u1") is None  # nothing left to write for it
+
+
+def test_prepare_undone_within_the_window_writes_nothing(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    writer.unprepared("ns", "c", "u1")
+    clock.now += 1.0
+    writer.write_due()
+    assert api.sent == [("GET", PATH)]
+    assert entries(api) == [("other.example.com", "nic-0")]
+
+
+def test_changes_within_the_window_become_one_write_of_the_last(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    writer.unprepared("ns", "c", "u1")
+    writer.prepared("ns", "c", "u1", [GPU1])
+    clock.now += 0.5
+    writer.prepared("ns", "c", "u1", [GPU1])  # does not move the window
+    clock.now += 0.5
+    writer.write_due()
+    assert api.count("PUT") == 1
+    assert entries(api) == [("other.example.com", "nic-0"), (DRIVER_NAME, "gpu-1")]
+
+
+def test_conflict_reads_again_and_keeps_the_other_writer_s_change(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    read_by_prepare(api, objects)
+    # Someone else changes the claim after prepare read it.
+    theirs = api.objects[PATH]
+    theirs["status"]["devices"].append({"driver": "net.example.com", "pool": "x", "device": "y"})
+    api.put_object(PATH, theirs)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert api.sent == [
+        ("GET", PATH),
+        ("PUT", PATH + "/status"),  # 409: built on the older copy
+        ("GET", PATH),
+        ("PUT", PATH + "/status"),
+    ]
+    assert entries(api) == [
+        ("other.example.com", "nic-0"),
+        ("net.example.com", "y"),
+        (DRIVER_NAME, "gpu-0"),
+    ]
+
+
+def test_without_a_copy_the_claim_is_read_first(
+    api: FakeKubeApi, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert api.sent == [("GET", PATH), ("PUT", PATH + "/status")]
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
+
+
+def test_already_written_entries_are_not_written_again(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    clock.now += 5.0  # a later timestamp must not count as a change
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert api.count("PUT") == 1
+
+
+def test_a_recreated_claim_is_not_described(
+    api: FakeKubeApi, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    writer.prepared("ns", "c", "u-old", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert api.count("PUT") == 0
+    assert entries(api) == [("other.example.com", "nic-0")]
+
+
+def test_transient_failure_is_retried_later_and_a_missing_claim_dropped(
+    api: FakeKubeApi, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    api.fail_next = [ApiError(503, "ServiceUnavailable", "etcd is down")]
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert writer.pending() == 1 and api.count("PUT") == 0
+    clock.now += 2.0
+    writer.write_due()
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
+    writer.prepared("ns", "gone", "u2", [GPU1])
+    clock.now += 1.0
+    writer.write_due()
+    assert writer.pending() == 0
+
+
+def test_prepared_never_waits_for_the_api(
+    api: FakeKubeApi, objects: ClaimObjects, clock: Clock
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowApi(FakeKubeApi):
+        def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            entered.set()
+            release.wait(10)
+            return api.request(method, path, **kw)
+
+    writer = ClaimStatusWriter(SlowApi(), NODE, objects, coalesce_s=0.0)  # type: ignore[arg-type]
+    writer.start()
+    try:
+        writer.prepared("ns", "c", "u1", [GPU0])
+        assert entered.wait(10)  # the writer thread is stuck in the API now
+        writer.unprepared("ns", "c", "u1")  # and this still returns at once
+        writer.prepared("ns", "c", "u1", [GPU1])
+        assert writer.pending() == 1
+    finally:
+        release.set()
+        writer.stop()
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-1")
+
+
+def test_stop_writes_what_is_pending(api: FakeKubeApi, objects: ClaimObjects) -> None:
+    writer = ClaimStatusWriter(api, NODE, objects, coalesce_s=3600.0)  # type: ignore[arg-type]
+    writer.start()
+    writer.prepared("ns", "c", "u1", [GPU0])
+    writer.stop()
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
