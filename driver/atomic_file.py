@@ -12,8 +12,14 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename, fsync dir."""
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, sync_directory: bool = True
+) -> None:
+    """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename, fsync dir.
+
+    ``sync_directory=False`` skips the directory fsync: the rename is then atomic but only a
+    kernel crash (never a killed process) can lose it. Callers whose records are void after a
+    reboot anyway use it to halve the syncs per write."""
     target = Path(path)
     directory = target.parent
     directory.mkdir(parents=True, exist_ok=True)
@@ -30,7 +36,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    _fsync_directory(directory)
+    if sync_directory:
+        _fsync_directory(directory)
 
 
 def atomic_write_text(

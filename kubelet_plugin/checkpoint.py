@@ -1,20 +1,34 @@
 """Crash-safe record of the claims this node has prepared (or started to prepare).
 
-The file is JSON: {"checksum": "sha256:<hex>", "data": {...}}, where the checksum covers the
-canonical JSON of "data" (sorted keys, no whitespace). "data" carries the schema version, the
-boot id of the node when it was written and one record per claim UID. Writes replace the file
-atomically, so after a crash it holds either the previous or the new version.
+Schema version 2 keeps one file per claim, ``claims/<uid>.json`` beside the version-1 path:
+``{"checksum": "sha256:<hex>", "data": {"version": 2, "boot_id": ..., "claim": {...}}}``, the
+checksum covering the canonical JSON of "data" (sorted keys, no whitespace). Every state change
+of a claim replaces its file atomically (temp file, fsync, rename), so a SIGKILL leaves the old
+or the new state, and claims never wait for each other's I/O.
+
+The rename is not followed by a directory fsync: a record is only acted on in the boot that
+wrote it (records of an earlier boot are reset and dropped at start), and only a kernel crash,
+which is a reboot, can lose a rename that has returned. The file's own fsync still guarantees
+that a rename which survives never points at missing data.
+
+Version 1 was one file for the whole node (``checkpoint.json``, same envelope, "data" holding
+the boot id and every claim). Start-up migrates it; files of a newer version are left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,9 +38,12 @@ from driver.atomic_file import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+LEGACY_VERSION: Final = 1
+CLAIMS_FOLDER: Final = "claims"
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _CHECKSUM_PREFIX: Final = "sha256:"
+_RECORD_FILE = re.compile(r"^(?P<uid>[0-9A-Za-z-]{1,128})\.json$")
 
 
 class ClaimState(enum.StrEnum):
@@ -116,42 +133,54 @@ class Checkpoint(_Record):
 
 
 class CheckpointError(Exception):
-    """The checkpoint file could not be used."""
+    """The checkpoint could not be used."""
 
 
-class CorruptCheckpoint(CheckpointError):
-    """Unparsable or checksum mismatch. The file has already been moved to moved_to."""
+class CheckpointWriteError(CheckpointError):
+    """A record could not be written (disk full, read-only). Names the path and the errno."""
 
-    def __init__(self, path: Path, moved_to: Path | None, reason: str) -> None:
-        where = f"moved to {moved_to}" if moved_to else "could not be moved aside"
-        super().__init__(f"checkpoint {path} is corrupt ({reason}); {where}")
+    def __init__(self, path: Path, error: OSError) -> None:
+        name = errno.errorcode.get(error.errno or 0, str(error.errno))
+        super().__init__(
+            f"cannot write claim record {path}: {error.strerror or error} ({name}); "
+            f"free space in {path.parent.parent} or fix its permissions"
+        )
         self.path = path
-        self.moved_to = moved_to
-        self.reason = reason
-
-
-class UnsupportedCheckpointVersion(CheckpointError):
-    """Written by a newer plugin. Left in place: a rollback must not destroy it."""
-
-
-class LoadStatus(enum.Enum):
-    MISSING = "missing"  # no file: a fresh, empty checkpoint for this boot
-    CURRENT = "current"  # written during this boot
-    STALE = "stale"  # written before the last reboot: what it records is gone
+        self.errno = error.errno
 
 
 @dataclass(frozen=True)
-class LoadResult:
-    status: LoadStatus
-    # For STALE this is the old content (still carrying the old boot id), so the caller can
-    # log or clean up after it before it starts afresh with CheckpointStore.empty().
-    checkpoint: Checkpoint
+class CorruptFile:
+    """A checkpoint file that failed to parse or whose checksum does not match."""
+
+    path: Path
+    reason: str
 
 
-def _identity(path: Path) -> tuple[int, int, int]:
-    # Every save is a rename of a fresh temp file, so a write by anyone changes the inode.
-    st = os.stat(path)
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
+@dataclass(frozen=True)
+class ForeignFile:
+    """A checkpoint file of a newer schema version: read nothing from it, never touch it."""
+
+    path: Path
+    version: int
+
+
+@dataclass
+class ScanResult:
+    """Everything on disk at start-up, sorted by what start-up must do with it."""
+
+    current: dict[str, ClaimRecord] = field(default_factory=dict)
+    # Records of this boot still in the version-1 file; written as version 2 by the caller.
+    legacy: dict[str, ClaimRecord] = field(default_factory=dict)
+    legacy_status: str = "missing"  # missing, current, stale, corrupt or foreign
+    # Records written before the last reboot, by the boot id they carry.
+    stale: list[tuple[str, ClaimRecord]] = field(default_factory=list)
+    corrupt: list[CorruptFile] = field(default_factory=list)
+    foreign: list[ForeignFile] = field(default_factory=list)
+
+    @property
+    def needs_rebuild(self) -> bool:
+        return bool(self.corrupt or self.foreign)
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
@@ -169,17 +198,78 @@ def checksum(data: Any) -> str:
     return _CHECKSUM_PREFIX + hashlib.sha256(canonical_json(data)).hexdigest()
 
 
+def seal(data: dict[str, Any]) -> bytes:
+    """The on-disk envelope of ``data``."""
+    return canonical_json({"checksum": checksum(data), "data": data})
+
+
+def record_file_uid(file_name: str) -> str | None:
+    match = _RECORD_FILE.match(file_name)
+    return match["uid"] if match else None
+
+
+class _Unusable(Exception):
+    """A file that cannot be used: corrupt (version None) or of a newer version."""
+
+    def __init__(self, reason: str, version: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.version = version
+
+
+def _open_envelope(raw: bytes, newest: int) -> dict[str, Any]:
+    """The checked "data" of a file. The version is looked at before the checksum: a newer
+    plugin may seal its files differently, and such a file is foreign, not corrupt."""
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _Unusable(f"not JSON: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("data"), dict):
+        raise _Unusable("no 'data' object")
+    data: dict[str, Any] = document["data"]
+    version = data.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > newest:
+        raise _Unusable(f"schema version {version}", version)
+    if document.get("checksum") != checksum(data):
+        raise _Unusable("checksum mismatch")
+    return data
+
+
+def _durable_write(path: Path, data: bytes) -> None:
+    atomic_write_bytes(path, data, mode=0o600, sync_directory=False)
+
+
+Writer = Callable[[Path, bytes], None]
+
+
 class CheckpointStore:
-    """Loads and saves the checkpoint file. Callers serialise access with PrepareLock."""
+    """The claim records under ``path.parent``: ``path`` is where version 1 kept its single
+    file, version 2 files live in the ``claims`` folder beside it.
 
-    def __init__(self, path: Path, boot_id_path: Path = BOOT_ID_PATH) -> None:
-        self.path = path
+    Thread-safe. Callers hold the lock of a claim's resources while they change its record;
+    records of different claims are written in parallel.
+    """
+
+    def __init__(
+        self, path: Path, boot_id_path: Path = BOOT_ID_PATH, writer: Writer | None = None
+    ) -> None:
+        self.legacy_path = path
+        self.claims_dir = path.parent / CLAIMS_FOLDER
         self.boot_id_path = boot_id_path
+        # Injectable so tests can make the disk "full" without filling one.
+        self._write: Writer = writer or _durable_write
         self._boot_id: str | None = None
-        # What we last read or wrote, keyed by the file's identity: while the file is the one
-        # we know (same inode, mtime and size) a load needs no parse and no validation.
-        self._known: tuple[tuple[int, int, int], Checkpoint] | None = None
+        self._guard = threading.Lock()
+        # Parsed records keyed by file name and identity (inode, mtime, size): while a file
+        # is unchanged, reading it again needs no parse and no validation.
+        self._cache: dict[str, tuple[tuple[int, int, int], ClaimRecord | None]] = {}
+        # Records that live in memory only: rebuilt while the disk was full, or for a claim
+        # whose file belongs to a newer plugin (never overwritten).
+        self._memory: dict[str, ClaimRecord] = {}
+        self._foreign_uids: set[str] = set()
+        self._legacy_seen: tuple[int, int, int] | None = None
 
+    # -- identity ------------------------------------------------------------------------
     @property
     def boot_id(self) -> str:
         if self._boot_id is None:
@@ -189,69 +279,234 @@ class CheckpointStore:
     def empty(self) -> Checkpoint:
         return Checkpoint(boot_id=self.boot_id)
 
-    def load(self) -> LoadResult:
-        """Read the checkpoint. Raises CorruptCheckpoint (after moving the file aside)."""
-        try:
-            identity = _identity(self.path)
-            if self._known is not None and self._known[0] == identity:
-                return LoadResult(LoadStatus.CURRENT, self._known[1])
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return LoadResult(LoadStatus.MISSING, self.empty())
-        checkpoint = self._parse(raw)
-        if checkpoint.boot_id != self.boot_id:
-            log.info(
-                "checkpoint %s is from boot %s, this boot is %s: treating it as stale",
-                self.path,
-                checkpoint.boot_id,
-                self.boot_id,
+    def record_path(self, uid: str) -> Path:
+        if record_file_uid(f"{uid}.json") is None:
+            raise CheckpointError(
+                f"claim uid {uid!r} cannot name a record file; allowed: 1-128 letters, digits "
+                "and dashes"
             )
-            return LoadResult(LoadStatus.STALE, checkpoint)
-        self._known = (identity, checkpoint)
-        return LoadResult(LoadStatus.CURRENT, checkpoint)
+        return self.claims_dir / f"{uid}.json"
 
-    def save(self, checkpoint: Checkpoint) -> None:
-        data = checkpoint.model_dump(mode="json")
-        document = {"checksum": checksum(data), "data": data}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Compact: indenting would push json onto its pure-Python encoder (10x slower).
-        atomic_write_bytes(self.path, canonical_json(document))
-        self._known = (_identity(self.path), checkpoint)
+    # -- serving: one record at a time ---------------------------------------------------
+    def get(self, uid: str) -> ClaimRecord | None:
+        """The claim's record of this boot, or None."""
+        with self._guard:
+            if uid in self._memory:
+                return self._memory[uid]
+        return self._read_cached(self.record_path(uid))
 
-    def _parse(self, raw: bytes) -> Checkpoint:
+    def checkpoint(self) -> Checkpoint:
+        """Every record of this boot. Files that are unusable are skipped here (start-up has
+        dealt with them; one that appears later is reported by the next start)."""
+        claims: dict[str, ClaimRecord] = {}
+        for path in self._record_files():
+            record = self._read_cached(path)
+            if record is not None:
+                claims[record.uid] = record
+        with self._guard:
+            claims.update(self._memory)
+        return Checkpoint(boot_id=self.boot_id, claims=claims)
+
+    def put(self, record: ClaimRecord) -> None:
+        """Replace the claim's record. Raises CheckpointWriteError (the old state stays)."""
+        path = self.record_path(record.uid)
+        with self._guard:
+            if record.uid in self._foreign_uids:
+                self._memory[record.uid] = record
+                return
+        data = {
+            "version": SCHEMA_VERSION,
+            "boot_id": self.boot_id,
+            "claim": record.model_dump(mode="json"),
+        }
         try:
-            document = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise self._corrupt(f"not JSON: {exc}") from exc
-        if not isinstance(document, dict) or not isinstance(document.get("data"), dict):
-            raise self._corrupt("no 'data' object")
-        data = document["data"]
-        if document.get("checksum") != checksum(data):
-            raise self._corrupt("checksum mismatch")
-        version = data.get("version")
-        if isinstance(version, int) and version > SCHEMA_VERSION:
-            raise UnsupportedCheckpointVersion(
-                f"checkpoint {self.path} has schema version {version}; this plugin reads up "
-                f"to {SCHEMA_VERSION}. It was left in place."
-            )
-        try:
-            return Checkpoint.model_validate(data)
-        except ValidationError as exc:
-            raise self._corrupt(f"invalid content: {exc}") from exc
+            self._write(path, seal(data))
+            identity = _identity(path)
+        except OSError as err:
+            raise CheckpointWriteError(path, err) from err
+        with self._guard:
+            self._memory.pop(record.uid, None)
+            self._cache[path.name] = (identity, record)
 
-    def _corrupt(self, reason: str) -> CorruptCheckpoint:
+    def keep_in_memory(self, record: ClaimRecord) -> None:
+        """Hold a record that could not be written; put() or delete() ends that."""
+        with self._guard:
+            self._memory[record.uid] = record
+
+    def in_memory(self) -> list[str]:
+        with self._guard:
+            return sorted(self._memory)
+
+    def delete(self, uid: str) -> None:
+        """Forget the claim. An unlink needs no free space, so this works on a full disk."""
+        path = self.record_path(uid)
+        with self._guard:
+            self._memory.pop(uid, None)
+            self._cache.pop(path.name, None)
+            if uid in self._foreign_uids:
+                return  # a newer plugin's file: left as it is
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    # -- start-up: everything on disk ----------------------------------------------------
+    def scan(self) -> ScanResult:
+        """Read every file and sort its records. Moves nothing: corrupt files are set aside
+        by set_aside() once what replaces them is safe."""
+        result = ScanResult()
+        self._scan_legacy(result)
+        for path in self._record_files():
+            try:
+                data = _open_envelope(path.read_bytes(), SCHEMA_VERSION)
+                boot_id, record = _parse_record(data, expected_uid=record_file_uid(path.name))
+            except FileNotFoundError:
+                continue
+            except _Unusable as err:
+                if err.version is not None:
+                    result.foreign.append(ForeignFile(path, err.version))
+                    with self._guard:
+                        self._foreign_uids.add(record_file_uid(path.name) or "")
+                else:
+                    result.corrupt.append(CorruptFile(path, err.reason))
+                continue
+            if boot_id == self.boot_id:
+                result.current[record.uid] = record
+            else:
+                result.stale.append((boot_id, record))
+        return result
+
+    def set_aside(self, corrupt: CorruptFile) -> Path | None:
+        """Keep a copy of a corrupt file for inspection (a hard link: needs no space), while
+        the file itself stays until remove_corrupt(); None if no copy could be made."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        target = corrupt.path.with_name(f"{corrupt.path.name}.corrupt-{stamp}")
         suffix = 1
         while target.exists():
-            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}.{suffix}")
+            target = corrupt.path.with_name(f"{corrupt.path.name}.corrupt-{stamp}.{suffix}")
             suffix += 1
-        moved: Path | None = target
         try:
-            os.replace(self.path, target)
+            os.link(corrupt.path, target)
         except OSError as exc:
-            log.error("cannot move corrupt checkpoint %s aside: %s", self.path, exc)
-            moved = None
-        error = CorruptCheckpoint(self.path, moved, reason)
-        log.error("%s", error)
-        return error
+            log.error("cannot keep a copy of corrupt checkpoint file %s: %s", corrupt.path, exc)
+            return None
+        return target
+
+    def remove_corrupt(self, corrupt: CorruptFile, copy: Path | None) -> None:
+        """Remove the corrupt file unless a rebuilt record has replaced it meanwhile."""
+        try:
+            if copy is None or os.path.samefile(corrupt.path, copy):
+                corrupt.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def retire_legacy(self) -> None:
+        """After its records were written as version 2: keep the version-1 file only for
+        inspection, under a name no plugin reads."""
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(
+                self.legacy_path,
+                self.legacy_path.with_name(f"{self.legacy_path.name}.migrated-v{LEGACY_VERSION}"),
+            )
+
+    def legacy_changed(self) -> bool:
+        """Whether a version-1 file exists that the last scan() did not see (a plugin of that
+        version, still running during a rolling update, wrote it)."""
+        try:
+            return _identity(self.legacy_path) != self._legacy_seen
+        except FileNotFoundError:
+            return False
+
+    def migrate_legacy(self, records: dict[str, ClaimRecord]) -> list[CheckpointWriteError]:
+        """Write version-1 records as version 2, then retire the version-1 file. A record
+        that cannot be written is held in memory and the file stays, to be migrated again."""
+        failed = []
+        for record in records.values():
+            try:
+                self.put(record)
+            except CheckpointWriteError as err:
+                self.keep_in_memory(record)
+                failed.append(err)
+        if not failed:
+            self.retire_legacy()
+        return failed
+
+    def _scan_legacy(self, result: ScanResult) -> None:
+        try:
+            self._legacy_seen = _identity(self.legacy_path)
+            raw = self.legacy_path.read_bytes()
+        except FileNotFoundError:
+            self._legacy_seen = None
+            return
+        try:
+            data = _open_envelope(raw, LEGACY_VERSION)
+        except _Unusable as err:
+            if err.version is not None:
+                result.legacy_status = "foreign"
+                result.foreign.append(ForeignFile(self.legacy_path, err.version))
+            else:
+                result.legacy_status = "corrupt"
+                result.corrupt.append(CorruptFile(self.legacy_path, err.reason))
+            return
+        try:
+            old = Checkpoint.model_validate(data)
+        except ValidationError as exc:
+            result.legacy_status = "corrupt"
+            result.corrupt.append(CorruptFile(self.legacy_path, f"invalid content: {exc}"))
+            return
+        if old.boot_id == self.boot_id:
+            result.legacy_status = "current"
+            result.legacy.update(old.claims)
+        else:
+            result.legacy_status = "stale"
+            result.stale += [(old.boot_id, r) for r in old.claims.values()]
+
+    def _record_files(self) -> Iterator[Path]:
+        try:
+            names = sorted(os.listdir(self.claims_dir))
+        except FileNotFoundError:
+            return
+        for name in names:
+            if record_file_uid(name) is not None:
+                yield self.claims_dir / name
+
+    def _read_cached(self, path: Path) -> ClaimRecord | None:
+        try:
+            identity = _identity(path)
+            with self._guard:
+                known = self._cache.get(path.name)
+            if known is not None and known[0] == identity:
+                return known[1]
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        record: ClaimRecord | None = None
+        try:
+            boot_id, parsed = _parse_record(
+                _open_envelope(raw, SCHEMA_VERSION), record_file_uid(path.name)
+            )
+            record = parsed if boot_id == self.boot_id else None
+        except _Unusable as err:
+            log.warning("ignoring checkpoint file %s: %s", path, err.reason)
+        with self._guard:
+            self._cache[path.name] = (identity, record)
+        return record
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    # Every write is a rename of a fresh temp file, so any writer changes the inode.
+    st = os.stat(path)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _parse_record(data: dict[str, Any], expected_uid: str | None) -> tuple[str, ClaimRecord]:
+    if data.get("version") != SCHEMA_VERSION:
+        raise _Unusable(f"version {data.get('version')!r} in a version-{SCHEMA_VERSION} file")
+    boot_id = data.get("boot_id")
+    if not isinstance(boot_id, str) or not boot_id:
+        raise _Unusable("no boot_id")
+    try:
+        record = ClaimRecord.model_validate(data.get("claim"))
+    except ValidationError as exc:
+        raise _Unusable(f"invalid content: {exc}") from exc
+    if record.uid != expected_uid:
+        raise _Unusable(f"record of claim {record.uid} in the file of {expected_uid}")
+    return boot_id, record

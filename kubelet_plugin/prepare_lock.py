@@ -1,73 +1,164 @@
-"""An exclusive lock on <data dir>/prepare.lock that serialises prepare and unprepare.
+"""Locks for prepare and unprepare: one per node state a claim touches, shared by every thread
+and by a second plugin process.
 
-Two plugin processes run side by side during a rolling update and the kubelet may call
-either, so the lock is a file lock (flock) rather than a thread lock. Each acquisition opens
-the file anew: flock locks belong to the open file description, so this also excludes other
-threads of the same process.
+- The node lock, ``<data dir>/prepare.lock``: every prepare/unprepare holds it shared, start-up
+  reconcile and checkpoint migration hold it exclusive. Plugins of schema version 1 take it
+  exclusive for each operation, so during a rolling update from one of them the two never
+  overlap.
+- A claim lock (in-process): one operation per claim at a time in this process.
+- Resource locks, ``<data dir>/locks/<key>.lock``, e.g. ``gpu-3``: everything that changes a
+  physical GPU (its MIG layout, MPS daemon, time-slice, exclusive use) holds its lock, so work
+  on one GPU is serial while work on different GPUs runs in parallel. A caller takes all its
+  keys at once, in sorted order, after its claim lock and never the other way round: no
+  deadlock.
+
+Each resource lock is a thread lock (cheap waits inside the process) followed by a flock on
+the key's file (the other process). A flock belongs to its open file description, so every
+acquisition opens the file anew.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
+import logging
 import os
+import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+LOCKS_FOLDER = "locks"
 
 
 class LockTimeout(TimeoutError):
     """The lock stayed held by someone else for longer than the timeout."""
 
 
-class PrepareLock:
-    """Context manager: `with PrepareLock(path, timeout=40): ...`. Not re-entrant."""
+class _KeyedThreadLocks:
+    """One threading.Lock per key, alive while anyone holds or waits for it."""
 
-    _POLL_SECONDS = 0.01
-    _MAX_POLL_SECONDS = 0.1
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
 
-    def __init__(self, path: Path, timeout: float | None = None) -> None:
-        self.path = path
-        self.timeout = timeout
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        if self._fd is not None:
-            raise RuntimeError(f"lock {self.path} is already held by this object")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    @contextlib.contextmanager
+    def hold(
+        self, key: str, timeout: float | None, on_wait: Callable[[str], None] | None
+    ) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
         try:
-            self._lock(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
+            if not lock.acquire(blocking=False):
+                if on_wait is not None:
+                    on_wait(key)
+                if not lock.acquire(timeout=-1 if timeout is None else timeout):
+                    raise LockTimeout(
+                        f"lock {key} still held by another operation after {timeout:g}s"
+                    )
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+def _open_lock_file(path: Path) -> int | None:
+    """The file's descriptor; None when it cannot be created because the disk is full (then
+    only this process is excluded: unprepare, which frees space, must still work)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT) and not path.exists():
+            log.warning(
+                "cannot create lock file %s (%s): locking within this process only", path, err
+            )
+            return None
+        raise
+
+
+def _flock(fd: int, path: Path, operation: int, timeout: float | None) -> None:
+    if timeout is None:
+        fcntl.flock(fd, operation)
+        return
+    # flock has no timeout of its own: poll non-blocking with a growing pause.
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockTimeout(
+                    f"lock {path} still held by another prepare/unprepare after {timeout:g}s"
+                ) from None
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, 0.1)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path, operation: int, timeout: float | None) -> Iterator[None]:
+    fd = _open_lock_file(path)
+    if fd is None:
+        yield
+        return
+    try:
+        _flock(fd, path, operation, timeout)
+        yield
+    finally:
+        # Closing the last descriptor releases the flock.
+        os.close(fd)
+
+
+class PrepareLock:
+    """The node lock at ``path`` and the claim and resource locks beside it.
+
+    ``with lock:`` (or acquire/release) holds the node lock exclusive; per thread, not
+    re-entrant. ``on_wait(key)`` is called when an operation has to wait for a claim or
+    resource lock another thread holds (tests use it to prove that it waits).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        timeout: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.locks_dir = path.parent / LOCKS_FOLDER
+        self.timeout = timeout
+        self.on_wait = on_wait
+        self._claims = _KeyedThreadLocks()
+        self._resources = _KeyedThreadLocks()
+        self._held = threading.local()
+
+    # -- node lock -----------------------------------------------------------------------
+    def acquire(self) -> None:
+        if getattr(self._held, "exclusive", None) is not None:
+            raise RuntimeError(f"lock {self.path} is already held by this thread")
+        held = _file_lock(self.path, fcntl.LOCK_EX, self.timeout)
+        held.__enter__()
+        self._held.exclusive = held
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            # Closing the last descriptor releases the flock.
-            os.close(fd)
-
-    def _lock(self, fd: int) -> None:
-        if self.timeout is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return
-        # flock has no timeout of its own: poll non-blocking with a growing pause.
-        deadline = time.monotonic() + self.timeout
-        pause = self._POLL_SECONDS
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise LockTimeout(
-                        f"lock {self.path} still held by another prepare/unprepare "
-                        f"after {self.timeout:g}s"
-                    ) from None
-                time.sleep(min(pause, remaining))
-                pause = min(pause * 2, self._MAX_POLL_SECONDS)
+        held = getattr(self._held, "exclusive", None)
+        self._held.exclusive = None
+        if held is not None:
+            held.__exit__(None, None, None)
 
     def __enter__(self) -> PrepareLock:
         self.acquire()
@@ -80,3 +171,28 @@ class PrepareLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+    def operation(self) -> contextlib.AbstractContextManager[None]:
+        """The node lock, shared: any number of operations, but no start-up reconcile."""
+        return _file_lock(self.path, fcntl.LOCK_SH, self.timeout)
+
+    # -- claim and resource locks --------------------------------------------------------
+    def claim(self, uid: str) -> contextlib.AbstractContextManager[None]:
+        return self._claims.hold(f"claim {uid}", self.timeout, self.on_wait)
+
+    @contextlib.contextmanager
+    def resources(self, keys: Iterable[str]) -> Iterator[None]:
+        """Every key's lock, taken in sorted order."""
+        with contextlib.ExitStack() as stack:
+            for key in sorted(set(keys)):
+                stack.enter_context(self._resources.hold(key, self.timeout, self.on_wait))
+                stack.enter_context(
+                    _file_lock(self.locks_dir / f"{key}.lock", fcntl.LOCK_EX, self.timeout)
+                )
+            yield
+
+
+def gpu_key(index: int) -> str:
+    """The resource key of a physical GPU (covers its MIG layout, MPS daemon and
+    time-slice, and the exclusive use of the GPU and of its MIG devices)."""
+    return f"gpu-{index}"

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,13 @@ from driver.cdi import (
     render_claim_spec,
     spec_file_name,
 )
-from driver.gpu_model import TimeSliceInterval
+from driver.gpu_model import MigDevice, TimeSliceInterval
 from driver.names import DRIVER_NAME
 from driver.quantity import QuantityError, parse_quantity
 from kubelet_plugin.checkpoint import (
     Checkpoint,
     CheckpointStore,
+    CheckpointWriteError,
     ClaimRecord,
     ClaimState,
     CreatedResources,
@@ -44,7 +45,7 @@ from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
 from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
 from kubelet_plugin.claims import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
 from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.prepare_lock import PrepareLock
+from kubelet_plugin.prepare_lock import PrepareLock, gpu_key
 from kubelet_plugin.sharing import (
     SharingError,
     SharingPlan,
@@ -64,7 +65,8 @@ class PrepareError(Exception):
 
 
 class ClaimPreparerImpl:
-    """Implements the gRPC service's ClaimPreparer."""
+    """Implements the gRPC service's ClaimPreparer. Safe to call from many threads: claims on
+    different GPUs are prepared in parallel, work on one GPU is serial (see PrepareLock)."""
 
     def __init__(
         self,
@@ -82,6 +84,8 @@ class ClaimPreparerImpl:
         self._status = status
         # Called after claims were unprepared (a GPU may have become free to reconfigure).
         self.on_unprepared: Callable[[], None] | None = None
+        # Called as (step, claim uid) at each named step; tests use it to force interleavings.
+        self.on_step: Callable[[str, str], None] | None = None
         # Fault injection for crash tests (FLEXGPU_FAULT_CRASH_AT): SIGKILL ourselves at a
         # named step, exactly as an OOM kill or node shutdown would interrupt us.
         self._crash_at = crash_at
@@ -94,13 +98,11 @@ class ClaimPreparerImpl:
     # -- ClaimPreparer -------------------------------------------------------------------
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        with self._lock:
-            # Re-read under the lock: another plugin instance (rolling update) may have
-            # written since we last looked.
-            checkpoint = self.load_checkpoint()
+        with self._operation():
             for ref in claims:
                 try:
-                    checkpoint, devices = self._prepare_one(checkpoint, ref)
+                    with self._lock.claim(ref.uid):
+                        devices = self._prepare_one(ref)
                     results[ref.uid] = PrepareResult(devices=devices)
                 except PrepareError as err:
                     results[ref.uid] = PrepareResult.failed(str(err))
@@ -113,18 +115,12 @@ class ClaimPreparerImpl:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         results: dict[str, UnprepareResult] = {}
-        with self._lock:
-            checkpoint = self.load_checkpoint()
+        with self._operation():
             for ref in claims:
-                record = checkpoint.claims.get(ref.uid)
-                if record is None:
-                    results[ref.uid] = UnprepareResult()  # unknown claim: nothing to undo
-                    continue
                 try:
-                    self.undo(record, checkpoint.claims.values())
-                    checkpoint = checkpoint.without_claim(ref.uid)
-                    self._store.save(checkpoint)
-                    if self._status is not None:
+                    with self._lock.claim(ref.uid):
+                        record = self._unprepare_one(ref)
+                    if record is not None and self._status is not None:
                         self._status.unprepared(record.namespace, record.name, record.uid)
                     results[ref.uid] = UnprepareResult()
                 except Exception as err:
@@ -138,20 +134,80 @@ class ClaimPreparerImpl:
 
     # -- state ---------------------------------------------------------------------------
     def load_checkpoint(self) -> Checkpoint:
-        """The current checkpoint; start-up reconcile has already dealt with stale or
-        corrupt files."""
-        return self._store.load().checkpoint
+        """Every claim record of this boot; start-up reconcile has already dealt with stale
+        or corrupt files."""
+        return self._store.checkpoint()
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / spec_file_name(claim_uid)
 
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """The node lock, shared. A plugin of schema version 1 still running beside us (a
+        rolling update) may have written its single-file checkpoint: its records are migrated
+        first, under the exclusive lock, so that no claim goes unseen."""
+        if self._store.legacy_changed():
+            with self._lock:
+                scan = self._store.scan()
+                if scan.legacy_status == "current":
+                    for err in self._store.migrate_legacy(scan.legacy):
+                        log.error("migrating the version-1 checkpoint: %s", err)
+        with self._lock.operation():
+            yield
+
+    def resource_keys(self, record: ClaimRecord) -> set[str]:
+        """The GPUs a record's claim holds or changed: what its undo must lock."""
+        indices: set[int] = set()
+        for device in record.devices:
+            gpu = self.devices.gpu(device.device_name)
+            if gpu is not None:
+                indices.add(gpu.index)
+        indices.update(int(i) for i in record.created.time_slices)
+        indices.update(
+            m.parent_index for m in record.created.mig_instances if m.parent_index is not None
+        )
+        share = record.created.mps_share
+        if share is not None and share.gpu_index is not None:
+            indices.add(share.gpu_index)
+        return {gpu_key(i) for i in indices}
+
+    def _keys_of(self, ours: Sequence[AllocatedDevice]) -> set[str]:
+        keys = set()
+        for allocated in ours:
+            gpu = self.devices.gpu(allocated.device)
+            if gpu is not None:
+                keys.add(gpu_key(gpu.index))
+        return keys
+
+    def _put(self, record: ClaimRecord) -> None:
+        try:
+            self._store.put(record)
+        except CheckpointWriteError as err:
+            raise PrepareError(f"claim {record.namespace}/{record.name}: {err}") from None
+
+    # -- unprepare one claim -------------------------------------------------------------
+    def _unprepare_one(self, ref: ClaimRef) -> ClaimRecord | None:
+        record = self._store.get(ref.uid)
+        if record is None:
+            return None  # unknown claim: nothing to undo
+        keys = self.resource_keys(record)
+        with self._lock.resources(keys):
+            # Another plugin process may have changed it while we waited for the locks.
+            record = self._store.get(ref.uid)
+            if record is None:
+                return None
+            if not self.resource_keys(record) <= keys:
+                raise PrepareError(f"claim {ref.namespace}/{ref.name} changed meanwhile; retry")
+            self._step("unprepare-locked", ref.uid)
+            self.undo(record, self._store.checkpoint().claims.values())
+            self._store.delete(ref.uid)
+        return record
+
     # -- prepare one claim ---------------------------------------------------------------
-    def _prepare_one(
-        self, checkpoint: Checkpoint, ref: ClaimRef
-    ) -> tuple[Checkpoint, tuple[PreparedDevice, ...]]:
-        existing = checkpoint.claims.get(ref.uid)
+    def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        existing = self._store.get(ref.uid)
         if existing is not None and existing.state == ClaimState.PREPARED:
-            return checkpoint, _prepared_devices(existing)  # idempotent repeat
+            return _prepared_devices(existing)  # idempotent repeat
         claim = self._claims.get(ref.namespace, ref.name)
         if claim is None:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} not found")
@@ -165,43 +221,29 @@ class ClaimPreparerImpl:
         ours = [d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == self.node_name]
         for d in ours:
             self._check_known(d)
-        others = [r for r in checkpoint.claims.values() if r.uid != claim.uid]
-        self._check_conflicts(others, ours)
-        self._check_share_capacity(others, ours)
-        try:
-            plan = plan_sharing(claim, ours, self.devices)
-        except SharingError as err:
-            raise PrepareError(str(err)) from None
-        if existing is not None:
-            # A half-done earlier attempt (plugin killed mid-way): undo it, then start over.
-            self.undo(existing, others)
-            checkpoint = checkpoint.without_claim(existing.uid)
-        record = ClaimRecord(
-            uid=claim.uid,
-            namespace=claim.namespace,
-            name=claim.name,
-            state=ClaimState.PREPARE_STARTED,
-            devices=device_records(claim, ours),
-            created=self._intended(claim, plan),
-        )
-        checkpoint = checkpoint.with_claim(record)
-        self._store.save(checkpoint)
-        self._maybe_crash("after-prepare-started")
-        try:
-            cdi_devices = [self._materialise(d) for d in ours]
-            self._maybe_crash("after-devices-created")
-            env, mounts = self._apply_sharing(plan)
-            self._write_spec(claim, cdi_devices, env, mounts)
-        except Exception:
-            # Half-way failure: take back what was done, so nothing is left and a retry
-            # starts clean.
-            self.undo(record, others)
-            checkpoint = checkpoint.without_claim(record.uid)
-            self._store.save(checkpoint)
-            raise
-        self._maybe_crash("after-cdi-written")
-        checkpoint = checkpoint.with_claim(record.model_copy(update={"state": ClaimState.PREPARED}))
-        self._store.save(checkpoint)
+        keys = self._keys_of(ours) | (self.resource_keys(existing) if existing else set())
+        with self._lock.resources(keys):
+            # Re-read under the locks: another plugin process (rolling update) may have
+            # prepared it, or half-prepared it, while we waited.
+            existing = self._store.get(ref.uid)
+            if existing is not None and existing.state == ClaimState.PREPARED:
+                return _prepared_devices(existing)
+            if existing is not None and not self.resource_keys(existing) <= keys:
+                raise PrepareError(f"claim {ref.namespace}/{ref.name} changed meanwhile; retry")
+            self._step("prepare-locked", claim.uid)
+            # Records of claims on our GPUs cannot change while we hold their locks.
+            others = [r for r in self._store.checkpoint().claims.values() if r.uid != claim.uid]
+            self._check_conflicts(others, ours)
+            self._check_share_capacity(others, ours)
+            try:
+                plan = plan_sharing(claim, ours, self.devices)
+            except SharingError as err:
+                raise PrepareError(str(err)) from None
+            if existing is not None:
+                # A half-done earlier attempt (plugin killed mid-way): undo it, start over.
+                self.undo(existing, others)
+                self._store.delete(existing.uid)
+            prepared, cdi_devices = self._carry_out(claim, ours, plan, others)
         if self._status is not None:
             self._status.prepared(
                 claim.namespace, claim.name, claim.uid, self._device_status(ours, cdi_devices, plan)
@@ -212,7 +254,46 @@ class ClaimPreparerImpl:
             claim.name,
             ", ".join(d.device for d in ours) or "no devices of this node",
         )
-        return checkpoint, _prepared_devices(checkpoint.claims[claim.uid])
+        return _prepared_devices(prepared)
+
+    def _carry_out(
+        self,
+        claim: ClaimView,
+        ours: Sequence[AllocatedDevice],
+        plan: SharingPlan,
+        others: Sequence[ClaimRecord],
+    ) -> tuple[ClaimRecord, list[CdiDevice]]:
+        """Record PrepareStarted, create and change what the plan says, write the CDI spec,
+        record Prepared. On any failure everything is taken back and the record removed."""
+        record = ClaimRecord(
+            uid=claim.uid,
+            namespace=claim.namespace,
+            name=claim.name,
+            state=ClaimState.PREPARE_STARTED,
+            devices=device_records(claim, ours),
+            created=self._intended(claim, plan),
+        )
+        self._put(record)
+        self._step("after-prepare-started", claim.uid)
+        try:
+            materialised = [self._materialise(d) for d in ours]
+            self._step("after-devices-created", claim.uid)
+            env, mounts = self._apply_sharing(plan)
+            cdi_devices = [cdi for cdi, _ in materialised]
+            self._write_spec(claim, cdi_devices, env, mounts)
+            self._step("after-cdi-written", claim.uid)
+            created = [mig for _, mig in materialised if mig is not None]
+            prepared = record.model_copy(
+                update={"state": ClaimState.PREPARED, "created": _with_ids(record.created, created)}
+            )
+            self._put(prepared)
+        except BaseException:
+            # Half-way failure: take back what was done, so nothing is left and a retry
+            # starts clean. (Removing the record needs no disk space.)
+            self.undo(record, others)
+            self._store.delete(record.uid)
+            raise
+        return prepared, cdi_devices
 
     def _intended(self, claim: ClaimView, plan: SharingPlan) -> CreatedResources:
         mps = None
@@ -292,11 +373,11 @@ class ClaimPreparerImpl:
             )
         return records
 
-    def _materialise(self, allocated: AllocatedDevice) -> CdiDevice:
+    def _materialise(self, allocated: AllocatedDevice) -> tuple[CdiDevice, MigDevice | None]:
         """The device's CDI content, creating its MIG instance first for dynamic MIG."""
         part = self.devices.partition(allocated.device)
         if part is None:
-            return self._device(allocated)
+            return self._device(allocated), None
         created = self.devices.backend.create_mig_device(
             part.parent_index, part.profile_id, part.placement
         )
@@ -305,7 +386,7 @@ class ClaimPreparerImpl:
         parent = self.devices.gpus_by_index().get(part.parent_index)
         minor = parent.minor_number if parent else None
         log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
-        return CdiDevice(allocated.device, created.uuid, host_device_nodes(minor))
+        return CdiDevice(allocated.device, created.uuid, host_device_nodes(minor)), created
 
     def _check_known(self, allocated: AllocatedDevice) -> None:
         if self.devices.partition(allocated.device) is None:
@@ -323,7 +404,9 @@ class ClaimPreparerImpl:
         daemon = backend.start_mps_daemon(plan.mps.gpu_index)
         return {**env, **mps_env(daemon, plan.mps)}, mps_mounts(daemon)
 
-    def _maybe_crash(self, step: str) -> None:
+    def _step(self, step: str, uid: str) -> None:
+        if self.on_step is not None:
+            self.on_step(step, uid)
         if self._crash_at == step:
             log.warning("fault injection: SIGKILL at %s", step)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -392,51 +475,96 @@ class ClaimPreparerImpl:
         spec = render_claim_spec(identity, devices, env, mounts)
         atomic_write_bytes(self.spec_path(claim.uid), encode_spec(spec))
 
-    def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> None:
-        """Removes everything the record says was (or may have been) created or changed.
-        Shared state (an MPS daemon, a time-slice setting) is released only when no other
-        claim still uses it."""
+    def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> list[str]:
+        """Removes everything the record says was (or may have been) created or changed, and
+        says what it did. Shared state (an MPS daemon, a time-slice setting) is released only
+        when no other claim still uses it. The caller holds the locks of the record's GPUs."""
         others = [r for r in all_records if r.uid != record.uid]
+        done: list[str] = []
         path = record.created.cdi_spec_path
         if path:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+                done.append(f"removed CDI spec {Path(path).name}")
         backend = self.devices.backend
         for index in record.created.time_slices:
-            if not any(index in r.created.time_slices for r in others):
-                _ignore_lost_gpu(backend.set_time_slice, int(index), TimeSliceInterval.DEFAULT)
+            shared = any(index in r.created.time_slices for r in others)
+            if not shared and _ignore_lost_gpu(
+                backend.set_time_slice, int(index), TimeSliceInterval.DEFAULT
+            ):
+                done.append(f"reset time-slice of gpu-{index} to Default")
         for instance in record.created.mig_instances:
-            _ignore_lost_gpu(self._destroy_partition, instance)
+            try:
+                destroyed = self._destroy_partition(instance)
+            except (GpuLostError, NotFoundError) as err:
+                log.warning("cannot restore GPU state: %s", err)
+                destroyed = ""
+            if destroyed:
+                done.append(f"destroyed MIG instance {destroyed}")
         share = record.created.mps_share
         gpu_in_use = share is not None and any(
             r.created.mps_share and r.created.mps_share.gpu_index == share.gpu_index for r in others
         )
         if share is not None and share.gpu_index is not None and not gpu_in_use:
-            _ignore_lost_gpu(backend.stop_mps_daemon, share.gpu_index)
+            running = {d.gpu_index for d in backend.mps_daemons()}
+            if _ignore_lost_gpu(backend.stop_mps_daemon, share.gpu_index) and (
+                share.gpu_index in running
+            ):
+                done.append(f"stopped the MPS daemon of gpu-{share.gpu_index}")
+        return done
 
-    def _destroy_partition(self, record: MigInstanceRecord) -> None:
+    def _destroy_partition(self, record: MigInstanceRecord) -> str:
+        """Destroys the recorded instance: by UUID once prepare has recorded it, else (a
+        crash before that) by profile and placement. Returns what it destroyed, or ''."""
         if record.parent_index is None:
-            return
+            return ""
         backend = self.devices.backend
         for instance in backend.list_mig_devices(record.parent_index):
-            if instance.placement.start == record.placement_start and (
-                record.profile_id is None or instance.profile_id == record.profile_id
-            ):
-                backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
-                log.info(
-                    "destroyed MIG %s at %s on GPU %d",
-                    record.profile,
-                    record.placement_start,
-                    record.parent_index,
+            if record.uuid is not None:
+                match = instance.uuid == record.uuid
+            else:
+                match = instance.placement.start == record.placement_start and (
+                    record.profile_id is None or instance.profile_id == record.profile_id
                 )
+            if match:
+                backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
+                what = (
+                    f"{record.profile}@{record.placement_start} on gpu-{record.parent_index}"
+                    f" ({instance.uuid})"
+                )
+                log.info("destroyed MIG instance %s", what)
+                return what
+        return ""
 
 
-def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> None:
-    # A GPU that is gone cannot be reset; what the claim changed went with it.
+def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> bool:
+    """Whether the call succeeded. A GPU that is gone cannot be reset; what the claim changed
+    went with it."""
     try:
         call(*args)
     except (GpuLostError, NotFoundError) as err:
         log.warning("cannot restore GPU state: %s", err)
+        return False
+    return True
+
+
+def _with_ids(created: CreatedResources, devices: Sequence[MigDevice]) -> CreatedResources:
+    """The intended MIG records completed with what was created, so that undo and a
+    rebuild after a lost record find the instance by its UUID."""
+    by_place = {(d.parent_index, d.placement.start): d for d in devices}
+    records = []
+    for intended in created.mig_instances:
+        made = by_place.get((intended.parent_index or 0, intended.placement_start))
+        if made is not None and intended.parent_index is not None:
+            intended = intended.model_copy(  # noqa: PLW2901 - the completed record replaces it
+                update={
+                    "uuid": made.uuid,
+                    "gpu_instance_id": made.gpu_instance_id,
+                    "compute_instance_id": made.compute_instance_id,
+                }
+            )
+        records.append(intended)
+    return created.model_copy(update={"mig_instances": records})
 
 
 def _add(totals: dict[str, int], consumed: Mapping[str, str]) -> None:

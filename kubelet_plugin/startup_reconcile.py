@@ -1,8 +1,21 @@
 """Start-up reconcile of the checkpoint, the CDI directory and the hardware.
 
-Runs under the prepare lock before the plugin serves. It rolls back half-done claims, deletes
-CDI specs nobody owns, discards a checkpoint from an earlier boot, and rebuilds state from the
-CDI directory and the API when the checkpoint is corrupt, so the plugin keeps running.
+Runs under the exclusive node lock before the plugin serves, and writes only what changed. In
+order, each step safe to repeat after a crash:
+
+1. migrates a version-1 checkpoint file (records written, then the old file retired);
+2. after a reboot, resets what records of the earlier boot say the plugin set (time-slices,
+   MPS daemons, MIG instances) and drops them;
+3. when a file is corrupt or of a newer version, rebuilds the records of claims whose CDI spec
+   survives, with everything they hold: MIG instance (the spec's MIG UUID among the live
+   instances), MPS share (pipe folder and limits in the spec's env) and time-slice
+   (FLEXGPU_TIME_SLICE), checked against the API; corrupt files are set aside only once the
+   rebuilt records are written, files of a newer version are never touched;
+4. rolls back half-done claims, deletes CDI specs no record owns, then stops MPS daemons and
+   destroys dynamic-MIG instances that no record and no surviving spec uses.
+
+A write that fails (a full disk) does not stop the plugin: the record is held in memory, an
+Event says so, and unprepare, which frees space, keeps working.
 """
 
 from __future__ import annotations
@@ -11,29 +24,44 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver.cdi import ENV_CLAIM_NAME, ENV_CLAIM_NAMESPACE, claim_uid_from_spec_file, spec_env
+from driver.cdi import (
+    ENV_CLAIM_NAME,
+    ENV_CLAIM_NAMESPACE,
+    ENV_DEVICES,
+    ENV_VISIBLE_DEVICES,
+    cdi_device_id,
+    claim_uid_from_spec_file,
+    spec_env,
+)
+from driver.gpu_model import MigDevice
 from driver.names import DRIVER_NAME
 from kubelet_plugin.checkpoint import (
-    Checkpoint,
+    SCHEMA_VERSION,
     CheckpointStore,
+    CheckpointWriteError,
     ClaimRecord,
     ClaimState,
-    CorruptCheckpoint,
     CreatedResources,
-    LoadStatus,
+    DeviceRecord,
+    MigInstanceRecord,
     MpsShareRecord,
+    ScanResult,
 )
-from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource
+from kubelet_plugin.claim_source import ClaimSource
 from kubelet_plugin.preparer import ENV_TIME_SLICE, ClaimPreparerImpl, device_records
 
 log = logging.getLogger(__name__)
 
 # (reason, message) -> records a Warning Event on the node; never raises.
 EventSink = Callable[[str, str], None]
+
+ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 
 @dataclass
@@ -42,8 +70,17 @@ class ReconcileReport:
     orphan_specs_removed: list[str] = field(default_factory=list)
     rebuilt: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    migrated: list[str] = field(default_factory=list)
+    # After a reboot: the records of the earlier boot, and what was reset for them.
+    stale_dropped: list[str] = field(default_factory=list)
+    reset: list[str] = field(default_factory=list)
     mps_daemons_stopped: list[int] = field(default_factory=list)
     mig_instances_destroyed: list[str] = field(default_factory=list)
+    # What the rebuilt records hold.
+    rebuilt_mig: int = 0
+    rebuilt_mps: int = 0
+    rebuilt_time_slices: int = 0
+    write_failures: list[str] = field(default_factory=list)
     checkpoint_status: str = ""
 
 
@@ -54,51 +91,60 @@ def reconcile_at_start(
     events: EventSink | None = None,
 ) -> ReconcileReport:
     report = ReconcileReport()
-    try:
-        loaded = store.load()
-        checkpoint = loaded.checkpoint
-        report.checkpoint_status = loaded.status.value
-        if loaded.status == LoadStatus.STALE:
-            # Everything it records (CDI specs in a tmpfs, MIG instances) went with the reboot;
-            # what survived is an orphan and is removed below.
-            checkpoint = store.empty()
-    except CorruptCheckpoint as err:
-        report.checkpoint_status = "corrupt"
-        checkpoint = _rebuild_from_cdi(preparer, store, claims, report)
-        if events:
-            events(
-                "CheckpointCorrupt",
-                f"{err}. Rebuilt {len(report.rebuilt)} prepared claim(s) from the CDI "
-                "directory and the API.",
-            )
+    scan = store.scan()
+    report.checkpoint_status = _status(scan)
+    records = dict(scan.current)
+    if scan.legacy:
+        # A version-1 file left beside version-2 files is at least as new (see migrate_legacy).
+        records.update(scan.legacy)
+        report.migrated = sorted(f"{r.namespace}/{r.name}" for r in scan.legacy.values())
+        report.write_failures += [str(e) for e in store.migrate_legacy(scan.legacy)]
+    elif scan.legacy_status == "stale":
+        store.retire_legacy()
+    if scan.stale:
+        _reset_after_reboot(
+            preparer, store, scan=scan, records=records, report=report, events=events
+        )
+    if scan.needs_rebuild:
+        _rebuild(preparer, store, claims, scan=scan, records=records, report=report, events=events)
 
-    for uid, record in list(checkpoint.claims.items()):
+    for uid, record in list(records.items()):
         if record.state == ClaimState.PREPARE_STARTED:
-            preparer.undo(record, checkpoint.claims.values())
-            checkpoint = checkpoint.without_claim(uid)
+            preparer.undo(record, records.values())
+            store.delete(uid)
+            del records[uid]
             report.rolled_back.append(f"{record.namespace}/{record.name}")
         else:
             report.kept.append(f"{record.namespace}/{record.name}")
 
-    _stop_unused_mps_daemons(preparer, checkpoint, report)
-    _destroy_unowned_partitions(preparer, checkpoint, report)
-    owned = set(checkpoint.claims)
     for path in _our_specs(preparer.cdi_dir):
-        if claim_uid_from_spec_file(path.name) not in owned:
+        if claim_uid_from_spec_file(path.name) not in records:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             report.orphan_specs_removed.append(path.name)
+    in_specs = _spec_references(preparer.cdi_dir)
+    _stop_unused_mps_daemons(preparer, records.values(), in_specs, report)
+    _destroy_unowned_partitions(preparer, records.values(), in_specs, report)
     _remove_temp_files(preparer.cdi_dir)
-    _remove_temp_files(store.path.parent)
-    store.save(checkpoint)
+    _remove_temp_files(store.claims_dir)
+    _remove_temp_files(store.legacy_path.parent)
+    if report.write_failures and events:
+        events(
+            "CheckpointWriteFailed",
+            f"{report.write_failures[0]} ({len(report.write_failures)} record(s) not written). "
+            f"The plugin keeps serving with {len(store.in_memory())} record(s) held in memory; "
+            "preparing new claims fails until space is freed, unpreparing works.",
+        )
     log.info(
-        "start-up reconcile: checkpoint %s; kept %d, rolled back %d, rebuilt %d, removed %d "
-        "orphan CDI spec(s), stopped %d MPS daemon(s) and destroyed %d MIG instance(s) no "
-        "claim uses",
+        "start-up reconcile: checkpoint %s; kept %d, rolled back %d, rebuilt %d, migrated %d, "
+        "dropped %d record(s) of an earlier boot, removed %d orphan CDI spec(s), stopped %d MPS "
+        "daemon(s) and destroyed %d MIG instance(s) no claim uses",
         report.checkpoint_status,
         len(report.kept),
         len(report.rolled_back),
         len(report.rebuilt),
+        len(report.migrated),
+        len(report.stale_dropped),
         len(report.orphan_specs_removed),
         len(report.mps_daemons_stopped),
         len(report.mig_instances_destroyed),
@@ -106,62 +152,309 @@ def reconcile_at_start(
     return report
 
 
-def _destroy_unowned_partitions(
-    preparer: ClaimPreparerImpl, checkpoint: Checkpoint, report: ReconcileReport
+def _status(scan: ScanResult) -> str:
+    if scan.foreign:
+        return "foreign"
+    if scan.corrupt:
+        return "corrupt"
+    if scan.stale:
+        return "stale"
+    if scan.legacy:
+        return "migrated"
+    return "current" if scan.current else "missing"
+
+
+# -- after a reboot ----------------------------------------------------------------------
+
+
+def _reset_after_reboot(
+    preparer: ClaimPreparerImpl,
+    store: CheckpointStore,
+    *,
+    scan: ScanResult,
+    records: dict[str, ClaimRecord],
+    report: ReconcileReport,
+    events: EventSink | None,
 ) -> None:
-    """On dynamic-MIG GPUs every instance belongs to a prepared claim; others are leftovers
-    of a crash (created, then the plugin died before recording it) and are destroyed."""
-    owned = {
-        (m.parent_index, m.placement_start)
-        for r in checkpoint.claims.values()
-        for m in r.created.mig_instances
-    }
-    backend = preparer.devices.backend
+    """Pods of an earlier boot are gone, but settings may outlive a reboot (and the
+    simulator's state does): undo what each record made, then drop it."""
+    old_boots = sorted({boot for boot, _ in scan.stale})
+    for _, record in scan.stale:
+        report.reset += preparer.undo(record, records.values())
+        if record.uid not in records:
+            store.delete(record.uid)
+        report.stale_dropped.append(f"{record.namespace}/{record.name}")
+    summary = (
+        f"Checkpoint records of an earlier boot ({', '.join(old_boots)}; this boot is "
+        f"{store.boot_id}): dropped {len(report.stale_dropped)} claim record(s) "
+        f"({', '.join(report.stale_dropped)}); reset: "
+        f"{'; '.join(report.reset) or 'nothing was left set'}."
+    )
+    log.warning("%s", summary)
+    if events:
+        events("CheckpointFromEarlierBoot", summary)
+
+
+# -- rebuild from CDI specs --------------------------------------------------------------
+
+
+def _rebuild(
+    preparer: ClaimPreparerImpl,
+    store: CheckpointStore,
+    claims: ClaimSource,
+    *,
+    scan: ScanResult,
+    records: dict[str, ClaimRecord],
+    report: ReconcileReport,
+    events: EventSink | None,
+) -> None:
+    # Copies of the corrupt files first; the files themselves go only once the records that
+    # replace them are written: a crash before that finds them again and rebuilds again.
+    copies = [(c, store.set_aside(c)) for c in scan.corrupt]
+    rebuilt = _rebuild_from_cdi(preparer, claims, set(records), report)
+    failed = False
+    for record in rebuilt:
+        try:
+            store.put(record)
+        except CheckpointWriteError as err:
+            store.keep_in_memory(record)
+            report.write_failures.append(str(err))
+            failed = True
+        records[record.uid] = record
+    if not failed:
+        for corrupt, copy in copies:
+            store.remove_corrupt(corrupt, copy)
+    what = (
+        f"Rebuilt {len(rebuilt)} prepared claim(s){_names(report.rebuilt)} holding "
+        f"{report.rebuilt_mig} MIG instance(s), {report.rebuilt_mps} MPS share(s) and "
+        f"{report.rebuilt_time_slices} time-slice setting(s) from the CDI specs in "
+        f"{preparer.cdi_dir}, checked against the API server; nothing they use was changed."
+    )
+    if scan.corrupt:
+        files = ", ".join(
+            f"{c.path} ({c.reason[:120]}; {f'copy kept as {to.name}' if to else 'no copy kept'})"
+            for c, to in copies
+        )
+        message = f"Corrupt checkpoint file(s): {files}. {what}"
+        log.error("%s", message)
+        if events:
+            events("CheckpointCorrupt", message)
+    if scan.foreign:
+        files = ", ".join(f"{f.path} (schema version {f.version})" for f in scan.foreign)
+        message = (
+            f"Checkpoint file(s) of a newer plugin: {files}; this plugin reads schema versions "
+            f"up to {SCHEMA_VERSION} and left them untouched. {what}"
+        )
+        log.error("%s", message)
+        if events:
+            events("CheckpointVersionUnsupported", message)
+
+
+def _names(names: list[str]) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(names[:10])
+    return f" ({shown}{', ...' if len(names) > 10 else ''})"
+
+
+def _rebuild_from_cdi(
+    preparer: ClaimPreparerImpl, claims: ClaimSource, known: set[str], report: ReconcileReport
+) -> list[ClaimRecord]:
+    """A record for each spec of ours with none, when the API still shows the claim
+    allocated to us (or cannot be asked: then the spec alone is trusted, not deleted)."""
+    live = _live_partitions(preparer)
+    rebuilt = []
+    for path in _our_specs(preparer.cdi_dir):
+        uid = claim_uid_from_spec_file(path.name)
+        if uid is None or uid in known:
+            continue
+        try:
+            env = spec_env(json.loads(path.read_bytes()))
+        except (OSError, ValueError):
+            continue  # unreadable: no runtime can use it either; removed as an orphan
+        namespace, name = env.get(ENV_CLAIM_NAMESPACE, ""), env.get(ENV_CLAIM_NAME, "")
+        if not namespace or not name:
+            continue
+        try:
+            claim = claims.get(namespace, name)
+        except Exception as err:  # API down: keep the spec's claim rather than lose it
+            log.warning("cannot read claim %s/%s while rebuilding state: %s", namespace, name, err)
+            devices = _devices_from_spec(preparer, uid, env)
+        else:
+            if claim is None or claim.uid != uid or not claim.allocated:
+                continue
+            ours = [
+                d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == preparer.node_name
+            ]
+            devices = device_records(claim, ours)
+        created = _created_from_spec(preparer, os.fspath(path), env, devices, live)
+        report.rebuilt_mig += len(created.mig_instances)
+        report.rebuilt_mps += created.mps_share is not None
+        report.rebuilt_time_slices += len(created.time_slices)
+        rebuilt.append(
+            ClaimRecord(
+                uid=uid,
+                namespace=namespace,
+                name=name,
+                state=ClaimState.PREPARED,
+                devices=devices,
+                created=created,
+            )
+        )
+        report.rebuilt.append(f"{namespace}/{name}")
+    return rebuilt
+
+
+def _devices_from_spec(
+    preparer: ClaimPreparerImpl, uid: str, env: dict[str, str]
+) -> list[DeviceRecord]:
+    names = [n for n in env.get(ENV_DEVICES, "").split(",") if n]
+    return [
+        DeviceRecord(
+            pool_name=preparer.node_name, device_name=n, cdi_device_ids=[cdi_device_id(uid)]
+        )
+        for n in names
+    ]
+
+
+def _live_partitions(preparer: ClaimPreparerImpl) -> dict[str, MigDevice]:
+    """Instances on dynamic-MIG GPUs by UUID: the ones prepare creates."""
+    live = {}
     for index in sorted(preparer.devices.dynamic_gpus()):
-        for instance in backend.list_mig_devices(index):
-            if (index, instance.placement.start) not in owned:
-                backend.destroy_mig_device(index, instance.gpu_instance_id)
-                report.mig_instances_destroyed.append(
-                    f"gpu-{index} {instance.profile_name}@{instance.placement.start}"
-                )
+        for instance in preparer.devices.backend.list_mig_devices(index):
+            if instance.uuid is not None:
+                live[instance.uuid] = instance
+    return live
 
 
-def _stop_unused_mps_daemons(
-    preparer: ClaimPreparerImpl, checkpoint: Checkpoint, report: ReconcileReport
-) -> None:
-    """Daemons of prepared claims are adopted as they run; any other one is a leftover."""
-    in_use = {
-        r.created.mps_share.gpu_index
-        for r in checkpoint.claims.values()
-        if r.created.mps_share is not None
-    }
-    backend = preparer.devices.backend
-    for daemon in backend.mps_daemons():
-        if daemon.gpu_index not in in_use:
-            backend.stop_mps_daemon(daemon.gpu_index)
-            report.mps_daemons_stopped.append(daemon.gpu_index)
-
-
-def _created_from_env(
+def _created_from_spec(
     preparer: ClaimPreparerImpl,
     spec_path: str,
     env: dict[str, str],
-    ours: list[AllocatedDevice],
+    devices: Iterable[DeviceRecord],
+    live: dict[str, MigDevice],
 ) -> CreatedResources:
-    """What the claim's spec shows it set up: its MPS daemon (by pipe folder) and
-    time-slicing on its GPUs, so rebuilt records keep those in use."""
+    """What the claim's spec shows it holds: the MIG instances its MIG UUIDs name, its MPS
+    daemon (by pipe folder) with its limits, and time-slicing on its GPUs."""
+    mig = []
+    for uuid in env.get(ENV_VISIBLE_DEVICES, "").split(","):
+        instance = live.get(uuid)
+        if instance is not None:
+            mig.append(
+                MigInstanceRecord(
+                    parent_uuid=instance.parent_uuid,
+                    parent_index=instance.parent_index,
+                    profile=instance.profile_name,
+                    profile_id=instance.profile_id,
+                    placement_start=instance.placement.start,
+                    placement_size=instance.placement.size,
+                    gpu_instance_id=instance.gpu_instance_id,
+                    compute_instance_id=instance.compute_instance_id,
+                    uuid=instance.uuid,
+                )
+            )
     mps = None
-    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+    pipe = env.get(ENV_MPS_PIPE)
     for daemon in preparer.devices.backend.mps_daemons() if pipe else []:
         if daemon.pipe_dir == pipe:
-            mps = MpsShareRecord(gpu_uuids=[daemon.gpu_uuid], gpu_index=daemon.gpu_index)
+            mps = MpsShareRecord(
+                gpu_uuids=[daemon.gpu_uuid],
+                gpu_index=daemon.gpu_index,
+                pipe_dir=pipe,
+                active_thread_percentage=_int(env.get(ENV_MPS_THREADS)),
+                pinned_memory_limits=_pinned(env.get(ENV_MPS_PINNED)),
+            )
     slices = {}
     if ENV_TIME_SLICE in env:
-        for allocated in ours:
-            gpu = preparer.devices.gpu(allocated.device)
+        for device in devices:
+            gpu = preparer.devices.gpu(device.device_name)
             if gpu is not None:
                 slices[str(gpu.index)] = env[ENV_TIME_SLICE]
-    return CreatedResources(cdi_spec_path=spec_path, mps_share=mps, time_slices=slices)
+    return CreatedResources(
+        cdi_spec_path=spec_path, mig_instances=mig, mps_share=mps, time_slices=slices
+    )
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _pinned(text: str | None) -> dict[str, str]:
+    """``0=4096M,1=...`` (what prepare writes) as the record's {"0": "4096Mi"}."""
+    limits = {}
+    for item in (text or "").split(","):
+        key, _, value = item.partition("=")
+        if key and value.endswith("M") and value[:-1].isdigit():
+            limits[key] = f"{value[:-1]}Mi"
+    return limits
+
+
+# -- leftovers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SpecReferences:
+    mig_uuids: frozenset[str]
+    mps_pipes: frozenset[str]
+
+
+def _spec_references(cdi_dir: Path) -> _SpecReferences:
+    """What the CDI specs on disk hand to containers: never destroyed or stopped here."""
+    uuids: set[str] = set()
+    pipes: set[str] = set()
+    for path in _our_specs(cdi_dir):
+        try:
+            env = spec_env(json.loads(path.read_bytes()))
+        except (OSError, ValueError):
+            continue
+        uuids.update(u for u in env.get(ENV_VISIBLE_DEVICES, "").split(",") if u)
+        if env.get(ENV_MPS_PIPE):
+            pipes.add(env[ENV_MPS_PIPE])
+    return _SpecReferences(frozenset(uuids), frozenset(pipes))
+
+
+def _destroy_unowned_partitions(
+    preparer: ClaimPreparerImpl,
+    records: Iterable[ClaimRecord],
+    in_specs: _SpecReferences,
+    report: ReconcileReport,
+) -> None:
+    """On dynamic-MIG GPUs every instance belongs to a prepared claim; others are leftovers
+    of a crash (created, then the plugin died before recording it) and are destroyed."""
+    owned_at: set[tuple[int | None, int]] = set()
+    owned_uuids: set[str] = set(in_specs.mig_uuids)
+    for record in records:
+        for m in record.created.mig_instances:
+            owned_at.add((m.parent_index, m.placement_start))
+            if m.uuid:
+                owned_uuids.add(m.uuid)
+    backend = preparer.devices.backend
+    for index in sorted(preparer.devices.dynamic_gpus()):
+        for instance in backend.list_mig_devices(index):
+            if (index, instance.placement.start) in owned_at or instance.uuid in owned_uuids:
+                continue
+            backend.destroy_mig_device(index, instance.gpu_instance_id)
+            report.mig_instances_destroyed.append(
+                f"gpu-{index} {instance.profile_name}@{instance.placement.start}"
+            )
+
+
+def _stop_unused_mps_daemons(
+    preparer: ClaimPreparerImpl,
+    records: Iterable[ClaimRecord],
+    in_specs: _SpecReferences,
+    report: ReconcileReport,
+) -> None:
+    """Daemons of prepared claims are adopted as they run; any other one is a leftover."""
+    in_use = {r.created.mps_share.gpu_index for r in records if r.created.mps_share is not None}
+    backend = preparer.devices.backend
+    for daemon in backend.mps_daemons():
+        if daemon.gpu_index not in in_use and daemon.pipe_dir not in in_specs.mps_pipes:
+            backend.stop_mps_daemon(daemon.gpu_index)
+            report.mps_daemons_stopped.append(daemon.gpu_index)
 
 
 def _our_specs(cdi_dir: Path) -> list[Path]:
@@ -178,43 +471,3 @@ def _remove_temp_files(folder: Path) -> None:
         if path.name.startswith(".") and path.name.endswith(".tmp"):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-
-
-def _rebuild_from_cdi(
-    preparer: ClaimPreparerImpl,
-    store: CheckpointStore,
-    claims: ClaimSource,
-    report: ReconcileReport,
-) -> Checkpoint:
-    """Each spec of ours names its claim; keep those the API still shows allocated to us."""
-    checkpoint = store.empty()
-    for path in _our_specs(preparer.cdi_dir):
-        uid = claim_uid_from_spec_file(path.name)
-        try:
-            env = spec_env(json.loads(path.read_bytes()))
-        except (OSError, ValueError):
-            continue  # unreadable: removed as an orphan
-        namespace, name = env.get(ENV_CLAIM_NAMESPACE, ""), env.get(ENV_CLAIM_NAME, "")
-        try:
-            claim = claims.get(namespace, name) if namespace and name else None
-        except Exception as err:  # API down: keep the spec's claim rather than lose it
-            log.warning("cannot read claim %s/%s while rebuilding state: %s", namespace, name, err)
-            claim = None
-        if claim is None or claim.uid != uid or not claim.allocated:
-            continue
-        ours = [
-            d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == preparer.node_name
-        ]
-        created = _created_from_env(preparer, os.fspath(path), env, ours)
-        checkpoint = checkpoint.with_claim(
-            ClaimRecord(
-                uid=claim.uid,
-                namespace=claim.namespace,
-                name=claim.name,
-                state=ClaimState.PREPARED,
-                devices=device_records(claim, ours),
-                created=created,
-            )
-        )
-        report.rebuilt.append(f"{claim.namespace}/{claim.name}")
-    return checkpoint

@@ -123,8 +123,12 @@ def env_from_log(text: str) -> dict[str, str]:
 
 
 def checkpoint_claims(node: SimulatedGpuNode) -> dict[str, Any]:
-    data = json.loads((node.data_dir / "checkpoint.json").read_text())
-    return dict(data["data"]["claims"])
+    """The node's claim records by UID (one file each under <data dir>/claims)."""
+    records = {}
+    for path in sorted((node.data_dir / "claims").glob("*.json")):
+        claim = json.loads(path.read_text())["data"]["claim"]
+        records[claim["uid"]] = claim
+    return records
 
 
 def cdi_specs(node: SimulatedGpuNode) -> list[str]:

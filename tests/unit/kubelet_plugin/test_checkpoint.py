@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -12,19 +13,18 @@ from typing import Any
 import pytest
 
 from kubelet_plugin.checkpoint import (
-    Checkpoint,
+    SCHEMA_VERSION,
     CheckpointError,
     CheckpointStore,
+    CheckpointWriteError,
     ClaimRecord,
     ClaimState,
-    CorruptCheckpoint,
     CreatedResources,
     DeviceRecord,
-    LoadStatus,
     MigInstanceRecord,
     MpsShareRecord,
-    UnsupportedCheckpointVersion,
     checksum,
+    seal,
 )
 
 BOOT_A = "3f1c9a52-2b7e-4d0a-9c1e-5e8f7a6b4c3d"
@@ -81,99 +81,186 @@ def _rewrite(path: Path, change: Any) -> None:
     path.write_text(json.dumps(document))
 
 
-def test_missing_file_gives_an_empty_checkpoint_for_this_boot(store: CheckpointStore) -> None:
-    result = store.load()
-    assert result.status is LoadStatus.MISSING
-    assert result.checkpoint == Checkpoint(boot_id=BOOT_A)
+def _legacy(store: CheckpointStore, boot_id: str, *records: ClaimRecord, version: int = 1) -> None:
+    """A checkpoint as plugins of schema version 1 wrote it: one file for the node."""
+    data = {
+        "version": version,
+        "boot_id": boot_id,
+        "claims": {r.uid: r.model_dump(mode="json") for r in records},
+    }
+    store.legacy_path.parent.mkdir(parents=True, exist_ok=True)
+    store.legacy_path.write_bytes(seal(data))
 
 
-def test_round_trip(store: CheckpointStore) -> None:
-    checkpoint = (
-        store.empty()
-        .with_claim(_record("u1"))
-        .with_claim(_record("u2", ClaimState.PREPARE_STARTED))
-    )
-    store.save(checkpoint)
-    result = store.load()
-    assert result.status is LoadStatus.CURRENT
-    assert result.checkpoint == checkpoint
-    document = json.loads(store.path.read_text())
+def test_nothing_on_disk_is_an_empty_checkpoint_for_this_boot(store: CheckpointStore) -> None:
+    scan = store.scan()
+    assert (scan.current, scan.stale, scan.corrupt, scan.foreign) == ({}, [], [], [])
+    assert scan.legacy_status == "missing"
+    assert store.checkpoint().claims == {} and store.checkpoint().boot_id == BOOT_A
+
+
+def test_one_sealed_file_per_claim(store: CheckpointStore) -> None:
+    store.put(_record("u1"))
+    store.put(_record("u2", ClaimState.PREPARE_STARTED))
+    assert sorted(p.name for p in store.claims_dir.iterdir()) == ["u1.json", "u2.json"]
+    document = json.loads(store.record_path("u2").read_text())
     assert document["checksum"] == checksum(document["data"])
+    assert document["data"]["version"] == SCHEMA_VERSION == 2
     assert document["data"]["boot_id"] == BOOT_A
-    assert document["data"]["claims"]["u2"]["state"] == "PrepareStarted"
-    assert result.checkpoint.without_claim("u1").claims.keys() == {"u2"}
-    assert checkpoint.claims.keys() == {"u1", "u2"}  # derived copies leave the original alone
+    assert document["data"]["claim"]["state"] == "PrepareStarted"
+    assert store.checkpoint().claims == {
+        "u1": _record("u1"),
+        "u2": _record("u2", ClaimState.PREPARE_STARTED),
+    }
+    # A second store (the other plugin process) reads the same.
+    assert CheckpointStore(store.legacy_path, store.boot_id_path).get("u2") == store.get("u2")
+    store.delete("u1")
+    assert store.get("u1") is None and list(store.checkpoint().claims) == ["u2"]
 
 
-@pytest.mark.parametrize(
-    ("damage", "reason"),
-    [
-        (lambda p: p.write_bytes(b'{"checksum": "sha256:00", "da'), "not JSON"),
-        (lambda p: p.write_bytes(b"\xff\xfe"), "not JSON"),
-        (lambda p: p.write_text("[]"), "no 'data' object"),
-        (
-            lambda p: p.write_text(p.read_text().replace("claim-u1", "claim-XX")),
-            "checksum mismatch",
-        ),
-        (
-            lambda p: _rewrite(p, lambda d: d["claims"]["u1"].update(state="Bogus")),
-            "invalid content",
-        ),
-    ],
-    ids=["truncated", "binary", "no-data", "tampered", "invalid-state"],
-)
-def test_corrupt_file_is_moved_aside(store: CheckpointStore, damage: Any, reason: str) -> None:
-    store.save(store.empty().with_claim(_record("u1")))
-    damage(store.path)
-    damaged = store.path.read_bytes()
-    with pytest.raises(CorruptCheckpoint) as info:
-        store.load()
-    assert reason in str(info.value)
-    assert not store.path.exists()
-    moved = info.value.moved_to
-    assert moved is not None and moved.name.startswith("checkpoint.json.corrupt-")
-    assert moved.read_bytes() == damaged
-    # The next start begins afresh instead of tripping over the same file again.
-    assert store.load().status is LoadStatus.MISSING
+def test_a_state_change_is_one_file_write_with_one_fsync(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        syncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    store.put(_record("u1"))
+    assert len(syncs) == 1
+    store.put(_record("u1", ClaimState.PREPARE_STARTED))
+    assert len(syncs) == 2
+    store.delete("u1")  # an unlink: no sync
+    assert len(syncs) == 2
 
 
-def test_two_corruptions_keep_both_files(store: CheckpointStore) -> None:
-    moved = []
-    for _ in range(2):
-        store.path.parent.mkdir(parents=True, exist_ok=True)
-        store.path.write_text("garbage")
-        with pytest.raises(CorruptCheckpoint) as info:
-            store.load()
-        moved.append(info.value.moved_to)
-    assert len(set(moved)) == 2
-    assert all(p is not None and p.exists() for p in moved)
+CORRUPTIONS = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+    "empty": lambda p: p.write_bytes(b""),
+    "random-bytes": lambda p: p.write_bytes(random.Random(7).randbytes(300)),
+    "wrong-checksum": lambda p: p.write_text(p.read_text().replace("claim-u1", "claim-XX")),
+    "wrong-shape": lambda p: _rewrite(p, lambda d: d.update(claim=["not", "a", "record"])),
+}
 
 
-def test_other_boot_is_reported_stale(store: CheckpointStore, tmp_path: Path) -> None:
-    store.save(store.empty().with_claim(_record("u1")))
-    after_reboot = CheckpointStore(store.path, _boot_file(tmp_path, BOOT_B))
-    result = after_reboot.load()
-    assert result.status is LoadStatus.STALE
-    assert result.checkpoint.boot_id == BOOT_A
-    assert list(result.checkpoint.claims) == ["u1"]
+@pytest.mark.parametrize("damage", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_corrupt_record_is_reported_and_kept_for_inspection(
+    store: CheckpointStore, damage: Any
+) -> None:
+    store.put(_record("u1"))
+    store.put(_record("u2"))
+    path = store.record_path("u1")
+    damage(path)
+    damaged = path.read_bytes()
+    scan = store.scan()
+    assert [c.path for c in scan.corrupt] == [path]
+    assert list(scan.current) == ["u2"]
+    assert list(store.checkpoint().claims) == ["u2"]  # serving skips it
+    copy = store.set_aside(scan.corrupt[0])
+    assert copy is not None and copy.name.startswith("u1.json.corrupt-")
+    assert copy.read_bytes() == damaged and path.exists()
+    store.remove_corrupt(scan.corrupt[0], copy)
+    assert not path.exists() and copy.exists()
+
+
+def test_corrupt_file_replaced_by_a_rebuilt_record_is_not_removed(store: CheckpointStore) -> None:
+    store.record_path("u1").parent.mkdir(parents=True)
+    store.record_path("u1").write_text("garbage")
+    (corrupt,) = store.scan().corrupt
+    copy = store.set_aside(corrupt)
+    store.put(_record("u1"))
+    store.remove_corrupt(corrupt, copy)
+    assert store.get("u1") == _record("u1")
+
+
+def test_records_of_another_boot_are_stale(store: CheckpointStore, tmp_path: Path) -> None:
+    store.put(_record("u1"))
+    after_reboot = CheckpointStore(store.legacy_path, _boot_file(tmp_path, BOOT_B))
+    scan = after_reboot.scan()
+    assert scan.current == {} and scan.stale == [(BOOT_A, _record("u1"))]
+    assert after_reboot.get("u1") is None  # never served as current
     assert after_reboot.empty().boot_id == BOOT_B
 
 
-def test_newer_schema_is_refused_and_left_in_place(store: CheckpointStore) -> None:
-    store.save(store.empty())
-    _rewrite(store.path, lambda d: d.update(version=2))
-    with pytest.raises(UnsupportedCheckpointVersion, match="schema version 2"):
-        store.load()
-    assert store.path.exists()
+def test_newer_version_is_foreign_and_never_touched(store: CheckpointStore) -> None:
+    store.put(_record("u1"))
+    path = store.record_path("u1")
+    # A newer plugin may also seal differently: the version decides, not the checksum.
+    _rewrite(path, lambda d: d.update(version=3))
+    path.write_text(path.read_text().replace("sha256:", "sha512:"))
+    before = path.read_bytes()
+    scan = store.scan()
+    assert [(f.path, f.version) for f in scan.foreign] == [(path, 3)]
+    assert scan.corrupt == [] and scan.current == {}
+    store.put(_record("u1"))  # held in memory instead of overwriting
+    assert store.get("u1") == _record("u1")
+    store.delete("u1")
+    assert path.read_bytes() == before
+
+
+def test_version_1_file_is_read_for_migration(store: CheckpointStore) -> None:
+    _legacy(store, BOOT_A, _record("u1"), _record("u2", ClaimState.PREPARE_STARTED))
+    scan = store.scan()
+    assert scan.legacy_status == "current"
+    assert scan.legacy == {"u1": _record("u1"), "u2": _record("u2", ClaimState.PREPARE_STARTED)}
+    assert store.migrate_legacy(scan.legacy) == []
+    assert not store.legacy_path.exists()
+    assert store.legacy_path.with_name("checkpoint.json.migrated-v1").exists()
+    assert set(store.checkpoint().claims) == {"u1", "u2"}
+    assert not store.legacy_changed()
+    _legacy(store, BOOT_A, _record("u3"))  # an old plugin still running writes again
+    assert store.legacy_changed()
+
+
+@pytest.mark.parametrize(
+    ("version", "status"), [(1, "current"), (2, "foreign"), (99, "foreign")], ids=str
+)
+def test_version_1_file_of_a_newer_version_is_foreign(
+    store: CheckpointStore, version: int, status: str
+) -> None:
+    _legacy(store, BOOT_A, _record("u1"), version=version)
+    scan = store.scan()
+    assert scan.legacy_status == status
+    assert [f.version for f in scan.foreign] == ([] if version == 1 else [version])
+
+
+def test_failed_write_names_path_and_errno_and_keeps_the_old_state(tmp_path: Path) -> None:
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    boot = _boot_file(tmp_path, BOOT_A)
+    store = CheckpointStore(tmp_path / "data" / "checkpoint.json", boot)
+    store.put(_record("u1"))
+    broken = CheckpointStore(store.legacy_path, boot, writer=full)
+    with pytest.raises(CheckpointWriteError) as info:
+        broken.put(_record("u1", ClaimState.PREPARE_STARTED))
+    assert str(info.value).startswith(
+        f"cannot write claim record {store.record_path('u1')}: No space left on device (ENOSPC)"
+    )
+    assert info.value.errno == errno.ENOSPC
+    assert broken.get("u1") == _record("u1")
+    broken.keep_in_memory(_record("u2"))
+    assert set(broken.checkpoint().claims) == {"u1", "u2"}
+    broken.delete("u1")  # works on a full disk
+    assert set(broken.checkpoint().claims) == {"u2"}
 
 
 def test_unknown_fields_survive_a_rewrite(store: CheckpointStore) -> None:
-    store.save(store.empty().with_claim(_record("u1")))
-    _rewrite(store.path, lambda d: d["claims"]["u1"]["created"].update(vgpu_profile="x"))
-    loaded = store.load().checkpoint
-    store.save(loaded.with_claim(_record("u2")))
-    data = json.loads(store.path.read_text())["data"]
-    assert data["claims"]["u1"]["created"]["vgpu_profile"] == "x"
+    store.put(_record("u1"))
+    _rewrite(store.record_path("u1"), lambda d: d["claim"]["created"].update(vgpu_profile="x"))
+    loaded = store.get("u1")
+    assert loaded is not None
+    store.put(loaded.model_copy(update={"state": ClaimState.PREPARE_STARTED}))
+    data = json.loads(store.record_path("u1").read_text())["data"]
+    assert data["claim"]["created"]["vgpu_profile"] == "x"
+
+
+def test_uid_that_cannot_name_a_file_is_refused(store: CheckpointStore) -> None:
+    with pytest.raises(CheckpointError, match="cannot name a record file"):
+        store.record_path("../escape")
 
 
 def test_empty_boot_id_is_an_error(tmp_path: Path) -> None:
@@ -191,40 +278,37 @@ def test_real_boot_id_is_readable() -> None:
 
 # --- crash safety ------------------------------------------------------------------------
 
-CLAIMS = 80  # ~45 KiB of JSON, so a kill often lands inside a write
+CLAIMS = 8
 
 
-def _generation(checkpoint: Checkpoint) -> int:
-    return int(checkpoint.claims["marker"].name)
+def _marker(generation: int) -> ClaimRecord:
+    # Padded, so a kill often lands inside a write.
+    return ClaimRecord(
+        uid="marker", namespace="ns" * 2000, name=str(generation), state=ClaimState.PREPARED
+    )
 
 
-def _with_generation(base: Checkpoint, generation: int) -> Checkpoint:
-    marker = ClaimRecord(uid="marker", namespace="ns", name=str(generation), state="Prepared")
-    return base.with_claim(marker)
-
-
-def _keep_writing(store: CheckpointStore, base: Checkpoint, done: Any, started: Any) -> None:
+def _keep_writing(store: CheckpointStore, done: Any, started: Any) -> None:
     generation = 1
     while True:
-        store.save(_with_generation(base, generation))
+        store.put(_marker(generation))
         done.value = generation
         started.set()
         generation += 1
 
 
 def test_sigkill_during_writes_leaves_old_or_new_version(store: CheckpointStore) -> None:
-    base = store.empty()
     for i in range(CLAIMS):
-        base = base.with_claim(_record(f"u{i}"))
+        store.put(_record(f"u{i}"))
     context = multiprocessing.get_context("fork")  # the child needs nothing but the store
     rng = random.Random(1234)
     deadline = time.monotonic() + 2.5
     kills = 0
     while kills < 25 and time.monotonic() < deadline:
-        store.save(_with_generation(base, 0))
+        store.put(_marker(0))
         # lock=False: a writer killed while holding the lock would hang every later read.
         done, started = context.Value("q", 0, lock=False), context.Event()
-        child = context.Process(target=_keep_writing, args=(store, base, done, started))
+        child = context.Process(target=_keep_writing, args=(store, done, started))
         child.start()
         try:
             assert started.wait(5), "writer did not start"
@@ -233,9 +317,9 @@ def test_sigkill_during_writes_leaves_old_or_new_version(store: CheckpointStore)
             os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
             child.join()
         kills += 1
-        result = store.load()  # raises CorruptCheckpoint on a torn file
-        assert result.status is LoadStatus.CURRENT
-        assert len(result.checkpoint.claims) == CLAIMS + 1
+        scan = store.scan()
+        assert scan.corrupt == [], "a torn file"
+        assert len(scan.current) == CLAIMS + 1
         # The last completed write, or the one in flight if its rename had happened.
-        assert _generation(result.checkpoint) in {done.value, done.value + 1}
+        assert int(scan.current["marker"].name) in {done.value, done.value + 1}
     assert kills >= 10, f"only {kills} kills in the time budget"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kubelet_plugin.prepare_lock import LockTimeout, PrepareLock
+from tests.conftest import wait_for
 
 ROUNDS = 15
 
@@ -84,9 +85,74 @@ def test_threads_of_one_process_are_excluded_too(tmp_path: Path) -> None:
     assert len(errors) == 1 and "still held" in str(errors[0])
 
 
-def test_not_reentrant_on_the_same_object(tmp_path: Path) -> None:
+def test_not_reentrant_in_one_thread_but_other_threads_wait(tmp_path: Path) -> None:
     lock = PrepareLock(tmp_path / "prepare.lock")
-    with lock, pytest.raises(RuntimeError, match="already held"):
-        lock.acquire()
-    lock.acquire()  # released by the with block
-    lock.release()
+    got_it = threading.Event()
+
+    def other_thread() -> None:
+        with lock:  # the same object from another gRPC worker: waits, never raises
+            got_it.set()
+
+    with lock:
+        with pytest.raises(RuntimeError, match="already held by this thread"):
+            lock.acquire()
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        assert not got_it.is_set()
+    thread.join(5)
+    assert got_it.is_set()
+
+
+def test_operations_share_the_node_lock_and_exclude_start_up(tmp_path: Path) -> None:
+    lock = PrepareLock(tmp_path / "prepare.lock", timeout=0.05)
+    # Two operations at once, while start-up waits.
+    with lock.operation(), lock.operation(), pytest.raises(LockTimeout):
+        PrepareLock(lock.path, timeout=0.05).acquire()
+    with lock, pytest.raises(LockTimeout), lock.operation():
+        pass
+
+
+def _hold_resource(lock_path: Path, key: str, held: Any, release: Any) -> None:
+    with PrepareLock(lock_path).resources([key]):
+        held.set()
+        release.wait(10)
+
+
+def test_resource_lock_excludes_the_other_process_per_key(tmp_path: Path) -> None:
+    lock_path = tmp_path / "data" / "prepare.lock"
+    context = multiprocessing.get_context("fork")
+    held, release = context.Event(), context.Event()
+    child = context.Process(target=_hold_resource, args=(lock_path, "gpu-0", held, release))
+    child.start()
+    try:
+        assert held.wait(10)
+        lock = PrepareLock(lock_path, timeout=0.05)
+        with lock.resources(["gpu-1"]):  # another GPU: free
+            pass
+        with pytest.raises(LockTimeout), lock.resources(["gpu-1", "gpu-0"]):
+            pass
+        with lock.resources(["gpu-1"]):  # what was taken before the timeout is released
+            pass
+    finally:
+        release.set()
+        child.join(10)
+    with PrepareLock(lock_path, timeout=0.05).resources(["gpu-0"]):
+        pass
+
+
+def test_waiting_for_a_held_key_is_reported(tmp_path: Path) -> None:
+    waited: list[str] = []
+    lock = PrepareLock(tmp_path / "prepare.lock", on_wait=waited.append)
+    done = threading.Event()
+
+    def second() -> None:
+        with lock.resources(["gpu-0"]):
+            done.set()
+
+    with lock.resources(["gpu-0"]):
+        thread = threading.Thread(target=second)
+        thread.start()
+        wait_for(lambda: waited == ["gpu-0"], 5, 0.005, "the second thread to wait")
+        assert not done.is_set()
+    thread.join(5)
+    assert done.is_set()

@@ -147,9 +147,9 @@ def test_reconcile_rolls_back_half_done_and_removes_orphans(
     half = table.add("half", gpu("gpu-1"))
     preparer.prepare([done, half])
     store = CheckpointStore(tmp_path / "data" / "checkpoint.json")
-    checkpoint = store.load().checkpoint
-    record = checkpoint.claims[half.uid].model_copy(update={"state": ClaimState.PREPARE_STARTED})
-    store.save(checkpoint.with_claim(record))
+    record = store.get(half.uid)
+    assert record is not None
+    store.put(record.model_copy(update={"state": ClaimState.PREPARE_STARTED}))
     orphan = preparer.cdi_dir / f"{DRIVER}-claim_0000-orphan.json"
     orphan.write_text("{}")
     (preparer.cdi_dir / ".tmp-left-by-a-crash.tmp").write_text("")
@@ -168,12 +168,12 @@ def test_corrupt_checkpoint_is_rebuilt_from_cdi_specs_and_claims(
     gone = table.add("gone", gpu("gpu-1"))
     preparer.prepare([alive, gone])
     del table.claims[("ns", "gone")]
-    path = tmp_path / "data" / "checkpoint.json"
-    path.write_text("{not json")
+    store = CheckpointStore(tmp_path / "data" / "checkpoint.json")
+    for uid in (alive.uid, gone.uid):
+        store.record_path(uid).write_text("{not json")
     events: list[tuple[str, str]] = []
-    store = CheckpointStore(path)
     report = reconcile_at_start(preparer, store, table, lambda r, m: events.append((r, m)))
     assert report.rebuilt == ["ns/alive"]
     assert [e[0] for e in events] == ["CheckpointCorrupt"]
-    assert set(store.load().checkpoint.claims) == {alive.uid}
+    assert set(store.checkpoint().claims) == {alive.uid}
     assert not preparer.spec_path(gone.uid).exists()
