@@ -38,6 +38,8 @@ lint: venv
 	@$(VENV)/bin/ruff check .
 	@echo "==> mypy"
 	@$(VENV)/bin/mypy
+	@echo "==> import contracts (pyproject.toml [tool.importlinter])"
+	@$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: setup lint
 	@echo "==> pytest (unit and integration against the real control plane)"
