@@ -1,0 +1,94 @@
+"""The sockets are served before the plugin has its GPUs and checkpoint: a prepare that
+arrives early waits for start-up to finish and then succeeds (or gets the reason start-up
+failed), and a health stream opened early gets the devices once they are known."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from plugin_fakes import MemoryHealth, MemoryPreparer
+
+from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.config import PluginConfig
+from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.health import DeviceHealth, HealthStatus
+from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from kubelet_plugin.proto.gen.dra_health.v1 import health_pb2, health_pb2_grpc
+from kubelet_plugin.startup_gate import StartupGate
+
+TIMEOUT = 10
+GPU0 = DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1_700_000_000)
+
+
+@pytest.fixture
+def gate() -> StartupGate:
+    return StartupGate(wait_s=TIMEOUT)
+
+
+@pytest.fixture
+def server(plugin_config: PluginConfig, gate: StartupGate) -> Iterator[PluginServer]:
+    with PluginServer(plugin_config, gate, gate) as running:
+        yield running
+
+
+def test_early_prepare_waits_for_start_up_then_succeeds(
+    server: PluginServer, gate: StartupGate
+) -> None:
+    preparer = MemoryPreparer()
+    claim = dra_pb2.Claim(namespace="ns", name="c", uid="u1")
+    with (
+        grpc.insecure_channel(f"unix://{server.config.dra_socket}") as channel,
+        futures.ThreadPoolExecutor(1) as pool,
+    ):
+        stub = dra_pb2_grpc.DRAPluginStub(channel)
+        call = pool.submit(
+            stub.NodePrepareResources,
+            dra_pb2.NodePrepareResourcesRequest(claims=[claim]),
+            timeout=TIMEOUT,
+        )
+        # The request is in the server, held by the gate: nothing reached a preparer.
+        with pytest.raises(futures.TimeoutError):
+            call.result(timeout=0.3)
+        assert preparer.calls == []
+        gate.open(preparer, MemoryHealth())
+        reply = call.result(timeout=TIMEOUT)
+    assert reply.claims["u1"].error == ""
+    assert [d.device_name for d in reply.claims["u1"].devices] == ["gpu-c"]
+    assert preparer.calls == [("prepare", ["u1"])]
+
+
+def test_failed_start_up_answers_waiting_calls_with_the_reason(gate: StartupGate) -> None:
+    results: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: results.append(gate.unprepare([ClaimRef("ns", "c", "u1")]))
+    )
+    waiter.start()
+    gate.fail("no GPUs: NVML not found")
+    waiter.join(TIMEOUT)
+    (result,) = results
+    assert "no GPUs: NVML not found" in result["u1"].error  # type: ignore[index]
+
+
+def test_start_up_that_takes_too_long_is_a_per_claim_error() -> None:
+    gate = StartupGate(wait_s=0.05)
+    result = gate.prepare([ClaimRef("ns", "c", "u1")])
+    assert "still starting" in (result["u1"].error or "")
+
+
+def test_health_stream_opened_early_gets_the_devices_once_known(
+    server: PluginServer, gate: StartupGate
+) -> None:
+    with grpc.insecure_channel(f"unix://{server.config.dra_socket}") as channel:
+        stream = health_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_pb2.NodeWatchResourcesRequest(), timeout=TIMEOUT
+        )
+        first = next(stream)
+        assert list(first.devices) == []  # nothing known yet
+        gate.open(MemoryPreparer(), MemoryHealth([GPU0]))
+        second = next(stream)
+        assert [d.device.device_name for d in second.devices] == ["gpu-0"]
+        stream.cancel()
