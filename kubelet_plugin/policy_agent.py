@@ -105,6 +105,7 @@ class PolicyAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        self.passes = 0  # evaluations finished, for tests
 
     def start(self) -> None:
         self.policies.start()
@@ -135,6 +136,7 @@ class PolicyAgent:
             try:
                 self.reconcile_once()
                 self.last_error = None
+                self.passes += 1
             except Exception as err:  # API trouble: retry on the next round, never crash
                 self.last_error = str(err)
                 log.warning("applying node policy failed: %s", err)

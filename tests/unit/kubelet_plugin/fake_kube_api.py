@@ -39,6 +39,7 @@ class FakeKubeApi:
         self.fail_next: list[Exception] = []
         self.version = 100
         self.watches: queue.Queue[queue.Queue[Any]] = queue.Queue()
+        self.watched_paths: dict[int, str] = {}  # id of a watch's queue -> its path
         self.lists: dict[str, list[dict[str, Any]] | ApiError] = {}
 
     # -- helpers for tests -------------------------------------------------------------
@@ -98,6 +99,7 @@ class FakeKubeApi:
         if self.fail_next:
             raise self.fail_next.pop(0)
         events: queue.Queue[Any] = queue.Queue()
+        self.watched_paths[id(events)] = path
         self.watches.put(events)
         return FakeWatch(events)
 
