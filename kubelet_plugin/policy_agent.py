@@ -126,6 +126,7 @@ class PolicyAgent:
         self._wake.set()
 
     def _run(self) -> None:
+        announced = False
         while not self._stop.is_set():
             # Until both copies are filled, "no policy" would only mean "not read yet":
             # acting on it could undo a layout a policy asks for.
@@ -133,6 +134,13 @@ class PolicyAgent:
                 self._wake.wait(self._interval_s)
                 self._wake.clear()
                 continue
+            if not announced:
+                announced = True
+                log.info(
+                    "node policy agent: watching %d GpuNodePolicies and node %s",
+                    len(self.policies.items()),
+                    self.node_name,
+                )
             try:
                 self.reconcile_once()
                 self.last_error = None
