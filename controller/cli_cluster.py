@@ -13,7 +13,7 @@ import sys
 import textwrap
 from fractions import Fraction
 from functools import partial
-from typing import Any
+from typing import Any, TypeAlias
 
 from kubernetes import client
 
@@ -26,7 +26,8 @@ from controller.reflector import list_function
 from driver.allocation import CapacityRow, capacity_summary
 from driver.allocation.describe import format_quantity
 
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+# argparse's class is not subscriptable at run time: the alias is a string.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 WIDTH = 100
 
 
