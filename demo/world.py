@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,31 @@ from tools.cluster.tokens import service_account_kubeconfig
 
 SYSTEM_NAMESPACE = "flexgpu-system"
 RELEASE = "flexgpu"
+# The chart's name for it (RBAC lets the controller write no other).
 WEBHOOK_CONFIGURATION = "flexgpu-validation"
+# A claim admission must refuse: the demo waits until it is refused before it goes on.
+PROBE_CLAIM: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "flexgpu-admission-probe"},
+    "spec": {
+        "devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.flexgpu.dev"}}],
+            "config": [
+                {
+                    "opaque": {
+                        "driver": "gpu.flexgpu.dev",
+                        "parameters": {
+                            "apiVersion": "gpu.flexgpu.dev/v1alpha1",
+                            "kind": "GpuConfig",
+                            "sharing": {"strategy": "NotAStrategy"},
+                        },
+                    }
+                }
+            ],
+        }
+    },
+}
 # (node, topology, plugin flags): on-demand MIG on half the H100s, whole A100s, shared L4s.
 NODES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpu-node-h100", "hgx-h100-8", ("--dynamic-mig-gpus=0,1,2,3",)),
@@ -105,6 +130,7 @@ class DemoWorld:
             self.workdir / "logs" / "controller.log",
         )
         self.controller.start()
+        self.wait_for_admission()
         shutil.rmtree(self.node_root, ignore_errors=True)
         for name, topology, flags in NODES:
             create_simulated_node(self.api, name, labels={"flexgpu.dev/topology": topology})
@@ -129,6 +155,30 @@ class DemoWorld:
             )
             node.start()
             self.nodes[name] = node
+
+    def wait_for_admission(self, timeout_s: float = 120.0) -> None:
+        """Until the apiserver refuses a bad claim (a dry run): the controller is serving the
+        webhook, the configuration names where it listens, and the apiserver has loaded it.
+        Claims are sent with failurePolicy Ignore, so before that they would be let through
+        unchecked."""
+        resource: Any = client.ResourceV1Api(self.api)
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.controller is not None and not self.controller.running():
+                raise RuntimeError(f"the controller exited:\n{self.controller.log_tail()}")
+            try:
+                resource.create_namespaced_resource_claim("default", PROBE_CLAIM, dry_run="All")
+                last = "a bad claim was admitted"
+            except client.ApiException as error:
+                if error.status == 422 and "denied the request" in str(error.body):
+                    return
+                last = f"{error.status}: {error.body}"
+            time.sleep(0.2)
+        tail = self.controller.log_tail() if self.controller is not None else ""
+        raise RuntimeError(
+            f"admission webhook not effective after {timeout_s:.0f}s ({last})\n{tail}"
+        )
 
     def stop(self) -> None:
         for node in self.nodes.values():

@@ -40,6 +40,10 @@ RELEASE = "flexgpu"
 PLUGIN_SA = "flexgpu-kubelet-plugin"
 CONTROLLER_SA = "flexgpu-controller"
 NODE_A, NODE_B = "chart-node-a", "chart-node-b"
+# The chart's name for the controller's webhook configuration (its RBAC allows no other).
+WEBHOOK_CONFIGURATION = "flexgpu-validation"
+POLICIES = ("flexgpu.dev", "v1alpha1", "gpunodepolicies")
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def run(*argv: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
@@ -191,7 +195,7 @@ def test_controller_as_its_service_account_leads_and_serves(
             "--webhook-listen=127.0.0.1:0",
             "--webhook-url-host=127.0.0.1",
             f"--webhook-secret-namespace={NS}",
-            "--webhook-configuration-name=flexgpu-chart-test",
+            "--webhook-configuration-name=flexgpu-validation",
         ],
         cluster.workdir / "logs" / "chart-controller.log",
     )
@@ -216,7 +220,7 @@ def test_controller_as_its_service_account_leads_and_serves(
         controller.stop()
         with contextlib.suppress(client.ApiException):
             client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(
-                "flexgpu-chart-test"
+                WEBHOOK_CONFIGURATION
             )
 
 
@@ -230,7 +234,214 @@ def _lease(coordination: Any) -> Any:
 
 def _webhook(admission: Any) -> bool:
     try:
-        admission.read_validating_webhook_configuration("flexgpu-chart-test")
+        admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
     except client.ApiException:
         return False
     return True
+
+
+# --------------------------------------------------------------------------- what is denied
+
+
+def _denial(call: Any, *args: Any, **kwargs: Any) -> str:
+    """The refusal of an API call that must be refused (403 by RBAC, 403/422 by an admission
+    policy); fails the test when the call goes through."""
+    try:
+        call(*args, **kwargs)
+    except client.ApiException as error:
+        assert error.status in (403, 422), error
+        return str(error.body)
+    pytest.fail(f"{getattr(call, '__name__', call)} was allowed")
+
+
+def _policies_loaded(call: Any, *args: Any) -> None:
+    """Admission policies take effect a moment after they are created: wait until a dry run
+    of ``call`` is refused."""
+
+    def refused() -> bool:
+        try:
+            call(*args, dry_run="All")
+        except client.ApiException as error:
+            return error.status in (403, 422)
+        return False
+
+    wait_for(refused, what=f"admission policy refusing {getattr(call, '__name__', call)}")
+
+
+def _webhook_configuration(name: str, api_group: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": f"check.{api_group or 'core'}.example.com",
+                "clientConfig": {"url": "https://127.0.0.1:1/check"},
+                "rules": [
+                    {
+                        "apiGroups": [api_group],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["widgets"],
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+            }
+        ],
+    }
+
+
+def test_controller_may_write_only_its_own_webhook_configuration(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    admin: Any = client.AdmissionregistrationV1Api(api)
+    other = "another-product-validation"
+    admin.create_validating_webhook_configuration(_webhook_configuration(other, "widgets.example"))
+    kubeconfig = service_account_kubeconfig(
+        api, cluster.kubeconfig, NS, CONTROLLER_SA, cluster.workdir / "controller-min.kubeconfig"
+    )
+    as_controller: Any = client.AdmissionregistrationV1Api(
+        config.new_client_from_config(config_file=str(kubeconfig))
+    )
+    try:
+        # Another product's configuration: not readable, not changeable, not deletable.
+        _denial(as_controller.read_validating_webhook_configuration, other)
+        body = admin.read_validating_webhook_configuration(other)
+        body.webhooks[0].failure_policy = "Ignore"
+        _denial(as_controller.replace_validating_webhook_configuration, other, body)
+        _denial(
+            as_controller.patch_validating_webhook_configuration,
+            other,
+            {"webhooks": [{"name": body.webhooks[0].name, "failurePolicy": "Ignore"}]},
+        )
+        _denial(as_controller.delete_validating_webhook_configuration, other)
+        assert admin.read_validating_webhook_configuration(other).webhooks[0].failure_policy == (
+            "Fail"
+        )
+        # Create is not limited by RBAC: the chart's admission policy limits it to one name...
+        foreign = _webhook_configuration("not-flexgpu", "resource.k8s.io")
+        _policies_loaded(as_controller.create_validating_webhook_configuration, foreign)
+        message = _denial(as_controller.create_validating_webhook_configuration, foreign)
+        assert "may only write the ValidatingWebhookConfiguration flexgpu-validation" in message
+        # ... and to webhooks on flexgpu's API groups.
+        pods = _webhook_configuration(WEBHOOK_CONFIGURATION, "")
+        message = _denial(as_controller.create_validating_webhook_configuration, pods)
+        assert "may only validate resources of the API groups" in message
+        ours = _webhook_configuration(WEBHOOK_CONFIGURATION, "resource.k8s.io")
+        as_controller.create_validating_webhook_configuration(ours, dry_run="All")
+    finally:
+        admin.delete_validating_webhook_configuration(other)
+
+
+def test_plugin_may_write_only_its_own_node_and_driver(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    create_simulated_node(api, NODE_A)
+    create_simulated_node(api, NODE_B)
+    kubeconfig = service_account_kubeconfig(
+        api,
+        cluster.kubeconfig,
+        NS,
+        PLUGIN_SA,
+        cluster.workdir / "plugin-scope.kubeconfig",
+        node=NODE_A,
+    )
+    as_plugin = config.new_client_from_config(config_file=str(kubeconfig))
+
+    # ResourceSlices of another driver, even on its own node.
+    resource: Any = client.ResourceV1Api(as_plugin)
+    nvidia = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{NODE_A}-other-driver"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": NODE_A,
+            "pool": {"name": NODE_A, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+    _policies_loaded(resource.create_resource_slice, nvidia)
+    message = _denial(resource.create_resource_slice, nvidia)
+    assert "may only write ResourceSlices of driver gpu.flexgpu.dev, not of driver " in message
+    assert "gpu.nvidia.com" in message
+
+    # GpuNodePolicy status: only its node's entry.
+    objects: Any = client.CustomObjectsApi(api)
+    name = "chart-rbac-status"
+    policy = {
+        "apiVersion": "flexgpu.dev/v1alpha1",
+        "kind": "GpuNodePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"flexgpu.dev/test": "no-such-node"}},
+            "gpus": [{"selector": {"all": True}, "mode": "Whole"}],
+        },
+    }
+    wait_for(lambda: _create_policy(objects, policy), what="GpuNodePolicy CRD served")
+    plugin_objects: Any = client.CustomObjectsApi(as_plugin)
+    try:
+
+        def patch_status(status: dict[str, Any], **kwargs: Any) -> Any:
+            return plugin_objects.patch_cluster_custom_object_status(
+                *POLICIES, name, {"status": status}, _content_type=MERGE_PATCH, **kwargs
+            )
+
+        own = {"nodes": {NODE_A: {"observedGeneration": 1}}}
+        wait_for(
+            lambda: _refused_dry_run(patch_status, {"nodes": {NODE_B: {"observedGeneration": 1}}}),
+            what="policy status admission policy loaded",
+        )
+        message = _denial(patch_status, {"nodes": {NODE_B: {"observedGeneration": 1}}})
+        assert (
+            f"may only write its own entry of status.nodes, not the entry of node '{NODE_B}'"
+            in (message)
+        )
+        _denial(patch_status, {"matchedNodes": [NODE_A]})
+        patch_status(own)  # its own entry: allowed
+        stored = objects.get_cluster_custom_object_status(*POLICIES, name)
+        assert stored["status"]["nodes"] == {NODE_A: {"observedGeneration": 1}}
+    finally:
+        objects.delete_cluster_custom_object(*POLICIES, name)
+
+    # Events: only in namespace default and only about its own Node.
+    core: Any = client.CoreV1Api(as_plugin)
+
+    def event(namespace: str, kind: str, about: str) -> dict[str, Any]:
+        return {
+            "metadata": {"generateName": "scope-test-", "namespace": namespace},
+            "involvedObject": {"kind": kind, "name": about},
+            "reason": "ScopeTest",
+            "message": "checking what the plugin may record",
+            "type": "Normal",
+        }
+
+    _denial(core.create_namespaced_event, NS, event(NS, "Node", NODE_A))  # RBAC
+    _denial(core.create_namespaced_event, "kube-system", event("kube-system", "Node", NODE_A))
+    _policies_loaded(core.create_namespaced_event, "default", event("default", "Node", NODE_B))
+    message = _denial(core.create_namespaced_event, "default", event("default", "Node", NODE_B))
+    assert f"may only record Events about that Node, not about Node '{NODE_B}'" in message
+    _denial(core.create_namespaced_event, "default", event("default", "Pod", NODE_A))
+    core.create_namespaced_event("default", event("default", "Node", NODE_A), dry_run="All")
+
+
+def _create_policy(objects: Any, body: dict[str, Any]) -> bool:
+    try:
+        objects.create_cluster_custom_object(*POLICIES, body)
+    except client.ApiException as error:
+        if error.status == 409:
+            return True
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _refused_dry_run(patch: Any, status: dict[str, Any]) -> bool:
+    try:
+        patch(status, dry_run="All")
+    except client.ApiException as error:
+        return error.status in (403, 422)
+    return False

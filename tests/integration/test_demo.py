@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from demo import catalog
 from demo.world import DemoWorld, container_log
@@ -20,19 +21,83 @@ NODE_ROOT = Path("/tmp/fg-demo-test")
 
 
 @pytest.fixture(scope="module")
-def rows(cluster: ControlPlane, api: Any) -> Iterator[dict[str, catalog.Row]]:
+def world(cluster: ControlPlane) -> Iterator[DemoWorld]:
     world = DemoWorld(cluster.kubeconfig, cluster.workdir / "demo", node_root=NODE_ROOT)
     try:
         world.start()
-        catalog.reset_namespace(api)
-        for manifest in catalog.manifests():
-            catalog.apply(api, manifest)
-        settled = catalog.wait_settled(
-            api, lambda node, pod: container_log(NODE_ROOT, node, catalog.NAMESPACE, pod)
-        )
-        yield {r.pod: r for r in settled}
+        yield world
     finally:
         world.stop()
+
+
+@pytest.fixture(scope="module")
+def rows(world: DemoWorld, api: Any) -> dict[str, catalog.Row]:
+    catalog.reset_namespace(api)
+    for manifest in catalog.manifests():
+        catalog.apply(api, manifest)
+    settled = catalog.wait_settled(
+        api, lambda node, pod: container_log(NODE_ROOT, node, catalog.NAMESPACE, pod)
+    )
+    return {r.pod: r for r in settled}
+
+
+def test_admission_refuses_a_bad_claim_at_creation(
+    world: DemoWorld, api: Any, namespace: str
+) -> None:
+    """The demo's controller listens on a port it picks; the webhook configuration must name
+    that port, or claims are admitted unchecked (and fail only when their pod starts)."""
+    resource = client.ResourceV1Api(api)
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "mps-on-mig"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.flexgpu.dev"}}],
+                "config": [
+                    {
+                        "requests": ["mig"],
+                        "opaque": {
+                            "driver": "gpu.flexgpu.dev",
+                            "parameters": {
+                                "apiVersion": "gpu.flexgpu.dev/v1alpha1",
+                                "kind": "MigConfig",
+                                "sharing": {"strategy": "MPS"},
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
+    with pytest.raises(client.ApiException) as refused:
+        resource.create_namespaced_resource_claim(namespace, body)
+    assert refused.value.status == 422
+    assert (
+        'spec.devices.config[0].opaque.parameters.sharing.strategy: \\"MPS\\" is not supported '
+        "on MIG devices yet; allowed: Exclusive"
+    ) in str(refused.value.body)
+    assert resource.list_namespaced_resource_claim(namespace).items == []
+
+
+def test_a_valid_gpu_node_policy_is_accepted(world: DemoWorld, api: Any) -> None:
+    """GpuNodePolicies are sent to the webhook with failurePolicy Fail: an unreachable
+    webhook would refuse every one of them."""
+    objects = client.CustomObjectsApi(api)
+    body = {
+        "apiVersion": "flexgpu.dev/v1alpha1",
+        "kind": "GpuNodePolicy",
+        "metadata": {"name": "demo-admission-check"},
+        "spec": {
+            # Matches no node: the demo's GPUs stay as they are.
+            "nodeSelector": {"matchLabels": {"flexgpu.dev/test": "no-such-node"}},
+            "gpus": [{"selector": {"all": True}, "mode": "Whole"}],
+        },
+    }
+    objects.create_cluster_custom_object("flexgpu.dev", "v1alpha1", "gpunodepolicies", body)
+    objects.delete_cluster_custom_object(
+        "flexgpu.dev", "v1alpha1", "gpunodepolicies", "demo-admission-check"
+    )
 
 
 def test_every_workload_but_the_unsatisfiable_one_runs(rows: dict[str, catalog.Row]) -> None:

@@ -105,7 +105,12 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         for r in rule["resources"]
         if set(rule["verbs"]) & {"create", "update", "delete"}
     }
-    assert writes == {"resourceslices", "resourceclaims/status", "events"}
+    assert writes == {"resourceslices", "resourceclaims/status"}
+    # Events: only in namespace default (where Events about Nodes go), and the admission
+    # policy limits them to the plugin's own Node.
+    events = find(docs, "Role", "kubelet-plugin-node-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     strategy = find(docs, "DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"]
     assert strategy == {"maxSurge": 1, "maxUnavailable": 0}
     env = find(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -113,5 +118,38 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         "name": "FLEXGPU_POD_UID",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
     } in env
-    policy = find(docs, "ValidatingAdmissionPolicy")
-    assert "t-flexgpu-kubelet-plugin" in policy["spec"]["matchConditions"][0]["expression"]
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    for suffix in ("own-node-slices", "own-node-policy-status", "own-node-events"):
+        policy = policies[f"t-flexgpu-kubelet-plugin-{suffix}"]
+        assert "t-flexgpu-kubelet-plugin" in policy["spec"]["matchConditions"][0]["expression"]
+        bindings = [
+            d
+            for d in docs
+            if d["kind"] == "ValidatingAdmissionPolicyBinding"
+            and d["spec"]["policyName"] == policy["metadata"]["name"]
+        ]
+        assert [b["spec"]["validationActions"] for b in bindings] == [["Deny"]]
+
+
+def test_controller_writes_only_its_own_webhook_configuration(helm: Path) -> None:
+    docs = render(helm)
+    role = find(docs, "ClusterRole", "controller")
+    rules = [r for r in role["rules"] if "validatingwebhookconfigurations" in r["resources"]]
+    named = [r for r in rules if r.get("resourceNames")]
+    unnamed = [r for r in rules if not r.get("resourceNames")]
+    assert [r["resourceNames"] for r in named] == [["t-flexgpu-validation"]]
+    assert {v for r in named for v in r["verbs"]} == {"get", "update", "patch"}
+    # create cannot be limited by name in RBAC: the admission policy limits it.
+    assert [r["verbs"] for r in unnamed] == [["create"]]
+    policy = find(docs, "ValidatingAdmissionPolicy", "controller-own-webhook-configuration")
+    assert "t-flexgpu-validation" in policy["spec"]["validations"][0]["expression"]
+    args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--webhook-configuration-name=t-flexgpu-validation" in args
+    # Without the webhook, no right to any webhook configuration at all.
+    off = render(helm, "webhook.enabled=false")
+    role_off = find(off, "ClusterRole", "controller")
+    assert not any("validatingwebhookconfigurations" in r["resources"] for r in role_off["rules"])
+    assert not any(
+        d["kind"] == "ValidatingAdmissionPolicy" and "controller" in d["metadata"]["name"]
+        for d in off
+    )

@@ -21,3 +21,4 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "flexgpu.pluginName" -}}{{ include "flexgpu.fullname" . }}-kubelet-plugin{{- end -}}
 {{- define "flexgpu.controllerName" -}}{{ include "flexgpu.fullname" . }}-controller{{- end -}}
 {{- define "flexgpu.webhookSecret" -}}{{ include "flexgpu.fullname" . }}-webhook-tls{{- end -}}
+{{- define "flexgpu.webhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-validation{{- end -}}
