@@ -3,6 +3,7 @@ slices deleted behind its back come back; a corrupted checkpoint does not stop i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -98,29 +99,74 @@ def test_deleted_slices_come_back(api: Any, node: SimulatedGpuNode) -> None:
     assert [d.name for d in again[0].spec.devices] == ["gpu-0", "gpu-1"]
 
 
-def test_corrupted_checkpoint_is_rebuilt_from_cdi_and_api(
-    api: Any, namespace: str, node: SimulatedGpuNode
-) -> None:
+def _node_events(api: Any, node: SimulatedGpuNode, reason: str) -> list[str]:
+    events = client.CoreV1Api(api).list_namespaced_event("default").items
+    return [e.message for e in events if e.reason == reason and e.involved_object.name == node.name]
+
+
+def _running_claim(api: Any, namespace: str, node: SimulatedGpuNode) -> str:
     create_claim(api, namespace, "c", {"requests": [gpu_request()]})
     client.CoreV1Api(api).create_namespaced_pod(
         namespace, make_pod("p", PRINT_ENV, {"g": {"resourceClaimName": "c"}}, node.name)
     )
     wait_phase(api, namespace, "p", {"Running"})
-    uid = env_from_log(wait_container_output(node, namespace, "p", "DONE"))["FLEXGPU_CLAIM_UID"]
+    return env_from_log(wait_container_output(node, namespace, "p", "DONE"))["FLEXGPU_CLAIM_UID"]
 
-    node.stop_plugin()
-    checkpoint = node.data_dir / "checkpoint.json"
-    checkpoint.write_bytes(checkpoint.read_bytes()[:-7] + b"garbage")
-    node.start_plugin()
 
-    assert list(node.data_dir.glob("checkpoint.json.corrupt-*"))
-    assert checkpoint_claims(node)[uid]["state"] == "Prepared"
-    events = client.CoreV1Api(api).list_namespaced_event("default").items
-    assert any(
-        e.reason == "CheckpointCorrupt" and e.involved_object.name == node.name for e in events
-    )
-    # The rebuilt record is enough to unprepare the claim when the pod goes.
+def _pod_goes_and_nothing_is_left(api: Any, namespace: str, node: SimulatedGpuNode) -> None:
     client.CoreV1Api(api).delete_namespaced_pod("p", namespace)
     wait_gone(api, namespace, "p")
-    assert checkpoint_claims(node) == {}
+    wait_for(lambda: checkpoint_claims(node) == {}, timeout_s=30, what="the claim unprepared")
     assert cdi_specs(node) == []
+
+
+def test_corrupted_checkpoint_is_rebuilt_from_cdi_and_api(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    uid = _running_claim(api, namespace, node)
+
+    node.stop_plugin()
+    record = node.data_dir / "claims" / f"{uid}.json"
+    record.write_bytes(record.read_bytes()[:-7] + b"garbage")
+    node.start_plugin()
+
+    assert list(record.parent.glob(f"{uid}.json.corrupt-*"))
+    assert checkpoint_claims(node)[uid]["state"] == "Prepared"
+    (message,) = wait_for(
+        lambda: _node_events(api, node, "CheckpointCorrupt"), what="a CheckpointCorrupt Event"
+    )
+    assert f"Corrupt checkpoint file(s): {record} (not JSON" in message
+    assert (
+        f"Rebuilt 1 prepared claim(s) ({namespace}/c) holding 0 MIG instance(s), 0 MPS "
+        f"share(s) and 0 time-slice setting(s) from the CDI specs in {node.cdi_dir}, checked "
+        "against the API server" in message
+    )
+    # The rebuilt record is enough to unprepare the claim when the pod goes.
+    _pod_goes_and_nothing_is_left(api, namespace, node)
+
+
+def test_checkpoint_of_a_newer_version_is_left_alone_and_reported(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    uid = _running_claim(api, namespace, node)
+
+    node.stop_plugin()
+    record = node.data_dir / "claims" / f"{uid}.json"
+    document = json.loads(record.read_text())
+    document["data"]["version"] = 9
+    record.write_text(json.dumps(document))
+    content = record.read_bytes()
+    node.start_plugin()
+
+    (message,) = wait_for(
+        lambda: _node_events(api, node, "CheckpointVersionUnsupported"),
+        what="a CheckpointVersionUnsupported Event",
+    )
+    assert f"{record} (schema version 9)" in message
+    assert f"Rebuilt 1 prepared claim(s) ({namespace}/c)" in message
+    assert node.plugin is not None and node.plugin.running()
+    assert cdi_specs(node) == [f"{DRIVER}-claim_{uid}.json"]
+    client.CoreV1Api(api).delete_namespaced_pod("p", namespace)
+    wait_gone(api, namespace, "p")
+    wait_for(lambda: cdi_specs(node) == [], timeout_s=30, what="the claim unprepared")
+    assert record.read_bytes() == content  # a newer plugin's file is never touched
