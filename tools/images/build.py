@@ -1,0 +1,264 @@
+"""Builds the real node's images as OCI archives in the tool cache, without a registry:
+
+- the sandbox (pause) image: a small static program of our own;
+- the GPU workload image: busybox and a script that reports what the container received;
+- the flexgpu image: Debian's Python 3.11 runtime, flexgpu's dependencies as installed in
+  this environment, and the project's own packages from the source tree.
+
+Each layer is cached under a key of its inputs, so a warm build only re-tars what changed
+(the flexgpu packages). ``python -m tools.images.build`` prints the archives it wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.images import debs, oci, python_env
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+REGISTRY = "local.flexgpu.dev"
+PAUSE_IMAGE = f"{REGISTRY}/pause:1"
+PYTHON_DEBS = (
+    "python3.11-minimal",
+    "libpython3.11-minimal",
+    "libpython3.11-stdlib",
+    "libc6",
+    "libssl3",
+    "libexpat1",
+    "zlib1g",
+    "libbz2-1.0",
+    "liblzma5",
+    "libffi8",
+    "libcrypt1",
+    "libuuid1",
+    "libgcc-s1",
+    "libstdc++6",
+    "media-types",
+)
+BUSYBOX_DEB = "busybox-static"
+SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+
+
+class ImageBuildError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    name: str
+    archive: Path
+
+
+def cache_root() -> Path:
+    base = os.environ.get("FLEXGPU_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexgpu"
+    )
+    return Path(base) / "images"
+
+
+def _hash(parts: Iterable[bytes]) -> str:
+    """A short digest of ``parts`` and of this file (its functions lay the layers out)."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:12]
+
+
+def _tree_bytes(root: Path) -> Iterable[bytes]:
+    for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+            continue
+        yield str(path.relative_to(root)).encode()
+        yield path.read_bytes()
+
+
+def _cached_layer(key: str, populate: Callable[[Path], None]) -> oci.Layer:
+    """The layer tar for ``key``, made by ``populate(rootfs)`` on a miss."""
+    layers = cache_root() / "layers"
+    layers.mkdir(parents=True, exist_ok=True)
+    tar = layers / f"{key}.tar"
+    digest_file = layers / f"{key}.digest"
+    if tar.exists() and digest_file.exists():
+        return oci.Layer(tar, digest_file.read_text().strip(), tar.stat().st_size)
+    with tempfile.TemporaryDirectory(prefix="flexgpu-layer-", dir=layers) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        rootfs.mkdir()
+        populate(rootfs)
+        layer = oci.write_layer(rootfs, tar)
+    digest_file.write_text(layer.digest + "\n")
+    return layer
+
+
+def _busybox_rootfs(rootfs: Path) -> None:
+    """Static busybox with a link per applet, plus the files a shell expects."""
+    debs.unpack(debs.fetch([BUSYBOX_DEB], cache_root() / "debs"), rootfs / ".deb")
+    (rootfs / "bin").mkdir(exist_ok=True)
+    shutil.move(str(rootfs / ".deb" / "bin" / "busybox"), rootfs / "bin" / "busybox")
+    shutil.rmtree(rootfs / ".deb")
+    applets = subprocess.run(
+        [str(rootfs / "bin" / "busybox"), "--list"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for applet in applets:
+        link = rootfs / "bin" / applet
+        if not link.exists():
+            link.symlink_to("busybox")
+    _base_files(rootfs)
+
+
+def _base_files(rootfs: Path) -> None:
+    etc = rootfs / "etc"
+    etc.mkdir(exist_ok=True)
+    (etc / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+    )
+    (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    for d in ("tmp", "root", "proc", "sys", "dev", "run"):
+        (rootfs / d).mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+
+
+def _archive(name: str, file_name: str, layers: list[oci.Layer], config: oci.ImageConfig) -> Path:
+    parts = [name.encode(), repr(config).encode()]
+    key = _hash(parts + [layer.digest.encode() for layer in layers])
+    dest = cache_root() / f"{file_name}-{key}.tar"
+    if not dest.exists():
+        oci.write_archive(dest, name, layers, config)
+        _prune(cache_root(), f"{file_name}-*.tar", keep=dest)
+    return dest
+
+
+def _prune(folder: Path, pattern: str, keep: Path, count: int = 2) -> None:
+    """Drops all but the newest ``count`` files matching ``pattern`` (never ``keep``): every
+    source edit makes a new flexgpu layer and archive."""
+    found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in found[count:]:
+        if old != keep:
+            old.unlink(missing_ok=True)
+            old.with_suffix(".digest").unlink(missing_ok=True)
+
+
+def pause_image() -> BuiltImage:
+    source = HERE / "pause.c"
+
+    def populate(rootfs: Path) -> None:
+        if shutil.which("gcc") is None:
+            raise ImageBuildError("gcc is needed to build the node's pause program")
+        subprocess.run(
+            ["gcc", "-static", "-Os", "-s", "-o", str(rootfs / "pause"), str(source)],
+            check=True,
+        )
+
+    layer = _cached_layer("pause-" + _hash([source.read_bytes()]), populate)
+    config = oci.ImageConfig(entrypoint=("/pause",), user="65535:65535")
+    return BuiltImage(PAUSE_IMAGE, _archive(PAUSE_IMAGE, "pause", [layer], config))
+
+
+def workload_image() -> BuiltImage:
+    script = HERE / "report.sh"
+    base = _cached_layer("busybox-" + _hash([BUSYBOX_DEB.encode()]), _busybox_rootfs)
+
+    def populate(rootfs: Path) -> None:
+        (rootfs / "usr" / "local" / "bin").mkdir(parents=True)
+        target = rootfs / "usr" / "local" / "bin" / "gpu-report"
+        shutil.copy2(script, target)
+        target.chmod(0o755)
+
+    top = _cached_layer("report-" + _hash([script.read_bytes()]), populate)
+    tag = _hash([base.digest.encode(), top.digest.encode()])
+    name = f"{REGISTRY}/gpu-workload:{tag}"
+    config = oci.ImageConfig(
+        entrypoint=("/usr/local/bin/gpu-report",),
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+    )
+    return BuiltImage(name, _archive(name, "gpu-workload", [base, top], config))
+
+
+def _python_base(rootfs: Path) -> None:
+    _busybox_rootfs(rootfs)
+    debs.unpack(debs.fetch(PYTHON_DEBS, cache_root() / "debs"), rootfs)
+    # Debian's /bin is a link to usr/bin in a merged /usr; here busybox owns /bin.
+    for name in ("python3", "python"):
+        link = rootfs / "usr" / "bin" / name
+        if not link.exists():
+            link.symlink_to("python3.11")
+    shutil.rmtree(rootfs / "usr" / "share" / "doc", ignore_errors=True)
+    shutil.rmtree(rootfs / "usr" / "share" / "man", ignore_errors=True)
+
+
+def _dependencies(rootfs: Path) -> None:
+    site = rootfs / SITE_PACKAGES
+    site.mkdir(parents=True)
+    python_env.copy_dependencies(site)
+
+
+def _project(rootfs: Path) -> None:
+    site = rootfs / SITE_PACKAGES
+    site.mkdir(parents=True)
+    python_env.copy_project(REPO, site)
+    bin_dir = rootfs / "usr" / "local" / "bin"
+    bin_dir.mkdir(parents=True)
+    for script, target in python_env.console_scripts().items():
+        module, _, func = target.partition(":")
+        path = bin_dir / script
+        path.write_text(
+            f"#!/usr/bin/python3.11\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
+        )
+        path.chmod(0o755)
+
+
+def flexgpu_image() -> BuiltImage:
+    base = _cached_layer("python-" + _hash([d.encode() for d in PYTHON_DEBS]), _python_base)
+    deps = _cached_layer("pydeps-" + _hash([python_env.dependency_key().encode()]), _dependencies)
+    sources = [REPO / "pyproject.toml"]
+    app_key = _hash(
+        [p.read_bytes() for p in sources]
+        + [b for pkg in python_env.OWN_PACKAGES for b in _tree_bytes(REPO / pkg)]
+    )
+    app = _cached_layer("flexgpu-" + app_key, _project)
+    _prune(app.path.parent, "flexgpu-*.tar", keep=app.path)
+    tag = _hash([base.digest.encode(), deps.digest.encode(), app.digest.encode()])
+    name = f"{REGISTRY}/flexgpu:{tag}"
+    config = oci.ImageConfig(
+        cmd=("flexgpu-controller",),
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        },
+    )
+    return BuiltImage(name, _archive(name, "flexgpu", [base, deps, app], config))
+
+
+def build_all() -> dict[str, BuiltImage]:
+    return {
+        "pause": pause_image(),
+        "workload": workload_image(),
+        "flexgpu": flexgpu_image(),
+    }
+
+
+def main() -> int:
+    try:
+        images = build_all()
+    except (ImageBuildError, debs.DebError, subprocess.CalledProcessError) as err:
+        print(f"error: building the node's images failed: {err}", file=sys.stderr)
+        return 1
+    for role, image in images.items():
+        print(f"{role}\t{image.name}\t{image.archive}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
