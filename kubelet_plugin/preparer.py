@@ -120,8 +120,9 @@ class ClaimPreparerImpl:
                 try:
                     with self._lock.claim(ref.uid):
                         record = self._unprepare_one(ref)
-                    if record is not None and self._status is not None:
-                        self._status.unprepared(record.namespace, record.name, record.uid)
+                        # Under the claim lock: a later prepare's status comes after this.
+                        if record is not None and self._status is not None:
+                            self._status.unprepared(record.namespace, record.name, record.uid)
                     results[ref.uid] = UnprepareResult()
                 except Exception as err:
                     log.exception("unpreparing claim %s/%s failed", ref.namespace, ref.name)
