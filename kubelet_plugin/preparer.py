@@ -184,6 +184,7 @@ class ClaimPreparerImpl:
         try:
             self._store.put(record)
         except CheckpointWriteError as err:
+            log.error("%s", err)
             raise PrepareError(f"claim {record.namespace}/{record.name}: {err}") from None
 
     # -- unprepare one claim -------------------------------------------------------------
