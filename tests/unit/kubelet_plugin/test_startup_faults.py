@@ -317,8 +317,9 @@ def test_rebuild_on_a_full_disk_keeps_serving_from_memory_and_says_so(node: Node
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Any:
-    mount_point = tmp_path / "small"
+def tiny_data_dir(tmp_path: Path) -> Any:
+    """The node's data dir on a 64 KiB tmpfs (needs root; skipped elsewhere)."""
+    mount_point = tmp_path / "data"
     mount_point.mkdir()
     if os.system(f"mount -t tmpfs -o size=64k tmpfs {mount_point} 2>/dev/null") != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
@@ -326,20 +327,21 @@ def tiny_tmpfs(tmp_path: Path) -> Any:
     os.system(f"umount {mount_point}")
 
 
-def test_really_full_data_dir(tiny_tmpfs: Path, tmp_path: Path) -> None:
-    """The same on a real filesystem with no space left (a 64 KiB tmpfs)."""
+def test_really_full_data_dir(tiny_data_dir: Path, tmp_path: Path) -> None:
+    """The same on a real filesystem with no space left."""
     node = Node(tmp_path, ClaimTable())
     ref = HOLDINGS["whole-gpu"](node.table)
-    node.store = type(node.store)(tiny_tmpfs / "checkpoint.json", node.store.boot_id_path)
-    node.preparer._store = node.store  # the data dir on the small mount
     _prepare(node, ref)
-    filler = tiny_tmpfs / "filler"
-    with pytest.raises(OSError, match="No space"), filler.open("wb") as handle:
+    with pytest.raises(OSError, match="No space"), (tiny_data_dir / "filler").open("wb") as f:
         while True:
-            handle.write(b"\0" * 4096)
-            handle.flush()
+            f.write(b"\0" * 4096)
+            f.flush()
+
+    report, events = _restart(node)
+
+    assert events == [] and report.kept == ["ns/whole"]
     other = node.table.add("other", device("gpu-4"))
-    assert "(ENOSPC)" in node.preparer.prepare([other])[other.uid].error
+    assert "No space left on device (ENOSPC)" in node.preparer.prepare([other])[other.uid].error
     assert node.preparer.unprepare([ref])[ref.uid].error == ""
     assert list(node.store.claims_dir.iterdir()) == []
 
