@@ -1,14 +1,15 @@
-"""Shared fixtures: the same simulated hardware behind either backend, for the contract suite."""
+"""Shared fixtures: the same hardware behind the simulated backend and behind the NVML backend over
+the NVML mock library (the unmodified pynvml module loading a C library over NVIDIA's mock NVML
+servers), for the contract suite; and NVML backends over the library on other machines."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
-from fake_pynvml import FakeNvml, a100_80gb, fake_process, t4
 
 from driver.backend import GpuBackend
 from driver.gpu_model import ProcessSample
@@ -16,6 +17,7 @@ from driver.nvml_backend import NvmlBackend
 from driver.sim_backend import SimulatedBackend
 from driver.sysfs import SysfsPci
 from driver.topology import parse_topology
+from tests.nvml_library import ENV_CONFIG, ENV_STATE, MockMachine, load_into_process
 
 
 class Hardware(Protocol):
@@ -46,20 +48,23 @@ class SimulatedHardware:
 
 
 @dataclass
-class StubbedNvmlHardware:
-    nvml: FakeNvml
+class LibraryHardware:
+    """The NVML mock library's machine, changed through the library's own controls."""
+
+    machine: MockMachine
 
     def inject_xid(self, index: int, xid: int) -> None:
-        self.nvml.raise_xid(index, xid)
+        self.machine.inject_xid(index, xid)
 
     def lose_gpu(self, index: int) -> None:
-        self.nvml.lose_gpu(index)
+        self.machine.set_lost(index)
 
     def run_process(self, index: int, pid: int, used_mib: int, gpu_instance_id: int) -> None:
-        self.nvml.gpus[index].processes = [fake_process(pid, used_mib, gpu_instance_id)]
+        process = {"pid": pid, "usedMiB": used_mib, "gpuInstanceId": gpu_instance_id}
+        self.machine.set_processes(index, [process])
 
     def stop_processes(self, index: int) -> None:
-        self.nvml.gpus[index].processes = []
+        self.machine.set_processes(index, [])
 
 
 # GPU 0: A100-SXM4-80GB with MIG enabled; GPU 1: T4 (no MIG); no NVLink between them.
@@ -72,16 +77,58 @@ CONTRACT_TOPOLOGY = {
 }
 
 
-def contract_fake_nvml() -> FakeNvml:
-    return FakeNvml(
-        [
-            a100_80gb("GPU-5e1f0c8a-2b7d-4a61-9c3e-0d4b8f7a1c22", "00000000:07:00.0"),
-            t4("GPU-9a3c7e21-64f0-4b8d-a1e5-3c2f9d0b7e44", "00000000:3B:00.0"),
-        ]
-    )
+A100_UUID = "GPU-5e1f0c8a-2b7d-4a61-9c3e-0d4b8f7a1c22"
+T4_UUID = "GPU-9a3c7e21-64f0-4b8d-a1e5-3c2f9d0b7e44"
+
+# The same machine for the NVML mock library: the A100 from NVIDIA's mock tables, the T4 from
+# the library's own definition (the mock servers have no GPU without MIG).
+CONTRACT_LIBRARY_MACHINE = {
+    "driverVersion": "580.95.05",
+    "cudaDriverVersion": 13000,
+    "gpus": [
+        {
+            "model": "A100-SXM4-80GB",
+            "uuid": A100_UUID,
+            "pciBusId": "0000:07:00.0",
+            "migEnabled": True,
+        },
+        {"model": "T4", "uuid": T4_UUID, "pciBusId": "0000:3b:00.0"},
+    ],
+}
 
 
-@pytest.fixture(params=["simulated", "nvml-stub"])
+class LibraryNode(Protocol):
+    """Starts the NVML backend over the NVML mock library on a described machine."""
+
+    def __call__(
+        self, description: dict[str, Any], **backend_options: Any
+    ) -> tuple[NvmlBackend, MockMachine]: ...
+
+
+@pytest.fixture
+def library_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LibraryNode]:
+    """The NVML backend on the unmodified pynvml module over the NVML mock library; sysfs is
+    read under ``tmp_path/sys``. One machine per test."""
+    load_into_process()
+    started: list[NvmlBackend] = []
+
+    def start(
+        description: dict[str, Any], **backend_options: Any
+    ) -> tuple[NvmlBackend, MockMachine]:
+        machine = MockMachine.write(tmp_path / "nvml", description)
+        monkeypatch.setenv(ENV_CONFIG, str(machine.config_path))
+        monkeypatch.setenv(ENV_STATE, str(machine.state_path))
+        options = {"sysfs": SysfsPci(tmp_path / "sys"), **backend_options}
+        backend = NvmlBackend(**options)
+        started.append(backend)
+        return backend, machine
+
+    yield start
+    for backend in started:
+        backend.close()
+
+
+@pytest.fixture(params=["simulated", "nvml-library"])
 def contract(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[GpuBackend, Hardware]]:
@@ -90,7 +137,6 @@ def contract(
         sim = SimulatedBackend(topology, "contract-node", tmp_path / "state.json")
         yield sim, SimulatedHardware(sim)
     else:
-        nvml = contract_fake_nvml()
-        backend = NvmlBackend(nvml=nvml, sysfs=SysfsPci(tmp_path / "no-sysfs"))
-        yield backend, StubbedNvmlHardware(nvml)
-        backend.close()
+        start: LibraryNode = request.getfixturevalue("library_node")
+        backend, machine = start(CONTRACT_LIBRARY_MACHINE)
+        yield backend, LibraryHardware(machine)

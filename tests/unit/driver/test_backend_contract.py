@@ -1,5 +1,5 @@
-"""One set of expectations, run against the simulated backend and the NVML backend over a
-stubbed NVML holding the same hardware (an A100-SXM4-80GB with MIG enabled, and a T4)."""
+"""One set of expectations, run against the simulated backend and the NVML backend over the NVML
+mock library holding the same hardware (an A100-SXM4-80GB with MIG enabled, and a T4)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from conftest import LibraryNode
 
 from controller.cli import main
 from driver.backend import GpuBackend
@@ -100,14 +101,15 @@ def test_mutating_method_list_covers_the_interface() -> None:
     assert setters == GpuBackend.MUTATING_METHODS
 
 
-def test_readonly_nvml_blocks_mutating_calls_below_the_backend() -> None:
-    from fake_pynvml import FakeNvml, a100_80gb
+def test_readonly_nvml_blocks_mutating_calls_below_the_backend(library_node: LibraryNode) -> None:
+    import pynvml
 
     from driver.nvml_backend import NvmlBackend
     from driver.nvml_readonly import ReadOnlyNvml
 
-    fake = FakeNvml([a100_80gb("GPU-00000001-0000-4000-8000-000000000000", "00000000:07:00.0")])
-    backend = NvmlBackend(nvml=ReadOnlyNvml(fake))
+    machine = {"gpus": [{"model": "A100-SXM4-80GB", "migEnabled": True}]}
+    _, library = library_node(machine)
+    backend = NvmlBackend(nvml=ReadOnlyNvml(pynvml))
     assert collect_inventory(backend).gpus[0].gpu.product_name == "NVIDIA A100-SXM4-80GB"
     with pytest.raises(ReadOnlyViolationError, match="nvmlDeviceCreateGpuInstanceWithPlacement"):
         backend.create_mig_device(0, 19, MigPlacement(start=0, size=1))
@@ -115,8 +117,9 @@ def test_readonly_nvml_blocks_mutating_calls_below_the_backend() -> None:
         backend.set_mig_mode(0, False)
     with pytest.raises(ReadOnlyViolationError, match="nvmlDeviceSetComputeMode"):
         backend.set_compute_mode(0, ComputeMode.DEFAULT)
-    assert fake.gpus[0].instances == {} and fake.gpus[0].mig_enabled
-    assert not [c for c in fake.calls if "Create" in c or "Set" in c or "Destroy" in c]
+    # Nothing reached the library: it writes its state file on the first change only.
+    assert not library.state_path.exists()
+    backend.close()
 
 
 def test_gpu_check_script_runs_read_only(
@@ -126,6 +129,9 @@ def test_gpu_check_script_runs_read_only(
 
     import pynvml
     from fake_pynvml import FakeNvml, a100_80gb, t4
+
+    # Stand-in: it records every call, and its A100 figures equal the catalog's, which NVIDIA's
+    # mock tables do not (docs/inventory.md), so the script's comparison can be asserted empty.
 
     fake = FakeNvml(
         [

@@ -1,0 +1,246 @@
+"""NVML backend behaviour beyond the contract suite, through the unmodified pynvml module over
+the NVML mock library (tools/nvml-mock): device numbers, NVLink grouping, sysfs facts, device
+visibility, MIG state shared across processes, profile ids, process utilisation, error
+translation of a failing library, shutdown, and the time-slice and MPS commands."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from conftest import LibraryNode
+
+from driver.backend_errors import GpuBackendError, NotSupportedError, PermissionDeniedError
+from driver.gpu_model import MigPlacement, TimeSliceInterval
+from tests.nvml_library import ENV_DEV_DIR, REPO, library_dir
+
+
+def _uuid(i: int) -> str:
+    return f"GPU-{i:08x}-0000-4000-8000-000000000000"
+
+
+def _bus(i: int) -> str:
+    return f"0000:{0x10 + i:02x}:00.0"
+
+
+def _machine(model: str, count: int, **extra: Any) -> dict[str, Any]:
+    gpus = [{"model": model, "uuid": _uuid(i), "pciBusId": _bus(i)} for i in range(count)]
+    return {"gpus": gpus, **extra}
+
+
+def _a100(mig: bool = True) -> dict[str, Any]:
+    machine = _machine("A100-SXM4-80GB", 1)
+    machine["gpus"][0]["migEnabled"] = mig
+    return machine
+
+
+def test_device_node_minor_number_is_reported(library_node: LibraryNode) -> None:
+    backend, _ = library_node(_machine("T4", 2))
+    assert [g.minor_number for g in backend.list_gpus()] == [0, 1]
+
+
+def test_product_outside_the_catalog_has_no_multiprocessor_count(
+    library_node: LibraryNode,
+) -> None:
+    # NVIDIA's DGX A100 mock names its GPUs "Mock NVIDIA A100-SXM4-40GB", which no catalog entry
+    # matches, and NVML reports no SM count for a whole GPU.
+    backend, _ = library_node({"machine": "dgxa100"})
+    gpus = backend.list_gpus()
+    assert len(gpus) == 8 and gpus[0].product_name == "Mock NVIDIA A100-SXM4-40GB"
+    assert gpus[0].multiprocessors is None
+
+
+def test_nvswitch_system_is_one_domain(library_node: LibraryNode) -> None:
+    backend, _ = library_node(
+        {"machine": "dgxh100", "nvswitch": {"gpus": list(range(8)), "links": 18}}
+    )
+    listed = backend.list_gpus()
+    assert len({g.nvlink_domain for g in listed}) == 1
+    assert listed[0].nvlink_peers == (1, 2, 3, 4, 5, 6, 7)
+
+
+def test_direct_links_group_pairs(library_node: LibraryNode) -> None:
+    links = [{"gpus": [0, 1], "links": 2}, {"gpus": [2, 3], "links": 1}]
+    backend, _ = library_node(_machine("A100-SXM4-80GB", 4, nvlinks=links))
+    listed = backend.list_gpus()
+    domains = [g.nvlink_domain for g in listed]
+    assert domains[0] == domains[1] != domains[2] == domains[3]
+    assert listed[0].nvlink_peers == (1,) and listed[3].nvlink_peers == (2,)
+
+
+def test_numa_and_pcie_root_from_sysfs(tmp_path: Path, library_node: LibraryNode) -> None:
+    device = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:00:01.0" / "0000:10:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    links = tmp_path / "sys" / "bus" / "pci" / "devices"
+    links.mkdir(parents=True)
+    (links / "0000:10:00.0").symlink_to(device)
+    backend, _ = library_node(_machine("T4", 1))
+    info = backend.list_gpus()[0]
+    assert (info.numa_node, info.pcie_root, info.pci_bus_id) == (1, "pci0000:00", "0000:10:00.0")
+
+
+def test_only_gpus_with_a_visible_device_node_are_listed(
+    tmp_path: Path, library_node: LibraryNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia2").touch()
+    monkeypatch.setenv(ENV_DEV_DIR, str(dev))
+    backend, _ = library_node(_machine("T4", 3))
+    (only,) = backend.list_gpus()
+    assert (only.index, only.uuid, only.minor_number) == (0, _uuid(2), 2)
+
+
+def test_half_made_instance_is_listed_without_uuid(library_node: LibraryNode) -> None:
+    backend, _ = library_node(_a100())
+    # A GPU instance without a compute instance, as a crash between the two calls leaves it.
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    placement = pynvml.c_nvmlGpuInstancePlacement_t()
+    placement.start, placement.size = 0, 2
+    pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 14, ctypes.byref(placement))
+    (device,) = backend.list_mig_devices(0)
+    assert (device.profile_name, device.uuid, device.compute_instance_id) == ("2g.20gb", None, None)
+    backend.destroy_mig_device(0, device.gpu_instance_id)
+    assert backend.list_mig_devices(0) == []
+
+
+def test_mig_calls_use_profile_ids(library_node: LibraryNode) -> None:
+    backend, _ = library_node(_a100())
+    device = backend.create_mig_device(0, 15, MigPlacement(start=6, size=2))
+    assert device.profile_id == 15 and device.profile_name == "1g.20gb"
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    instance = pynvml.nvmlDeviceGetGpuInstanceById(handle, device.gpu_instance_id)
+    # NVML reports the profile id (15), not the profile enum the mock keys it by (9).
+    assert pynvml.nvmlGpuInstanceGetInfo(instance).profileId == 15
+
+
+def test_mig_instances_outlive_the_process_that_made_them(library_node: LibraryNode) -> None:
+    backend, machine = library_node(_a100())
+    made = backend.create_mig_device(0, 9, MigPlacement(start=0, size=4))
+    script = (
+        "import json; from driver.nvml_backend import NvmlBackend; b = NvmlBackend(); "
+        "print(json.dumps([d.model_dump(mode='json') for d in b.list_mig_devices(0)]))"
+    )
+    env = {**os.environ, **machine.env()}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(result.stdout) == [made.model_dump(mode="json")]
+
+
+def test_process_utilisation_is_merged(library_node: LibraryNode) -> None:
+    backend, machine = library_node(_machine("T4", 1))
+    machine.set_processes(
+        0, [{"pid": 10, "usedMiB": 300, "smUtil": 55, "memUtil": 20}, {"pid": 11, "usedMiB": 100}]
+    )
+    first, second = backend.process_samples(0)
+    assert (first.pid, first.used_memory_mib, first.sm_utilization_percent) == (10, 300, 55)
+    assert first.memory_utilization_percent == 20 and first.gpu_instance_id is None
+    assert (second.pid, second.sm_utilization_percent) == (11, None)
+    # Samples already seen are not reported again.
+    assert backend.process_samples(0)[0].sm_utilization_percent is None
+
+
+def test_no_raw_nvml_error_escapes(library_node: LibraryNode) -> None:
+    backend, machine = library_node(_machine("T4", 1))
+    machine.state_path.write_text("{not json")  # the library answers NVML_ERROR_UNKNOWN
+    with pytest.raises(GpuBackendError) as info:
+        backend.get_compute_mode(0)
+    assert not isinstance(info.value, pynvml.NVMLError)
+    assert info.value.code == pynvml.NVML_ERROR_UNKNOWN
+
+
+def test_close_shuts_nvml_down(library_node: LibraryNode) -> None:
+    backend, _ = library_node(_machine("T4", 1))
+    assert backend.wait_health_event(0) is None
+    backend.close()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+
+
+def test_library_answers_function_not_found_for_what_it_lacks(library_node: LibraryNode) -> None:
+    library_node(_machine("T4", 1))
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+    assert (library_dir() / "libnvidia-ml.so.1").exists()
+
+
+class _Recorder:
+    def __init__(self, result: subprocess.CompletedProcess[str] | Exception) -> None:
+        self.result = result
+        self.argv: list[str] = []
+
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        self.argv = list(argv)
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+def test_time_slice_runs_nvidia_smi(library_node: LibraryNode) -> None:
+    runner = _Recorder(subprocess.CompletedProcess([], 0, "", ""))
+    backend, _ = library_node(_machine("T4", 1), run_command=runner)
+    backend.set_time_slice(0, TimeSliceInterval.LONG)
+    assert runner.argv == ["nvidia-smi", "compute-policy", "-i", _uuid(0), "--set-timeslice=3"]
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        (FileNotFoundError("nvidia-smi"), NotSupportedError),
+        (subprocess.CompletedProcess([], 4, "", "Insufficient Permissions"), PermissionDeniedError),
+        (subprocess.CompletedProcess([], 3, "Not Supported", ""), NotSupportedError),
+        (subprocess.CompletedProcess([], 1, "", "boom"), GpuBackendError),
+    ],
+)
+def test_time_slice_failures(
+    library_node: LibraryNode,
+    result: subprocess.CompletedProcess[str] | Exception,
+    error: type[GpuBackendError],
+) -> None:
+    backend, _ = library_node(_machine("T4", 1), run_command=_Recorder(result))
+    with pytest.raises(error):
+        backend.set_time_slice(0, TimeSliceInterval.SHORT)
+
+
+def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
+    tmp_path: Path, library_node: LibraryNode
+) -> None:
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        env = dict(a.split("=", 1) for a in argv if "=" in a and a.startswith("CUDA_"))
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+        # The real control daemon writes its pid file; this one is alive (our own pid).
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    backend, _ = library_node(_machine("T4", 1), run_command=runner, mps_root=tmp_path / "mps")
+    daemon = backend.start_mps_daemon(0)
+    assert calls[0][-1].endswith("exec nvidia-cuda-mps-control -d")
+    shm = tmp_path / "mps" / _uuid(0) / "shm"
+    assert calls[0][-1].startswith(f"mount --bind {shm} /dev/shm")
+    assert f"CUDA_VISIBLE_DEVICES={_uuid(0)}" in calls[0]
+    assert daemon.pipe_dir == str(tmp_path / "mps" / _uuid(0) / "pipe")
+    assert backend.start_mps_daemon(0) == daemon and len(calls) == 1  # adopted
+    assert backend.mps_daemons() == [daemon]
+    assert backend.get_compute_mode(0).name == "EXCLUSIVE_PROCESS"
+    backend.stop_mps_daemon(0)
+    assert calls[1][-3:] == ["sh", "-c", "echo quit | nvidia-cuda-mps-control"]
+    assert backend.get_compute_mode(0).name == "DEFAULT"
