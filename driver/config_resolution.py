@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal, TypeAlias, get_args
 
-from driver.config_support import unsupported_settings
+from driver.config_support import unsupported_on_device, unsupported_settings
 from driver.names import DRIVER_NAME
 from driver.opaque_config import (
     ROOT_ALLOWED,
@@ -209,16 +209,32 @@ def validate_config_entries(
     ``spec.spec.devices.config`` for a template, ``spec.config`` for a DeviceClass). When
     ``request_device_types`` maps request references to the type their class selects, an
     entry that names a request and has the wrong kind for it is reported too, as prepare
-    would refuse it.
+    would refuse it, and so is the config prepare would pick for such a request (rules 2-4)
+    when it cannot be applied to that type of device (``unsupported_on_device``).
     """
     entries, problems = _parse_entries(configs, path, source, driver)
+    types = request_device_types or {}
     for entry in entries:
         for named in entry.requests:
-            for ref, device_type in (request_device_types or {}).items():
+            for ref, device_type in types.items():
                 covered = ref == named or _main_request(ref) == named
                 if covered and not config_applies_to_device(entry.config, device_type):
                     message = wrong_kind_message(entry.config, ref, device_type)
                     problems.append(f"{path}[{entry.index}]: {message}")
+    ranked = sorted(entries, key=lambda e: (e.source is ConfigSource.CLAIM, e.index), reverse=True)
+    for ref, device_type in types.items():
+        chosen = next(
+            (
+                e
+                for e in ranked
+                if e.applies_to(ref) and config_applies_to_device(e.config, device_type)
+            ),
+            None,
+        )
+        unsupported = unsupported_on_device(chosen.config, device_type, ref) if chosen else []
+        if chosen is not None and unsupported:
+            prefix = f"{path}[{chosen.index}].opaque.parameters"
+            problems += OpaqueConfigError(unsupported).render(prefix)
     return problems
 
 

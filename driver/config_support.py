@@ -5,17 +5,22 @@ The ``gpu.flexgpu.dev/v1alpha1`` schema keeps room for settings that prepare can
 ``unsupported_settings`` on every parsed config (through ``driver.config_resolution``), so a
 config that prepare would refuse is already refused when the claim is created, with the same
 text. Pure: no I/O.
+
+``unsupported_on_device`` does the same for what depends on the device a config lands on;
+admission knows that from the request's DeviceClass, prepare from the allocation.
 """
 
 from __future__ import annotations
 
 from driver.opaque_config import (
     ConfigProblem,
+    GpuConfig,
     MigConfig,
     OpaqueConfig,
     SharingStrategy,
     show_value,
 )
+from driver.user_text import shorten
 
 
 def unsupported_settings(config: OpaqueConfig) -> list[ConfigProblem]:
@@ -29,6 +34,24 @@ def unsupported_settings(config: OpaqueConfig) -> list[ConfigProblem]:
             detail = (
                 f"{show_value(strategy.value)} is not supported on MIG devices yet; "
                 f"allowed: {SharingStrategy.EXCLUSIVE.value}"
+            )
+            return [ConfigProblem(("sharing", "strategy"), detail)]
+    return []
+
+
+def unsupported_on_device(
+    config: OpaqueConfig, device_type: str, request: str
+) -> list[ConfigProblem]:
+    """The settings of ``config`` that prepare cannot apply to a device of ``device_type``
+    (``gpu``, ``mig`` or ``shared``) allocated for ``request``; ``[]`` if none."""
+    if device_type == "shared" and isinstance(config, GpuConfig):
+        strategy = config.effective_sharing.strategy
+        if strategy is SharingStrategy.TIME_SLICING:
+            # A share's limits are MPS limits; time-slicing would lift them for every share.
+            detail = (
+                f"{show_value(strategy.value)} is not supported on a shared GPU (request "
+                f'"{shorten(request)}"; a share is enforced with MPS); allowed: '
+                f"{SharingStrategy.EXCLUSIVE.value}, {SharingStrategy.MPS.value}"
             )
             return [ConfigProblem(("sharing", "strategy"), detail)]
     return []

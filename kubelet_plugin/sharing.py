@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from driver.config_resolution import ConfigResolutionError, resolve_configs
+from driver.config_support import unsupported_on_device
 from driver.gpu_model import MpsDaemon, TimeSliceInterval
 from driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
 from driver.quantity import QuantityError, parse_quantity
@@ -58,6 +59,17 @@ def plan_sharing(
             config = resolved[allocated.request].for_device(kind, allocated.device)
         except ConfigResolutionError as err:
             raise SharingError(str(err)) from None
+        unsupported = unsupported_on_device(config, kind, allocated.request)
+        if unsupported:
+            # Worded as admission words it (driver.config_support), with the entry's place
+            # in the allocation's config list.
+            index = next(
+                (e.index for e in resolved[allocated.request].candidates if e.config is config),
+                None,
+            )
+            where = f"config[{index}].opaque.parameters" if index is not None else "parameters"
+            problems = OpaqueConfigError(unsupported).render(where)
+            raise SharingError(f"claim {_claim_name(claim)}: {'; '.join(problems)}")
         if isinstance(config, MigConfig):
             # Exclusive is all a MIG device supports yet; resolve_configs refused the rest
             # (driver.config_support), exactly as admission does.
@@ -95,12 +107,6 @@ def _share_client(
     allocated: AllocatedDevice, config: GpuConfig, index: int, total_mib: int, plan: SharingPlan
 ) -> MpsClient:
     sharing = config.effective_sharing
-    if sharing.strategy == SharingStrategy.TIME_SLICING:
-        raise SharingError(
-            f'request "{allocated.request}": sharing.strategy TimeSlicing cannot configure a '
-            f"GPU share ({allocated.device}); shares are enforced with MPS; allowed: "
-            "Exclusive (the default) or MPS"
-        )
     memory_mib = total_mib
     compute = 0
     try:

@@ -69,6 +69,27 @@ def claim(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
+    # Prepare refuses both, so admission does (same text).
+    (
+        "time-slicing-a-shared-gpu",
+        claim_spec(
+            {**GPU, "sharing": {"strategy": "TimeSlicing"}}, "shared-gpu.flexgpu.dev", ["gpu"]
+        ),
+        f'{PARAMS}.sharing.strategy: "TimeSlicing" is not supported on a shared GPU (request '
+        '"gpu"; a share is enforced with MPS); allowed: Exclusive, MPS',
+    ),
+    (
+        "mps-on-a-mig-device",
+        claim_spec(
+            {
+                **MIG,
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}},
+            },
+            "mig.flexgpu.dev",
+            ["gpu"],
+        ),
+        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; allowed: Exclusive',
+    ),
     (
         "wrong-kind-for-mig-class",
         claim_spec(GPU, "mig.flexgpu.dev", ["gpu"]),
@@ -138,12 +159,8 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
 GOOD_CONFIGS: list[dict[str, Any]] = [
     claim_spec(GPU),
     claim_spec(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
-    claim_spec({**GPU, "sharing": {"strategy": "TimeSlicing"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
-    claim_spec(
-        {**MIG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}}},
-        "mig.flexgpu.dev",
-        ["gpu"],
-    ),
+    claim_spec({**GPU, "sharing": {"strategy": "MPS"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
+    claim_spec({**MIG, "sharing": {"strategy": "Exclusive"}}, "mig.flexgpu.dev", ["gpu"]),
 ]
 BAD_POLICY_SPEC = {"gpus": [{"selector": {"all": True}, "mode": "MIG", "migLayout": {"1g10gb": 7}}]}
 BAD_POLICY_MESSAGE = (

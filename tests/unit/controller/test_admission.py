@@ -113,6 +113,18 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
         "timeSlicingConfig with strategy TimeSlicing, or mpsConfig with strategy MPS",
     ),
     (
+        # Prepare would refuse it: a share's limits are MPS limits.
+        "time-slicing a shared GPU",
+        claim({**GPU, "sharing": {"strategy": "TimeSlicing"}}, "shared-gpu.flexgpu.dev"),
+        f'{PARAMS}.sharing.strategy: "TimeSlicing" is not supported on a shared GPU (request '
+        '"gpu"; a share is enforced with MPS); allowed: Exclusive, MPS',
+    ),
+    (
+        "MPS on a MIG device",
+        claim({**MIG, "sharing": {"strategy": "MPS"}}, "mig.flexgpu.dev", ["gpu"]),
+        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; allowed: Exclusive',
+    ),
+    (
         "wrong apiVersion",
         claim({**GPU, "apiVersion": "resource.nvidia.com/v1beta1"}),
         f'{PARAMS}.apiVersion: "resource.nvidia.com/v1beta1" is not allowed; allowed: '
@@ -134,7 +146,7 @@ def test_bad_claims_are_rejected_with_the_exact_text(
         claim(GPU),
         claim(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
         claim(MIG, "mig.flexgpu.dev", ["gpu"]),
-        claim({**GPU, "sharing": {"strategy": "TimeSlicing"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
+        claim({**GPU, "sharing": {"strategy": "MPS"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
         # A blanket config of the other kind applies to no device here: skipped, as in prepare.
         claim(MIG, "gpu.flexgpu.dev"),
         # Another driver's config is not ours to judge, whatever it holds.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from controller.admission import validate_resource_claim
-from driver.names import DRIVER_NAME, GPU_DEVICE_CLASS, MIG_DEVICE_CLASS
+from driver.names import DRIVER_NAME, GPU_DEVICE_CLASS, MIG_DEVICE_CLASS, SHARED_GPU_DEVICE_CLASS
 from driver.sim_backend import SimulatedBackend
 from kubelet_plugin.checkpoint import CheckpointStore
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
@@ -27,8 +27,20 @@ from kubelet_plugin.preparer import ClaimPreparerImpl
 
 NODE = "node-a"
 API = "gpu.flexgpu.dev/v1alpha1"
-# A device of each class on the simulated node: GPU 0 is carved up on demand, GPU 1 is whole.
-DEVICE_OF_CLASS = {GPU_DEVICE_CLASS: "gpu-1", MIG_DEVICE_CLASS: "gpu-0-mig-1g10gb-0"}
+# A device of each class on the simulated node: GPU 0 is carved up on demand, GPU 1 is
+# shared, GPU 2 is whole.
+DEVICE_OF_CLASS = {
+    GPU_DEVICE_CLASS: AllocatedDevice("gpu", DRIVER_NAME, NODE, "gpu-2"),
+    MIG_DEVICE_CLASS: AllocatedDevice("gpu", DRIVER_NAME, NODE, "gpu-0-mig-1g10gb-0"),
+    SHARED_GPU_DEVICE_CLASS: AllocatedDevice(
+        "gpu",
+        DRIVER_NAME,
+        NODE,
+        "gpu-1",
+        share_id="s1",
+        consumed_capacity={"memory": "8Gi", "compute": "0"},
+    ),
+}
 
 
 def mig(sharing: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -71,6 +83,10 @@ TABLE: list[tuple[str, object, bool]] = [
     ),
     (GPU_DEVICE_CLASS, {"apiVersion": "v9", "kind": "GpuConfig"}, True),
     (GPU_DEVICE_CLASS, [1, 2], True),
+    (SHARED_GPU_DEVICE_CLASS, gpu(), False),
+    (SHARED_GPU_DEVICE_CLASS, gpu({"strategy": "MPS"}), False),
+    (SHARED_GPU_DEVICE_CLASS, gpu({"strategy": "TimeSlicing"}), True),
+    (SHARED_GPU_DEVICE_CLASS, mig(), True),
 ]
 
 
@@ -104,7 +120,7 @@ class _OneClaim:
 
 def prepare_error(tmp_path: Path, device_class: str, parameters: object) -> str:
     backend = SimulatedBackend.from_topology("hgx-h100-8", NODE, state_path=tmp_path / "gpus.json")
-    device = AllocatedDevice("gpu", DRIVER_NAME, NODE, DEVICE_OF_CLASS[device_class])
+    device = DEVICE_OF_CLASS[device_class]
     entry = {
         "source": "FromClaim",
         "requests": ["gpu"],
@@ -114,7 +130,7 @@ def prepare_error(tmp_path: Path, device_class: str, parameters: object) -> str:
     preparer = ClaimPreparerImpl(
         node_name=NODE,
         claims=_OneClaim(view),
-        devices=NodeDevices(backend, dynamic_mig={0}),
+        devices=NodeDevices(backend, shared={1}, dynamic_mig={0}),
         store=CheckpointStore(tmp_path / "data" / "checkpoint.json"),
         lock=PrepareLock(tmp_path / "data" / "lock"),
         cdi_dir=tmp_path / "cdi",
@@ -133,6 +149,8 @@ def test_admission_and_prepare_agree(
     if not refused:
         assert error == ""
         return
+    if (device_class, parameters) == (SHARED_GPU_DEVICE_CLASS, mig()):
+        return  # wrong kind: see test_a_config_of_the_wrong_kind_is_refused_by_both
     in_allocation = [p.removeprefix("spec.devices.") for p in problems]
     assert error == "claim ns/c: " + "; ".join(in_allocation)
 
@@ -145,12 +163,9 @@ def test_sharing_on_a_mig_device_is_refused_naming_field_value_and_allowed() -> 
     )
 
 
-def test_a_config_of_the_wrong_kind_is_refused_by_both() -> None:
+def test_a_config_of_the_wrong_kind_is_refused_by_both(tmp_path: Path) -> None:
     # The texts differ here (prepare names the device it was given), the verdict does not.
     problems = admission_problems(GPU_DEVICE_CLASS, mig())
     assert len(problems) == 1 and "MigConfig cannot configure a whole GPU" in problems[0]
-
-
-def test_a_config_of_the_wrong_kind_is_refused_by_prepare(tmp_path: Path) -> None:
     error = prepare_error(tmp_path, GPU_DEVICE_CLASS, mig())
-    assert "MigConfig cannot configure a whole GPU (gpu-1)" in error
+    assert "MigConfig cannot configure a whole GPU (gpu-2)" in error

@@ -177,7 +177,9 @@ def test_a_share_beyond_the_devices_capacity_is_refused(
         (
             [share("gpu-1", "s1", "2Gi")],
             {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}},
-            'request "gpu": sharing.strategy TimeSlicing cannot configure a GPU share (gpu-1)',
+            'claim ns/c: config[0].opaque.parameters.sharing.strategy: "TimeSlicing" is not '
+            'supported on a shared GPU (request "gpu"; a share is enforced with MPS); allowed: '
+            "Exclusive, MPS",
         ),
         (
             [whole("gpu-0"), share("gpu-1", "s1", "2Gi")],
