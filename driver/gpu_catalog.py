@@ -95,6 +95,16 @@ GPU_CATALOG: dict[str, GpuModelSpec] = {
             mig_family="H200-141GB",
         ),
         _spec(
+            "B200-SXM6-180GB",
+            product_name="NVIDIA B200",
+            architecture="Blackwell",
+            cc="10.0",
+            memory_mib=183359,
+            sms=148,
+            pci_device_id=0x290110DE,
+            mig_family="B200-180GB",
+        ),
+        _spec(
             "L4",
             product_name="NVIDIA L4",
             architecture="Ada Lovelace",

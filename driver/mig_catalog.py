@@ -1,11 +1,14 @@
 """MIG profile tables for the simulated catalog, from NVIDIA's published MIG profile tables.
 
 Geometry (8 memory slices, 7 compute slices, profile ids, placements, instance limits) is the
-same on A100, H100 and H200. Memory, multiprocessor and engine counts differ per product.
-Sources: NVIDIA MIG User Guide "Supported MIG profiles" tables (engines, instance limits),
-`nvidia-smi mig -lgip` / `-lgipp` output as printed on real A100-80GB and H100-80GB systems
-(memory, SMs, placements) and NVIDIA's NVML mocks (A100-40GB, H200 memory). On real hardware the
-NVML backend reads all of this from the GPU and never uses these tables.
+same on A100, H100, H200 and B200. Memory, multiprocessor and engine counts differ per product.
+Sources: NVIDIA MIG User Guide "Supported MIG profiles" tables (names, engines, instance limits,
+placements), `nvidia-smi mig -lgip` / `-lgipp` output as printed on real A100-80GB and H100-80GB
+systems (memory, SMs, placements) and NVIDIA's NVML mocks (A100-40GB; H200 memory; B200 memory,
+SMs and engines, which NVIDIA publishes nowhere else). docs/inventory.md lists every figure where
+NVIDIA's mocks and this catalog differ, and why; tests/unit/driver/test_catalog_differential.py
+keeps that list exact. On real hardware the NVML backend reads all of this from the GPU and never
+uses these tables.
 """
 
 from __future__ import annotations
@@ -53,9 +56,9 @@ class _ProductFigures:
     engines: tuple[MigEngines, ...]
 
 
-def _eng(ce: int, dec: int, jpeg: int = 0, ofa: int = 0) -> MigEngines:
+def _eng(ce: int, dec: int, jpeg: int = 0, ofa: int = 0, enc: int = 0) -> MigEngines:
     # No A100/H100/H200 MIG profile has an NVENC.
-    return MigEngines(copy_engines=ce, decoders=dec, encoders=0, jpeg_decoders=jpeg, ofa=ofa)
+    return MigEngines(copy_engines=ce, decoders=dec, encoders=enc, jpeg_decoders=jpeg, ofa=ofa)
 
 
 # A100: 5 NVDEC, 1 NVJPG, 1 OFA in total; only +me and 7g get the JPEG decoder and OFA.
@@ -77,6 +80,16 @@ _HOPPER_ENGINES = (
     _eng(3, 3, 3),
     _eng(4, 4, 4),
     _eng(8, 7, 7, 1),
+)
+# B200: as NVIDIA's NVML mock reports them; no published table gives B200 engines per profile.
+_B200_ENGINES = (
+    _eng(1, 1),
+    _eng(1, 1, 1, 1, enc=1),
+    _eng(1, 1),
+    _eng(2, 2, 1, 1, enc=1),
+    _eng(3, 3, 2, 2, enc=2),
+    _eng(4, 4, 2, 2, enc=2),
+    _eng(7, 7, 4, 4, enc=4),
 )
 _A100_SMS = (14, 14, 14, 28, 42, 56, 98)
 _HOPPER_SMS = (16, 16, 26, 32, 60, 64, 132)
@@ -108,6 +121,14 @@ _PRODUCTS: dict[str, _ProductFigures] = {
         memory_mib=(18432, 18432, 35840, 35840, 72704, 72704, 144384),
         multiprocessors=_HOPPER_SMS,
         engines=_HOPPER_ENGINES,
+    ),
+    "B200-180GB": _ProductFigures(
+        names=("1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),
+        # From NVIDIA's NVML mocks (names and ids from the MIG User Guide); not yet confirmed
+        # against a real B200 listing.
+        memory_mib=(23552, 23552, 46080, 46080, 92160, 92160, 184320),
+        multiprocessors=(18, 18, 18, 36, 54, 72, 126),
+        engines=_B200_ENGINES,
     ),
 }
 

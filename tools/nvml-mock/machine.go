@@ -45,7 +45,7 @@ var models = map[string]model{
 	"A100-SXM4-80GB":  {gpus.A100_SXM4_80GB, 80},
 	"H100-SXM5-80GB":  {gpus.H100_SXM5_80GB, 80},
 	"H200-SXM5-141GB": {gpus.H200_SXM5_141GB, 141},
-	"B200-SXM5-180GB": {gpus.B200_SXM5_180GB, 180},
+	"B200-SXM6-180GB": {gpus.B200_SXM5_180GB, 180}, // the mock says SXM5; B200 boards are SXM6
 	"T4":              {teslaT4, 0},
 }
 
@@ -57,7 +57,7 @@ var dgxMachines = map[string]struct {
 	"dgxa100": {dgxa100.New, "A100-SXM4-40GB"},
 	"dgxh100": {dgxh100.New, "H100-SXM5-80GB"},
 	"dgxh200": {dgxh200.New, "H200-SXM5-141GB"},
-	"dgxb200": {dgxb200.New, "B200-SXM5-180GB"},
+	"dgxb200": {dgxb200.New, "B200-SXM6-180GB"},
 }
 
 // profileIdentity is what NVML reports for each GPU-instance profile enum on the GPUs with

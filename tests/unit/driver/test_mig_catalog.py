@@ -31,6 +31,15 @@ EXPECTED_NAMES = {
         "4g.40gb",
         "7g.80gb",
     ],
+    "B200-SXM6-180GB": [
+        "1g.23gb",
+        "1g.23gb+me",
+        "1g.45gb",
+        "2g.45gb",
+        "3g.90gb",
+        "4g.90gb",
+        "7g.180gb",
+    ],
     "H200-SXM5-141GB": [
         "1g.18gb",
         "1g.18gb+me",
@@ -131,6 +140,7 @@ def test_non_mig_models_and_lookup() -> None:
     assert gpu_model("A100-SXM4-80GB").mig_capable
     assert spec_for_product_name("NVIDIA H100 80GB HBM3") is GPU_CATALOG["H100-SXM5-80GB"]
     assert spec_for_product_name("Tesla T4") is GPU_CATALOG["T4"]
-    assert spec_for_product_name("NVIDIA B200") is None
+    assert spec_for_product_name("NVIDIA B200") is GPU_CATALOG["B200-SXM6-180GB"]
+    assert spec_for_product_name("NVIDIA GB300") is None
     with pytest.raises(KeyError, match="allowed: A100-SXM4-40GB"):
         gpu_model("V100")
