@@ -5,10 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup venv control-plane lint test test-unit test-integration demo demo-down \
+.PHONY: setup venv control-plane nvml-mock lint test test-unit test-integration demo demo-down \
         cluster-up cluster-down bench clean protos helm-tools
 
-setup: venv control-plane helm-tools
+setup: venv control-plane helm-tools nvml-mock
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 control-plane:
 	@echo "==> control plane binaries (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/k8s/build.sh >/dev/null
+
+# libnvidia-ml.so.1 over NVIDIA's mock NVML servers, for the NVML backend's tests (seconds, cached).
+nvml-mock:
+	@echo "==> NVML mock library (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/nvml-mock/build.sh >/dev/null
 
 # Regenerates the kubelet gRPC stubs from kubelet_plugin/proto (they are committed).
 protos: venv
