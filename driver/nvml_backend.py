@@ -366,7 +366,10 @@ class NvmlBackend(GpuBackend):
     def _mig_profiles(self, handle: Any, index: int) -> list[MigProfile]:
         # Raises NotSupportedError on GPUs without MIG.
         self._call("nvmlDeviceGetMigMode", handle, context=f"MIG on GPU {index}")
-        return [self._profile(handle, info) for info in self._profile_infos(handle)]
+        profiles = [self._profile(handle, info) for info in self._profile_infos(handle)]
+        # NVML lists profiles in its enum order; smallest first, as the simulated catalog lists
+        # them, keeps listings and published devices in the same order on either backend.
+        return sorted(profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.name))
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
         with self._lock:

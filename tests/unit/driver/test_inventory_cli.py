@@ -153,3 +153,56 @@ def test_gpu_check_script_runs_read_only(
     assert report["catalogDifferences"] == []
     mutating = [c for c in fake.calls if any(k in c for k in ("Set", "Create", "Destroy"))]
     assert mutating == []
+
+
+def test_library_and_simulation_print_the_same_inventory(
+    tmp_path: Path, library_node: LibraryNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_catalog_differential import documented_differences
+
+    from driver.sysfs import SysfsPci
+
+    # One machine, described to the simulated backend and to the NVML mock library alike; NUMA
+    # nodes come from sysfs on a real node, here from a sysfs tree under tmp_path.
+    gpus = [
+        {"model": "T4", "pciBusId": "0000:3b:00.0"},
+        {"model": "A100-SXM4-80GB", "pciBusId": "0000:5e:00.0", "migEnabled": True},
+    ]
+    for gpu, root in zip(gpus, ("3a", "5d"), strict=True):
+        bus = str(gpu["pciBusId"])
+        device = tmp_path / "sys" / "devices" / f"pci0000:{root}" / f"0000:{root}:00.0" / bus
+        device.mkdir(parents=True)
+        (device / "numa_node").write_text("1\n")
+        links = tmp_path / "sys" / "bus" / "pci" / "devices"
+        links.mkdir(parents=True, exist_ok=True)
+        (links / bus).symlink_to(device)
+    topology = tmp_path / "same.yaml"
+    described = [
+        {**g, "numaNode": 1, "pcieRoot": f"pci0000:{r}"}
+        for g, r in zip(gpus, ("3a", "5d"), strict=True)
+    ]
+    topology.write_text(json.dumps({"name": "same", "gpus": described}))
+    simulated = ["inventory", "--topology", str(topology), "--node-name", "node-s"]
+    assert main([*simulated, "--json"]) == 0
+    uuids = [g["gpu"]["uuid"] for g in json.loads(capsys.readouterr().out)["gpus"]]
+    library_node({"gpus": [{**g, "uuid": u} for g, u in zip(gpus, uuids, strict=True)]})
+
+    assert main([*simulated, "--mig"]) == 0
+    sim_gpus, sim_mig = capsys.readouterr().out.split("\n\n", 1)
+    with mock.patch("driver.nvml_backend.SysfsPci", lambda: SysfsPci(tmp_path / "sys")):
+        assert main(["inventory", "--mig"]) == 0
+    lib_gpus, lib_mig = capsys.readouterr().out.split("\n\n", 1)
+    assert lib_gpus == sim_gpus and "Tesla T4" in lib_gpus
+    # MIG rows agree but for the profile memory NVIDIA's mock A100 80GB tables get wrong, each
+    # listed in docs/inventory.md with the mock's figure.
+    documented = documented_differences()
+    sim_rows, lib_rows = sim_mig.splitlines(), lib_mig.splitlines()
+    assert len(sim_rows) == len(lib_rows) > 20
+    for ours, theirs in zip(sim_rows, lib_rows, strict=True):
+        if ours == theirs:
+            continue
+        sim_cells, lib_cells = ours.split(), theirs.split()
+        changed = [i for i, (a, b) in enumerate(zip(sim_cells, lib_cells, strict=True)) if a != b]
+        assert changed == [4], f"only MEMORY may differ:\n{ours}\n{theirs}"
+        row = documented[("A100-SXM4-80GB", sim_cells[2], "memory MiB")]
+        assert (row["mock"], row["ours"]) == (lib_cells[4], sim_cells[4])
