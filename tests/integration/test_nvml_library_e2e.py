@@ -1,0 +1,192 @@
+"""The kubelet plugin end to end on the NVML backend, through the unmodified pynvml module over
+the NVML mock library (tools/nvml-mock, NVIDIA's mock NVML servers behind NVML's C interface):
+whole GPUs, an NVLink pair, a MIG partition created on demand at the placement the scheduler
+allocated and destroyed on release, a restart that adopts the instance it made before, and a
+GPU taken out of service by an injected Xid. The library's state file is the hardware."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.conftest import wait_for
+from tests.integration.gpu_workloads import (
+    DRIVER,
+    allocated,
+    create_claim,
+    ensure_device_classes,
+    env_from_log,
+    gpu_request,
+    make_pod,
+    wait_container_output,
+    wait_gone,
+    wait_phase,
+)
+from tests.nvml_library import MockMachine
+from tools.cluster import ControlPlane
+from tools.cluster.gpu_node import SimulatedGpuNode
+
+pytestmark = pytest.mark.integration
+
+NODE = "e2e-nvml"
+PRINT = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DONE; sleep 120"
+UUIDS = [f"GPU-{i:08x}-1111-4000-8000-00000000e2e0" for i in range(4)]
+# GPUs 0 and 1 are an NVLink pair; GPU 2 is an A100 whose MIG partitions are made on demand.
+MACHINE = {
+    "driverVersion": "580.95.05",
+    "cudaDriverVersion": 13000,
+    "gpus": [
+        {"model": "H100-SXM5-80GB", "uuid": UUIDS[0], "pciBusId": "0000:18:00.0"},
+        {"model": "H100-SXM5-80GB", "uuid": UUIDS[1], "pciBusId": "0000:2a:00.0"},
+        {
+            "model": "A100-SXM4-80GB",
+            "uuid": UUIDS[2],
+            "pciBusId": "0000:3a:00.0",
+            "migEnabled": True,
+        },
+        {"model": "H100-SXM5-80GB", "uuid": UUIDS[3], "pciBusId": "0000:5d:00.0"},
+    ],
+    "nvlinks": [{"gpus": [0, 1], "links": 4}],
+}
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> MockMachine:
+    return MockMachine.write(tmp_path_factory.mktemp("nvml"), MACHINE)
+
+
+def _plugin_env(machine: MockMachine) -> dict[str, str]:
+    return {**os.environ, **machine.env()}
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, api: Any, machine: MockMachine) -> Iterator[SimulatedGpuNode]:
+    ensure_device_classes(api)
+    started = SimulatedGpuNode(
+        cluster.kubeconfig,
+        NODE,
+        "mixed",  # a label only: the NVML backend reads the library's machine
+        plugin_args=("--gpu-backend=nvml", "--dynamic-mig-gpus=2"),
+        plugin_env=_plugin_env(machine),
+    )
+    try:
+        started.start()
+        yield started
+    finally:
+        started.cleanup()
+
+
+def instances(machine: MockMachine, gpu: int = 2) -> list[dict[str, Any]]:
+    """GPU instances the library holds for one GPU, from its state file."""
+    state = json.loads(Path(machine.state_path).read_text())
+    return list(state["gpus"].get(UUIDS[gpu], {}).get("gpuInstances") or [])
+
+
+def published(api: Any) -> set[str]:
+    slices = (
+        client.ResourceV1Api(api)
+        .list_resource_slice(field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}")
+        .items
+    )
+    return {d.name for s in slices for d in s.spec.devices or []}
+
+
+def run(
+    api: Any, namespace: str, node: SimulatedGpuNode, name: str, devices: dict[str, Any]
+) -> dict[str, str]:
+    create_claim(api, namespace, name, devices)
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace, make_pod(name, PRINT, {"g": {"resourceClaimName": name}}, NODE)
+    )
+    wait_phase(api, namespace, name, {"Running"}, timeout_s=90)
+    return env_from_log(wait_container_output(node, namespace, name, "DONE"))
+
+
+def release(api: Any, namespace: str, name: str) -> None:
+    client.CoreV1Api(api).delete_namespaced_pod(name, namespace)
+    wait_gone(api, namespace, name)
+    client.ResourceV1Api(api).delete_namespaced_resource_claim(name, namespace)
+
+
+def mig_request(profile: str) -> dict[str, Any]:
+    is_profile = f'device.attributes["{DRIVER}"].profile == "{profile}"'
+    return {
+        "requests": [
+            {
+                "name": "mig",
+                "exactly": {
+                    "deviceClassName": "mig.flexgpu.dev",
+                    "selectors": [{"cel": {"expression": is_profile}}],
+                },
+            }
+        ]
+    }
+
+
+def test_whole_gpu_carries_the_library_uuid(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    cel = f'device.attributes["{DRIVER}"].index == 3'
+    env = run(api, namespace, node, "whole", {"requests": [gpu_request(cel=cel)]})
+    assert [r.device for r in allocated(api, namespace, "whole")] == ["gpu-3"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[3]
+    release(api, namespace, "whole")
+
+
+def test_nvlink_pair_from_the_library_wiring(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    pair = {
+        "requests": [gpu_request(count=2)],
+        "constraints": [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
+    }
+    env = run(api, namespace, node, "pair", pair)
+    assert sorted(r.device for r in allocated(api, namespace, "pair")) == ["gpu-0", "gpu-1"]
+    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == UUIDS[:2]
+    release(api, namespace, "pair")
+
+
+def test_partition_made_at_the_allocated_placement_and_destroyed_on_release(
+    api: Any, namespace: str, node: SimulatedGpuNode, machine: MockMachine
+) -> None:
+    env = run(api, namespace, node, "part", mig_request("3g.40gb"))
+    (result,) = allocated(api, namespace, "part")
+    start = int(result.device.rsplit("-", 1)[1])
+    assert result.device == f"gpu-2-mig-3g40gb-{start}"
+    (made,) = instances(machine)
+    assert (made["start"], made["size"]) == (start, 4)
+    (compute,) = made["computeInstances"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == compute["uuid"] and compute["uuid"].startswith("MIG-")
+    release(api, namespace, "part")
+    assert instances(machine) == []
+
+
+def test_restart_adopts_the_instance_it_made(
+    api: Any, namespace: str, node: SimulatedGpuNode, machine: MockMachine
+) -> None:
+    env = run(api, namespace, node, "kept", mig_request("1g.10gb"))
+    (made,) = instances(machine)
+    node.stop_plugin(signal.SIGKILL)
+    node.start_plugin(timeout_s=90)
+    # The new process found the instance in the library, left it to the running pod, and
+    # still owns it: releasing the claim destroys exactly that instance.
+    assert instances(machine) == [made]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == made["computeInstances"][0]["uuid"]
+    release(api, namespace, "kept")
+    wait_for(lambda: instances(machine) == [], what="the adopted instance destroyed on release")
+
+
+def test_injected_xid_takes_the_gpu_out_of_service(
+    api: Any, node: SimulatedGpuNode, machine: MockMachine
+) -> None:
+    assert "gpu-3" in published(api)
+    machine.inject_xid(3, 79)  # 79: the GPU fell off the bus
+    wait_for(lambda: "gpu-3" not in published(api), what="gpu-3 withdrawn after Xid 79")
+    assert {"gpu-0", "gpu-1"} <= published(api)
