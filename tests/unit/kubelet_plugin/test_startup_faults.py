@@ -223,6 +223,55 @@ def test_version_1_checkpoint_is_migrated_keeping_prepared_claims(node: Node) ->
     assert _holding(node) == Holding((), (), TimeSliceInterval.DEFAULT, ())
 
 
+FIXTURE = Path(__file__).parent / "data" / "checkpoint-v1"
+
+
+def test_files_left_by_a_schema_1_plugin_are_migrated(tmp_path: Path) -> None:
+    """``data/checkpoint-v1`` holds what the schema-1 plugin wrote after preparing the four
+    HOLDINGS claims: its checkpoint.json, the CDI specs and the simulated GPUs (a MIG
+    instance, an MPS daemon, a Long time-slice). They are re-rooted into tmp_path; the
+    checkpoint's checksum is recomputed after that, by the same rule as schema 1."""
+    for folder in ("data", "cdi"):
+        (tmp_path / folder).mkdir()
+
+    def rerooted(source: Path) -> str:
+        return source.read_text().replace("@ROOT@", str(tmp_path))
+
+    (tmp_path / "data" / "simulated-gpus.json").write_text(
+        rerooted(FIXTURE / "simulated-gpus.json")
+    )
+    for spec in (FIXTURE / "cdi").iterdir():
+        (tmp_path / "cdi" / spec.name).write_text(rerooted(spec))
+    document = json.loads(rerooted(FIXTURE / "checkpoint.json"))
+    assert document["data"]["version"] == 1
+    document["checksum"] = checksum(document["data"])
+    (tmp_path / "data" / "checkpoint.json").write_bytes(canonical_json(document))
+    table = ClaimTable()
+    refs = [make(table) for make in HOLDINGS.values()]
+    node = Node(tmp_path, table)
+    before = _holding(node)
+    assert len(before.mig_uuids) == 1 and before.mps_gpus == (SHARED_GPU,)
+    assert before.time_slice == TimeSliceInterval.LONG and len(before.specs) == 4
+
+    report, events = _restart(node)
+
+    assert events == [] and report.checkpoint_status == "migrated"
+    assert sorted(report.migrated) == sorted(f"ns/{r.name}" for r in refs)
+    assert _holding(node) == before
+    records = node.store.checkpoint().claims
+    assert {u: r.model_dump(mode="json") for u, r in records.items()} == document["data"]["claims"]
+    assert node.store.legacy_path.with_name("checkpoint.json.migrated-v1").exists()
+    again = node.preparer.prepare(refs)  # already prepared: answered from the records
+    assert [d.device_name for r in again.values() for d in r.devices] == [
+        "gpu-0",
+        f"gpu-{DYNAMIC_GPU}-mig-3g40gb-4",
+        f"gpu-{SHARED_GPU}",
+        f"gpu-{TIME_SLICED_GPU}",
+    ]
+    assert all(not r.error for r in node.preparer.unprepare(refs).values())
+    assert _holding(node) == Holding((), (), TimeSliceInterval.DEFAULT, ())
+
+
 def test_version_1_file_written_while_serving_is_migrated_before_the_next_call(
     node: Node,
 ) -> None:
