@@ -1,5 +1,8 @@
 """A stand-in for the ``pynvml`` module holding the state of simulated hardware.
 
+Only for NVML error paths the NVML mock library (tools/nvml-mock) cannot produce, such as a
+call failing with a code the library never returns there, or a GPU lost in the middle of one
+enumeration; every other NVML backend test runs the real pynvml module over that library.
 It offers the same functions the real module does, with the same argument conventions (ctypes
 arrays and ``byref`` counts filled in place, opaque ctypes handles) and raises the real
 ``pynvml.NVMLError`` subclasses with NVML's codes, so ``NvmlBackend`` runs unchanged against it.
