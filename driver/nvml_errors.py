@@ -30,6 +30,8 @@ _BY_CODE: dict[int, type[GpuBackendError]] = {
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: BackendUnavailableError,
     pynvml.NVML_ERROR_UNINITIALIZED: BackendUnavailableError,
     pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: BackendUnavailableError,
+    # The driver refused a structure version pynvml sent: module and driver do not match.
+    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: BackendUnavailableError,
 }
 
 

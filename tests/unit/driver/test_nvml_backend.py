@@ -103,6 +103,7 @@ def test_failed_compute_instance_rolls_back_gpu_instance(tmp_path: Path) -> None
         (pynvml.NVML_ERROR_GPU_IS_LOST, "GpuLostError"),
         (pynvml.NVML_ERROR_INVALID_ARGUMENT, "InvalidArgumentError"),
         (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "BackendUnavailableError"),
+        (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "BackendUnavailableError"),
         (pynvml.NVML_ERROR_UNKNOWN, "GpuBackendError"),
     ],
 )

@@ -180,6 +180,27 @@ def test_library_answers_function_not_found_for_what_it_lacks(library_node: Libr
     assert (library_dir() / "libnvidia-ml.so.1").exists()
 
 
+def test_library_checks_structure_versions_as_nvml_does(library_node: LibraryNode) -> None:
+    library_node(_a100())
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstanceProfileInfoV")
+    assert function(handle, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, ctypes.byref(info)) == 0
+    assert (info.id, info.name) == (9, "MIG 3g.40gb")
+    info.version = pynvml.nvmlGpuInstanceProfileInfo_v2 - 1  # size one byte short
+    code = function(handle, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, ctypes.byref(info))
+    assert code == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_mig_profiles_need_mig_mode_on_as_nvml_h_says(library_node: LibraryNode) -> None:
+    # nvml.h: the versioned profile query answers NOT_SUPPORTED while MIG mode is off, so an
+    # NVML node lists no profiles until MIG is on (the simulated backend lists them anyway).
+    backend, _ = library_node(_a100(mig=False))
+    assert backend.mig_profiles(0) == []
+    backend.set_mig_mode(0, True)
+    assert len(backend.mig_profiles(0)) == 7
+
+
 class _Recorder:
     def __init__(self, result: subprocess.CompletedProcess[str] | Exception) -> None:
         self.result = result
