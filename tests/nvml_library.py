@@ -60,7 +60,12 @@ def load_into_process() -> ctypes.CDLL:
         ctypes.c_uint,
         ctypes.c_uint,
     ]
-    lib.flexgpuMockSetLost.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint, ctypes.c_int]
+    lib.flexgpuMockSetLost.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+        ctypes.c_int,
+    ]
     lib.flexgpuMockSetProcesses.argtypes = [
         ctypes.c_char_p,
         ctypes.c_char_p,
