@@ -201,6 +201,52 @@ def test_mig_profiles_need_mig_mode_on_as_nvml_h_says(library_node: LibraryNode)
     assert len(backend.mig_profiles(0)) == 7
 
 
+def test_backend_reaches_only_functions_the_library_implements(
+    library_node: LibraryNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The library answers FUNCTION_NOT_FOUND for NVML functions it lacks, which the backend
+    # would quietly take as "not supported"; every symbol pynvml looks up for the backend's
+    # work must be one the library exports itself.
+    exported = {
+        line.split()[1]
+        for source in (REPO / "tools" / "nvml-mock").glob("*.go")
+        for line in source.read_text().splitlines()
+        if line.startswith("//export ")
+    }
+    looked_up: set[str] = set()
+    original = pynvml._nvmlGetFunctionPointer
+
+    def record(name: str) -> Any:
+        looked_up.add(name)
+        return original(name)
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", record)
+    machine = {
+        "gpus": [
+            {"model": "A100-SXM4-80GB", "migEnabled": True},
+            {"model": "A100-SXM4-80GB"},
+            {"model": "T4"},
+        ],
+        "nvlinks": [{"gpus": [0, 1], "links": 2}],
+    }
+    backend, library = library_node(machine)
+    backend.list_gpus()
+    backend.possible_placements(0, 9)
+    device = backend.create_mig_device(0, 9, MigPlacement(start=0, size=4))
+    backend.list_mig_devices(0)
+    library.set_processes(0, [{"pid": 7, "usedMiB": 5, "gpuInstanceId": 1, "smUtil": 3}])
+    backend.process_samples(0)
+    library.set_processes(0, [])
+    backend.destroy_mig_device(0, device.gpu_instance_id)
+    backend.set_mig_mode(1, True)
+    backend.set_compute_mode(2, backend.get_compute_mode(2))
+    assert backend.wait_health_event(0) is None
+    library.inject_xid(2, 79)
+    assert backend.wait_health_event(2) is not None
+    backend.close()
+    assert looked_up and looked_up <= exported, sorted(looked_up - exported)
+
+
 class _Recorder:
     def __init__(self, result: subprocess.CompletedProcess[str] | Exception) -> None:
         self.result = result
