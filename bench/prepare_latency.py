@@ -3,7 +3,8 @@
 unprepare latency, cycles per second with 1 and 8 callers, failed calls, CPU, apiserver
 requests, memory and start-up, each plugin with 8 simulated GPUs against one control plane.
 
-    python -m bench.prepare_latency [--rounds 5] [--cycles 100] [--concurrent-cycles 25]
+    python -m bench.prepare_latency [--rounds 6] [--cycles 150] [--concurrent-cycles 40]
+                                    [--starts 3]
 
 Calls go to each plugin's DRA socket as the kubelet makes them (v1, one claim per call); each
 claim is a real ResourceClaim allocated to one of that driver's devices. Rounds alternate
@@ -61,6 +62,8 @@ class Figures:
     api_kinds: dict[str, float] = field(default_factory=dict)
     rss_mib: float = 0.0
     hwm_mib: float = 0.0
+    # Per round: 1-caller prepare p50 (ms), 1-caller and 8-caller cycles/s; shows the spread.
+    per_round: list[tuple[float, float, float]] = field(default_factory=list)
 
     @property
     def cycles(self) -> int:
@@ -80,9 +83,14 @@ def measure_round(
     by_device = [[c for c in claims if c.device == d] for d in range(DEVICES)]
     before: MetricsSnapshot = counter.snapshot()
     cpu0 = cpu_seconds(plugin.pid)
-    figures.single.add(run_cycles(plugin.stub, [claims], cycles))
-    figures.eight.add(run_cycles(plugin.stub, by_device, concurrent_cycles))
+    single = run_cycles(plugin.stub, [claims], cycles)
+    eight = run_cycles(plugin.stub, by_device, concurrent_cycles)
     figures.cpu_s += cpu_seconds(plugin.pid) - cpu0
+    figures.single.add(single)
+    figures.eight.add(eight)
+    figures.per_round.append(
+        (percentile(single.prepare_ms, 50), single.cycles_per_s, eight.cycles_per_s)
+    )
     after = counter.snapshot()
     figures.api_requests += after.requests_of(plugin.spec.identity, before)
     for kind, count in after.kinds_since(before).items():
@@ -141,12 +149,15 @@ def explain(figures: dict[str, Figures], args: Any) -> None:
         "empty data directory, the others restart on it)."
     )
     print(
-        f"Each call has {DEVICES} GPUs behind it; the example driver runs with "
-        "--kube-api-qps=1000 --kube-api-burst=1000."
+        f"Each plugin publishes {DEVICES} simulated GPUs on one node; the example driver runs "
+        "with --kube-api-qps=1000 --kube-api-burst=1000. The benchmark's own gRPC callers share "
+        "the machine's cores with both plugins and the control plane."
     )
     for label, f in (("flexgpu", flex), ("example", ref)):
         starts = ", ".join(f"{s.to_socket_s:.3f}/{s.to_slices_s:.3f}" for s in f.starts)
         print(f"{label}: starts (socket/slices s): {starts}")
+        rounds = ", ".join(f"{p50:.2f}/{one:.0f}/{eight:.0f}" for p50, one, eight in f.per_round)
+        print(f"{label}: per round (prepare p50 ms/cycles/s 1 caller/8 callers): {rounds}")
         top = sorted(f.api_kinds.items(), key=lambda kv: -kv[1])[:6]
         if f.cycles:
             kinds = ", ".join(f"{k} {v / f.cycles:.2f}" for k, v in top)
@@ -163,10 +174,10 @@ def explain(figures: dict[str, Figures], args: Any) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cycles", type=int, default=100, help="1-caller cycles per round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--cycles", type=int, default=150, help="1-caller cycles per round")
     parser.add_argument(
-        "--concurrent-cycles", type=int, default=25, help="cycles per caller per 8-caller round"
+        "--concurrent-cycles", type=int, default=40, help="cycles per caller per 8-caller round"
     )
     parser.add_argument("--starts", type=int, default=3, help="start-up samples per plugin")
     args = parser.parse_args()
