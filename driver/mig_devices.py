@@ -1,10 +1,21 @@
 """MIG devices as published in ResourceSlices.
 
 Dynamic MIG: every profile x placement of a GPU is a partitionable device that consumes
-counters from the GPU's counter set — one counter per memory slice, the compute slices, and
-one per profile for its instance limit — so the scheduler itself never hands out overlapping
-partitions or more instances than the GPU allows. The whole GPU consumes every memory and
-compute slice, so it is only free while no partition is, and the other way round.
+counters from the GPU's counter set, so the scheduler itself never hands out overlapping
+partitions or more instances than the GPU allows. The whole GPU consumes every memory slice,
+so it is only free while no partition is, and the other way round.
+
+Counter layout: one counter per memory slice always; the compute-slice counter and a
+profile's instance counter only where they bind, i.e. where memory-disjoint placements alone
+would allow more compute slices or more instances than the GPU has (on the 8-slice GPUs this
+leaves only the media-extension profiles' limit of one). The scheduler checks every counter of
+every counter set in the pool for each candidate device, so counters that can never be the
+limit cost scheduling time and slice bytes for nothing (docs/admin.md, "Scale").
+
+Device order is the scheduler's first-fit order. Partitions smaller than half the GPU are
+published from the top slice down and the larger ones from slice 0 up, so small partitions
+gather at the top and leave the bottom half whole for the 3g/4g profiles (4g can only start
+at slice 0) and for the whole GPU; measured with ``python -m bench.packing_churn``.
 
 Static MIG: the instances a layout created are published as they are, without counters.
 """
@@ -45,14 +56,48 @@ class MigPartition:
     placement: MigPlacement
 
 
+def _most(placements: Sequence[tuple[int, MigPlacement]]) -> int:
+    """The largest sum of values over memory-disjoint placements (interval scheduling: the
+    best from slice ``i`` up either skips slice ``i`` or takes a placement starting there)."""
+    ends = max((pl.end for _, pl in placements), default=0)
+    best = [0] * (ends + 1)
+    for start in range(ends - 1, -1, -1):
+        best[start] = max(
+            [best[start + 1]]
+            + [value + best[pl.end] for value, pl in placements if pl.start == start]
+        )
+    return best[0]
+
+
+def compute_counter_binds(profiles: Sequence[MigProfile]) -> bool:
+    """True when memory-disjoint partitions could together need more compute slices than the
+    GPU has, so the compute counter must be published to stop the scheduler."""
+    everything = [(p.compute_slices, pl) for p in profiles for pl in p.placements]
+    return _most(everything) > COMPUTE_SLICES
+
+
+def instance_counter_binds(profile: MigProfile) -> bool:
+    """True when the profile's placements alone allow more instances than NVML does."""
+    return _most([(1, pl) for pl in profile.placements]) > profile.max_instances
+
+
 def counter_set(gpu: GpuInfo, profiles: Sequence[MigProfile]) -> dict[str, Any]:
     counters: dict[str, dict[str, str]] = {
         memory_counter(i): {"value": "1"} for i in range(MEMORY_SLICES)
     }
-    counters[COMPUTE_COUNTER] = {"value": str(COMPUTE_SLICES)}
+    if compute_counter_binds(profiles):
+        counters[COMPUTE_COUNTER] = {"value": str(COMPUTE_SLICES)}
     for profile in profiles:
-        counters[profile_counter(profile.profile_id)] = {"value": str(profile.max_instances)}
+        if instance_counter_binds(profile):
+            counters[profile_counter(profile.profile_id)] = {"value": str(profile.max_instances)}
     return {"name": counter_set_name(gpu.index), "counters": counters}
+
+
+def placement_order(profile: MigProfile) -> list[MigPlacement]:
+    """First-fit order of a profile's placements: partitions under half the GPU from the top
+    slice down, the rest from slice 0 up (see the module docstring)."""
+    small = 2 * profile.memory_slices < MEMORY_SLICES
+    return sorted(profile.placements, key=lambda p: -p.start if small else p.start)
 
 
 def _consumes(gpu_index: int, counters: dict[str, int]) -> list[dict[str, Any]]:
@@ -64,7 +109,7 @@ def _consumes(gpu_index: int, counters: dict[str, int]) -> list[dict[str, Any]]:
     ]
 
 
-def _mig_attributes(gpu: GpuInfo, profile: MigProfile, placement: MigPlacement) -> dict[str, Any]:
+def mig_attributes(gpu: GpuInfo, profile: MigProfile, placement: MigPlacement) -> dict[str, Any]:
     identity = gpu_identity_attributes(gpu)
     parent_uuid = identity.pop("uuid")
     parent_index = identity.pop("index")
@@ -96,18 +141,18 @@ def dynamic_mig_devices(
     gpu: GpuInfo, profiles: Sequence[MigProfile]
 ) -> tuple[list[Device], dict[str, MigPartition]]:
     """The GPU's partitionable devices (whole GPU first, then every placement of every
-    profile, smallest profiles first so small claims pack from slice 0 up) and what each
-    name stands for."""
+    profile, smallest profiles first, each profile's placements in ``placement_order``) and
+    what each name stands for."""
     full = max(profiles, key=lambda p: p.memory_slices)
+    compute = compute_counter_binds(profiles)
+    limited = {p.profile_id for p in profiles if instance_counter_binds(p)}
+    whole_counters = {memory_counter(i): 1 for i in range(MEMORY_SLICES)}
+    if compute:
+        whole_counters[COMPUTE_COUNTER] = COMPUTE_SLICES
+    if full.profile_id in limited:
+        whole_counters[profile_counter(full.profile_id)] = 1
     whole = whole_gpu_device(gpu)
-    whole["consumesCounters"] = _consumes(
-        gpu.index,
-        {
-            **{memory_counter(i): 1 for i in range(MEMORY_SLICES)},
-            COMPUTE_COUNTER: COMPUTE_SLICES,
-            profile_counter(full.profile_id): 1,
-        },
-    )
+    whole["consumesCounters"] = _consumes(gpu.index, whole_counters)
     devices = [whole]
     # The whole GPU of a dynamic-MIG GPU is its full-size partition: MIG mode stays on.
     partitions = {
@@ -115,15 +160,17 @@ def dynamic_mig_devices(
     }
     ordered = sorted(profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.profile_id))
     for profile in ordered:
-        for placement in profile.placements:
+        for placement in placement_order(profile):
             name = mig_device_name(gpu.index, profile.name, placement.start)
             counters = {memory_counter(i): 1 for i in range(placement.start, placement.end)}
-            counters[COMPUTE_COUNTER] = profile.compute_slices
-            counters[profile_counter(profile.profile_id)] = 1
+            if compute:
+                counters[COMPUTE_COUNTER] = profile.compute_slices
+            if profile.profile_id in limited:
+                counters[profile_counter(profile.profile_id)] = 1
             devices.append(
                 {
                     "name": name,
-                    "attributes": _mig_attributes(gpu, profile, placement),
+                    "attributes": mig_attributes(gpu, profile, placement),
                     "capacity": _mig_capacity(profile),
                     "consumesCounters": _consumes(gpu.index, counters),
                 }
@@ -144,7 +191,7 @@ def static_mig_devices(
         if profile is None or instance.uuid is None:
             continue  # half-made or unknown: not usable by CUDA
         name = mig_device_name(gpu.index, profile.name, instance.placement.start)
-        attributes = _mig_attributes(gpu, profile, instance.placement)
+        attributes = mig_attributes(gpu, profile, instance.placement)
         attributes["uuid"] = {"string": instance.uuid}
         devices.append({"name": name, "attributes": attributes, "capacity": _mig_capacity(profile)})
         partitions[name] = MigPartition(
