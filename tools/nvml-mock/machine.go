@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -184,6 +185,7 @@ func loadMachine(path string) (*machine, error) {
 				for key := range models {
 					allowed = append(allowed, key)
 				}
+				sort.Strings(allowed)
 				return nil, fmt.Errorf("gpus[%d].model %q: allowed values are %s", i, g.Model, strings.Join(allowed, ", "))
 			}
 			configs = append(configs, m.config)

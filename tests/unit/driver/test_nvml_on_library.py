@@ -18,7 +18,12 @@ import pynvml
 import pytest
 from conftest import LibraryNode
 
-from driver.backend_errors import GpuBackendError, NotSupportedError, PermissionDeniedError
+from driver.backend_errors import (
+    BackendUnavailableError,
+    GpuBackendError,
+    NotSupportedError,
+    PermissionDeniedError,
+)
 from driver.gpu_model import MigPlacement, TimeSliceInterval
 from tests.nvml_library import ENV_DEV_DIR, REPO, library_dir
 
@@ -98,6 +103,15 @@ def test_only_gpus_with_a_visible_device_node_are_listed(
     backend, _ = library_node(_machine("T4", 3))
     (only,) = backend.list_gpus()
     assert (only.index, only.uuid, only.minor_number) == (0, _uuid(2), 2)
+
+
+def test_bad_machine_description_is_named_and_nvml_reports_no_driver(
+    library_node: LibraryNode, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(BackendUnavailableError, match="NVML_ERROR_DRIVER_NOT_LOADED"):
+        library_node({"gpus": [{"model": "V100"}]})
+    error = capfd.readouterr().err
+    assert 'gpus[0].model "V100": allowed values are' in error and "H100-SXM5-80GB" in error
 
 
 def test_half_made_instance_is_listed_without_uuid(library_node: LibraryNode) -> None:
