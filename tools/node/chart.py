@@ -1,0 +1,158 @@
+"""The chart installed for a real node: its kubelet-plugin DaemonSet runs the locally built
+flexgpu image as a real pod, with the node's kubelet, CDI and MPS folders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
+from tools.node.node import RealNode
+
+CHART = REPO_ROOT / "charts" / "flexgpu"
+DRIVER = "gpu.flexgpu.dev"
+PLUGIN_LABELS = "app.kubernetes.io/component=kubelet-plugin"
+
+
+class ChartError(RuntimeError):
+    pass
+
+
+def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
+    """``--set`` arguments pointing the chart at the node's own folders and image."""
+    repository, _, tag = image.rpartition(":")
+    layout = node.layout
+    values = {
+        "image.repository": repository,
+        "image.tag": tag,
+        # The image was imported into the node's containerd; there is no registry.
+        "image.pullPolicy": "Never",
+        "kubeletPlugin.gpuBackend": "simulated",
+        "kubeletPlugin.topology": topology,
+        "kubeletPlugin.kubeletDir": str(layout.kubelet_dir),
+        "kubeletPlugin.cdiDir": str(layout.cdi_dir),
+        "kubeletPlugin.mpsRoot": str(layout.mps_root),
+        # containerd's default runtime injects nothing; CDI does.
+        "kubeletPlugin.runtimeClassName": "",
+        "kubeletPlugin.healthIntervalSeconds": "2",
+    }
+    args: list[str] = []
+    for key, value in values.items():
+        args += ["--set-string" if key.endswith(("tag", "topology")) else "--set", f"{key}={value}"]
+    return args
+
+
+def helm(kubeconfig: Path, *args: str, timeout_s: float = 180) -> str:
+    tools = helm_tools_dir()
+    proc = subprocess.run(
+        [str(tools / "helm"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        timeout=timeout_s,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise ChartError(
+            f"helm {' '.join(args[:2])} failed (exit {proc.returncode}): {proc.stderr}"
+        )
+    return proc.stdout
+
+
+def install(
+    node: RealNode,
+    *,
+    release: str,
+    namespace: str,
+    image: str,
+    topology: str,
+    extra: tuple[str, ...] = (),
+) -> None:
+    """``helm upgrade --install`` (so a second call rolls the DaemonSet)."""
+    helm(
+        node.cluster.kubeconfig,
+        "upgrade",
+        "--install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        # DeviceClasses may already exist from other tests: adopt them.
+        "--take-ownership",
+        "--wait=false",
+        *plugin_values(node, image, topology),
+        *extra,
+    )
+
+
+def uninstall(node: RealNode, *, release: str, namespace: str) -> None:
+    helm(node.cluster.kubeconfig, "uninstall", release, "--namespace", namespace, "--wait")
+
+
+def plugin_pods(api: Any, namespace: str, node: str) -> list[Any]:
+    pods: list[Any] = (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(
+            namespace, label_selector=PLUGIN_LABELS, field_selector=f"spec.nodeName={node}"
+        )
+        .items
+    )
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def _ready(pod: Any) -> bool:
+    statuses = pod.status.container_statuses or []
+    return pod.status.phase == "Running" and bool(statuses) and all(s.ready for s in statuses)
+
+
+def wait_plugin_serving(
+    node: RealNode, namespace: str, *, image: str | None = None, timeout_s: float = 180
+) -> Any:
+    """Waits until one ready plugin pod (of ``image``, when given) runs on the node, its
+    slices are published and the kubelet registered it. Returns the pod."""
+    api = node.api
+    deadline = time.monotonic() + timeout_s
+    last = "no plugin pod"
+    while time.monotonic() < deadline:
+        node.check_running()
+        pods = [
+            p
+            for p in plugin_pods(api, namespace, node.name)
+            if _ready(p) and (image is None or p.spec.containers[0].image == image)
+        ]
+        if pods:
+            slices = (
+                client.ResourceV1Api(api)
+                .list_resource_slice(
+                    field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}"
+                )
+                .items
+            )
+            registered = node.plugin_registered(DRIVER)
+            if slices and registered:
+                return pods[0]
+            last = (
+                f"pod {pods[0].metadata.name} ready; slices={len(slices)}; "
+                f"kubelet registered={registered}"
+            )
+        else:
+            phases = [
+                f"{p.metadata.name}:{p.status.phase}"
+                for p in plugin_pods(api, namespace, node.name)
+            ]
+            last = f"plugin pods {phases}"
+        time.sleep(0.5)
+    logs = "\n".join(
+        f"--- {name}:\n{node.container_log(namespace, name, 'plugin')[-3000:]}"
+        for name in (p.metadata.name for p in plugin_pods(api, namespace, node.name))
+    )
+    raise ChartError(
+        f"the plugin is not serving on {node.name} after {timeout_s:.0f}s ({last})\n"
+        f"{logs}\n{node.log_tails()}"
+    )

@@ -1,0 +1,97 @@
+"""Reads what a GPU workload container reported about itself (tools/images/report.sh) from
+its log as the kubelet wrote it (CRI format: ``<time> <stream> <tag> <line>``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ENXIO: the device cgroup let the open through and no driver answered, as on a GPU node
+# without a loaded kernel module. EPERM would mean the cgroup denied it.
+OPEN_ALLOWED = "No such device or address"
+OPEN_DENIED = "Operation not permitted"
+
+
+@dataclass
+class Device:
+    path: str
+    major: int
+    minor: int
+    open_result: str
+
+    @property
+    def cgroup_allows(self) -> bool:
+        return self.open_result in (OPEN_ALLOWED, "opened")
+
+
+@dataclass
+class Report:
+    seq: int
+    name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    devices: dict[str, Device] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+    nvml: list[str] = field(default_factory=list)
+
+    @property
+    def visible_devices(self) -> list[str]:
+        value = self.env.get("NVIDIA_VISIBLE_DEVICES", "")
+        return [v for v in value.split(",") if v and v != "void"]
+
+    def gpu_nodes(self) -> list[str]:
+        """/dev/nvidia<N> nodes (per-GPU), without the control nodes."""
+        return sorted(p for p in self.devices if p.removeprefix("/dev/nvidia").isdigit())
+
+
+def _payload(line: str) -> str:
+    # CRI log line: timestamp, stream, P(artial)/F(ull) tag, then the text.
+    parts = line.split(" ", 3)
+    if len(parts) == 4 and parts[1] in ("stdout", "stderr"):
+        return parts[3]
+    return line
+
+
+def parse(log: str) -> list[Report]:
+    """Every complete report in ``log``, oldest first."""
+    done: list[Report] = []
+    current: Report | None = None
+    for raw in log.splitlines():
+        line = _payload(raw)
+        if not line.startswith("fgr "):
+            continue
+        parts = line.split(" ", 2)
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue
+        seq = int(parts[1])
+        kind, _, value = parts[2].partition(" ")
+        if kind == "begin":
+            current = Report(seq)
+        elif current is None or current.seq != seq:
+            continue
+        elif kind == "end":
+            done.append(current)
+            current = None
+        elif kind == "name":
+            current.name = value
+        elif kind == "env":
+            key, _, val = value.partition("=")
+            current.env[key] = val
+        elif kind == "dev":
+            path, numbers, result = [*value.split(" ", 2), "", ""][:3]
+            major, _, minor = numbers.partition(":")
+            try:
+                current.devices[path] = Device(path, int(major, 16), int(minor, 16), result)
+            except ValueError:
+                continue
+        elif kind == "file":
+            current.files.append(value)
+        elif kind == "mount":
+            current.mounts.append(value)
+        elif kind == "nvml":
+            current.nvml.append(value)
+    return done
+
+
+def latest(log: str) -> Report | None:
+    reports = parse(log)
+    return reports[-1] if reports else None
