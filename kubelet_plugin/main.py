@@ -108,7 +108,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     health = HealthMonitor(backend, devices, config.node_name, on_unhealthy=republish)
     # Prepares are served from here on; what follows only publishes and watches.
     gate.open(preparer, health)
-    publisher = _make_publisher(config)
+    publisher = _make_publisher(config, api)
     republish()
     publisher.start()
     health.start()
@@ -132,20 +132,25 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     return stop
 
 
-def _make_publisher(config: PluginConfig) -> SlicePublisher:
+def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
     # The slice publisher works with the official client; it is built only now, so its
     # import is not paid before the sockets are served.
     from kubernetes import client
     from kubernetes import config as kube_config
 
+    from kubelet_plugin.kube_api import path_of
     from kubelet_plugin.slice_publisher import SlicePublisher
 
     if config.kubeconfig is not None:
-        api = kube_config.new_client_from_config(config_file=str(config.kubeconfig))
+        official = kube_config.new_client_from_config(config_file=str(config.kubeconfig))
     else:
         kube_config.load_incluster_config()
-        api = client.ApiClient()
-    return SlicePublisher(api, config.node_name)
+        official = client.ApiClient()
+
+    def node_uid() -> str:
+        return str(api.get(path_of("api", "v1", "nodes", config.node_name))["metadata"]["uid"])
+
+    return SlicePublisher(official, config.node_name, read_node_uid=node_uid)
 
 
 def run(config: PluginConfig) -> int:

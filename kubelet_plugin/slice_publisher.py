@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import urllib3
@@ -112,8 +112,16 @@ class Backoff:
 class SlicePublisher:
     """Publishes one pool (named after the node) of driver ``gpu.flexgpu.dev`` devices."""
 
-    def __init__(self, api: Any, node_name: str, resync_interval_s: float = RESYNC_INTERVAL_S):
+    def __init__(
+        self,
+        api: Any,
+        node_name: str,
+        resync_interval_s: float = RESYNC_INTERVAL_S,
+        read_node_uid: Callable[[], str] | None = None,
+    ):
         self._api = api
+        # The plugin passes a plain-JSON read: the client's CoreV1Api alone holds ~20 MiB.
+        self._read_node_uid = read_node_uid
         self._resource = client.ResourceV1Api(api)
         self.node_name = node_name
         self._resync_interval_s = resync_interval_s
@@ -216,6 +224,8 @@ class SlicePublisher:
         return f"{self.node_name}-{DRIVER_NAME}-{i}"
 
     def _owner(self) -> dict[str, Any]:
+        if self._node_uid is None and self._read_node_uid is not None:
+            self._node_uid = self._read_node_uid()
         if self._node_uid is None:
             node: Any = client.CoreV1Api(self._api).read_node(
                 self.node_name, _request_timeout=API_TIMEOUT
