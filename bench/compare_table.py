@@ -71,7 +71,7 @@ def render(rows: Sequence[Row]) -> str:
                 row.figure,
                 _number(row.flexgpu, row.digits),
                 _number(row.reference, row.digits),
-                _number(row.ratio, 2) + "x",
+                _number(row.ratio, 3) + "x",
                 row.target.text if row.target else "",
                 row.verdict(),
             )

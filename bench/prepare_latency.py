@@ -44,12 +44,15 @@ from bench.plugins import (
     flexgpu_spec,
 )
 from bench.procstat import cpu_seconds, memory_mib
+from bench.syscalls import count_syscalls
 from tools.cluster import ControlPlane, create_simulated_node
 
 NODE = "bench-node"
 NAMESPACE = "bench"
 CLAIMS_PER_DEVICE = 4
 WARMUP_CYCLES = 16
+TRACED_CYCLES = 50
+SYNC_CALLS = ("fsync", "fdatasync")
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Figures:
     api_kinds: dict[str, float] = field(default_factory=dict)
     rss_mib: float = 0.0
     hwm_mib: float = 0.0
+    syncs_per_cycle: float = float("nan")  # fsync+fdatasync, counted apart from the rounds
     # Per round: 1-caller prepare p50 (ms), 1-caller and 8-caller cycles/s; shows the spread.
     per_round: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -97,6 +101,19 @@ def measure_round(
         figures.api_kinds[kind] = figures.api_kinds.get(kind, 0.0) + count
 
 
+def traced_syncs(plugin: RunningPlugin, claims: list[BenchClaim]) -> float:
+    """fsync/fdatasync calls per 1-caller cycle, under strace (NaN where it cannot attach)."""
+    stub = plugin.stub
+    assert stub is not None
+    done: list[LoadResult] = []
+    counts = count_syscalls(
+        plugin.pid, SYNC_CALLS, lambda: done.append(run_cycles(stub, [claims], TRACED_CYCLES))
+    )
+    if counts is None or not done or not done[0].cycles:
+        return float("nan")
+    return sum(counts.values()) / done[0].cycles
+
+
 def rows(flex: Figures, ref: Figures) -> list[Row]:
     def both(fn: Any, digits: int = 1, target: Any = None, name: str = "") -> Row:
         return Row(name, fn(flex), fn(ref), digits, target)
@@ -128,6 +145,7 @@ def rows(flex: Figures, ref: Figures) -> list[Row]:
         ),
         both(per_cycle(lambda f: f.cpu_s, 100), 2, ratio_at_most(2), "CPU s per 100 cycles"),
         both(per_cycle(lambda f: f.api_requests), 2, flexgpu_at_most(1.5), "API requests/cycle"),
+        both(lambda f: f.syncs_per_cycle, 1, None, "fsyncs per cycle"),
         both(lambda f: f.rss_mib, 1, ratio_at_most(1.3), "RSS MiB (VmRSS)"),
         both(lambda f: f.hwm_mib, 1, None, "peak RSS MiB (VmHWM)"),
         both(median_start("to_socket_s"), 3, None, "exec to DRA socket s"),
@@ -146,7 +164,8 @@ def explain(figures: dict[str, Figures], args: Any) -> None:
         "for the plugin's own ServiceAccount (one FlowSchema each), watches and background "
         "work included; RSS is read after the last round. Start-up is the median of "
         f"{args.starts} starts with the driver's slices deleted first (the first start has an "
-        "empty data directory, the others restart on it)."
+        "empty data directory, the others restart on it). fsyncs are counted with strace over "
+        f"{TRACED_CYCLES} more 1-caller cycles after the rounds."
     )
     print(
         f"Each plugin publishes {DEVICES} simulated GPUs on one node; the example driver runs "
@@ -256,6 +275,7 @@ def main() -> int:
             for label, plugin in plugins.items():
                 figures[label].rss_mib = memory_mib(plugin.pid, "VmRSS")
                 figures[label].hwm_mib = memory_mib(plugin.pid, "VmHWM")
+                figures[label].syncs_per_cycle = traced_syncs(plugin, claims[label])
         finally:
             for plugin in plugins.values():
                 plugin.stop()

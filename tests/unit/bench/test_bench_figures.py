@@ -16,6 +16,7 @@ from bench.compare_table import (
     render,
 )
 from bench.procstat import cpu_seconds, memory_mib
+from bench.syscalls import parse_summary
 
 APF = "apiserver_flowcontrol_dispatched_requests_total"
 CLAIMS = 'group="resource.k8s.io",resource="resourceclaims",scope="resource",version="v1"'
@@ -56,7 +57,7 @@ def test_table_has_one_line_per_row_with_ratio() -> None:
     text = render([Row("prepare p50 ms", 3.0, 2.0, 2, ratio_at_most(1.5))])
     lines = text.splitlines()
     assert len(lines) == 3
-    assert "1.50x" in lines[2] and "pass" in lines[2] and "3.00" in lines[2]
+    assert "1.500x" in lines[2] and "pass" in lines[2] and "3.00" in lines[2]
 
 
 def test_metrics_are_summed_per_flow_schema_and_per_request_kind() -> None:
@@ -75,3 +76,17 @@ def test_own_process_cpu_and_memory_are_readable() -> None:
     assert cpu_seconds(os.getpid()) > 0
     assert memory_mib(os.getpid(), "VmRSS") > 1
     assert memory_mib(os.getpid(), "VmHWM") >= memory_mib(os.getpid(), "VmRSS") - 1
+
+
+def test_strace_summary_calls_are_read_per_syscall() -> None:
+    summary = "\n".join(
+        [
+            "% time     seconds  usecs/call     calls    errors syscall",
+            "------ ----------- ----------- --------- --------- ----------------",
+            " 90.00    0.017933          44       400           fsync",
+            " 10.00    0.008369          11       700       700 mkdir",
+            "------ ----------- ----------- --------- --------- ----------------",
+            "100.00    0.026302          23      1100       700 total",
+        ]
+    )
+    assert parse_summary(summary) == {"fsync": 400, "mkdir": 700}
