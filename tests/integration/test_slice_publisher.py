@@ -208,7 +208,7 @@ def test_published_content_is_stable_for_every_topology(api: Any, tmp_path: Path
 
 
 def test_slices_return_within_5s_of_an_apiserver_restart(tmp_path: Path) -> None:
-    """The apiserver is down for 12 s (long enough for an uncapped backoff to grow past 8 s),
+    """The apiserver is down for 18 s (long enough for an uncapped backoff to grow to 16 s),
     comes back, and a slice deleted right then is re-created within 5 s. Its own control plane:
     restarting the shared one would disturb the other tests."""
     with ControlPlane(workdir=tmp_path / "cluster") as plane:
@@ -221,7 +221,7 @@ def test_slices_return_within_5s_of_an_apiserver_restart(tmp_path: Path) -> None
         publisher.start()
         try:
             first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
-            plane.restart_apiserver(down_s=12)
+            plane.restart_apiserver(down_s=18)
             # A fresh client: the old one's pooled connections died with the server.
             admin = plane.api_client()
             client.ResourceV1Api(admin).delete_resource_slice(first.metadata.name)
