@@ -1,6 +1,7 @@
 """How fast the kubelet plugin comes up, and how much memory it then holds.
 
     python -m tools.plugin_startup [--runs 5] [--kubeconfig PATH] [--topology hgx-h100-8]
+                                   [--source CHECKOUT]
 
 For each run a fresh plugin process (simulated GPUs) is started and timed from exec to:
 the DRA socket answering a gRPC call (an empty NodePrepareResources, as a liveness probe
@@ -74,7 +75,9 @@ def delete_slices(api: KubeApi) -> None:
         )
 
 
-def one_run(kubeconfig: Path, topology: str, timeout_s: float = 60) -> dict[str, float]:
+def one_run(
+    kubeconfig: Path, topology: str, source: Path | None = None, timeout_s: float = 60
+) -> dict[str, float]:
     api = KubeApi.from_kubeconfig(kubeconfig)
     delete_slices(api)
     root = Path(tempfile.mkdtemp(prefix="fgs-", dir="/tmp"))  # short: socket path limit
@@ -96,7 +99,7 @@ def one_run(kubeconfig: Path, topology: str, timeout_s: float = 60) -> dict[str,
     marks: dict[str, float] = {}
     log = (root / "plugin.log").open("wb")
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=source)
     try:
         dra = grpc.insecure_channel(f"unix://{dra_socket}")
         reg = grpc.insecure_channel(f"unix://{reg_socket}")
@@ -144,6 +147,11 @@ def main() -> int:
     parser.add_argument("--kubeconfig", type=Path)
     parser.add_argument("--topology", default="hgx-h100-8")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        help="run the plugin from this checkout instead (e.g. an older commit, to compare)",
+    )
     args = parser.parse_args()
 
     def measure(kubeconfig: Path) -> list[dict[str, float]]:
@@ -152,7 +160,7 @@ def main() -> int:
         from tools.cluster.nodes import create_simulated_node
 
         create_simulated_node(config.new_client_from_config(config_file=str(kubeconfig)), NODE)
-        return [one_run(kubeconfig, args.topology) for _ in range(args.runs)]
+        return [one_run(kubeconfig, args.topology, args.source) for _ in range(args.runs)]
 
     if args.kubeconfig is not None:
         runs = measure(args.kubeconfig)
