@@ -13,6 +13,12 @@ that a rename which survives never points at missing data.
 
 Version 1 was one file for the whole node (``checkpoint.json``, same envelope, "data" holding
 the boot id and every claim). Start-up migrates it; files of a newer version are left alone.
+
+Rollback guard: ``checkpoint.json`` itself is kept, as a marker sealed like any file with
+``{"version": 2, "records": "claims"}``. A version-1 plugin (a ``helm rollback``) checks the
+checksum, then refuses any version above 1 and exits at start, before it deletes anything; with
+no file at all it would take the node for empty and delete every CDI spec, MIG instance and MPS
+daemon that running pods use. Start-up writes the marker whenever the file is missing.
 """
 
 from __future__ import annotations
@@ -44,6 +50,22 @@ CLAIMS_FOLDER: Final = "claims"
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _CHECKSUM_PREFIX: Final = "sha256:"
 _RECORD_FILE = re.compile(r"^(?P<uid>[0-9A-Za-z-]{1,128})\.json$")
+
+
+# What the marker at the version-1 path says: the records are in this folder.
+_MARKER_DATA: Final = {
+    "version": SCHEMA_VERSION,
+    "records": CLAIMS_FOLDER,
+    "note": "claim records are the files in claims/; plugins of schema 1 must not start here",
+}
+
+
+def marker_bytes() -> bytes:
+    return seal(dict(_MARKER_DATA))
+
+
+def _is_marker(data: dict[str, Any]) -> bool:
+    return data.get("version") == SCHEMA_VERSION and data.get("records") == CLAIMS_FOLDER
 
 
 class ClaimState(enum.StrEnum):
@@ -172,7 +194,8 @@ class ScanResult:
     current: dict[str, ClaimRecord] = field(default_factory=dict)
     # Records of this boot still in the version-1 file; written as version 2 by the caller.
     legacy: dict[str, ClaimRecord] = field(default_factory=dict)
-    legacy_status: str = "missing"  # missing, current, stale, corrupt or foreign
+    # missing, marker (records live in claims/), current, stale, corrupt or foreign
+    legacy_status: str = "missing"
     # Records written before the last reboot, by the boot id they carry.
     stale: list[tuple[str, ClaimRecord]] = field(default_factory=list)
     corrupt: list[CorruptFile] = field(default_factory=list)
@@ -399,13 +422,43 @@ class CheckpointStore:
             pass
 
     def retire_legacy(self) -> None:
-        """After its records were written as version 2: keep the version-1 file only for
-        inspection, under a name no plugin reads."""
+        """After its records were written as version 2: keep a copy of the version-1 file for
+        inspection, under a name no plugin reads, and put the marker in its place. A crash
+        before the marker is written leaves the version-1 file, which is migrated again."""
+        copy = self.legacy_path.with_name(f"{self.legacy_path.name}.migrated-v{LEGACY_VERSION}")
+        link = copy.with_name(f".{copy.name}.tmp")
         with contextlib.suppress(FileNotFoundError):
-            os.replace(
+            link.unlink()
+        try:
+            os.link(self.legacy_path, link)  # a hard link: needs no space
+            os.replace(link, copy)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("cannot keep a copy of %s: %s", self.legacy_path, err)
+        self.write_marker()
+
+    def write_marker(self) -> bool:
+        """Replace the file at the version-1 path with the marker; False (logged) when it
+        cannot be written, e.g. on a full disk."""
+        try:
+            self._write(self.legacy_path, marker_bytes())
+            self._legacy_seen = _identity(self.legacy_path)
+        except OSError as err:
+            log.error(
+                "cannot write the rollback marker %s: %s; a plugin of schema version 1 started "
+                "on this node would not stop",
                 self.legacy_path,
-                self.legacy_path.with_name(f"{self.legacy_path.name}.migrated-v{LEGACY_VERSION}"),
+                err,
             )
+            return False
+        return True
+
+    def ensure_marker(self) -> None:
+        """Write the marker where no file is (a fresh node, a corrupt file set aside). A
+        version-1 file not yet migrated and a newer plugin's file are left as they are."""
+        if not self.legacy_path.exists():
+            self.write_marker()
 
     def legacy_changed(self) -> bool:
         """Whether a version-1 file exists that the last scan() did not see (a plugin of that
@@ -437,7 +490,7 @@ class CheckpointStore:
             self._legacy_seen = None
             return
         try:
-            data = _open_envelope(raw, LEGACY_VERSION)
+            data = _open_envelope(raw, SCHEMA_VERSION)
         except _Unusable as err:
             if err.version is not None:
                 result.legacy_status = "foreign"
@@ -445,6 +498,14 @@ class CheckpointStore:
             else:
                 result.legacy_status = "corrupt"
                 result.corrupt.append(CorruptFile(self.legacy_path, err.reason))
+            return
+        if _is_marker(data):
+            result.legacy_status = "marker"
+            return
+        if data.get("version") != LEGACY_VERSION:
+            result.legacy_status = "corrupt"
+            reason = f"version {data.get('version')!r} without the marker's fields"
+            result.corrupt.append(CorruptFile(self.legacy_path, reason))
             return
         try:
             old = Checkpoint.model_validate(data)

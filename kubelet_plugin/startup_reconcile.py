@@ -3,7 +3,8 @@
 Runs under the exclusive node lock before the plugin serves, and writes only what changed. In
 order, each step safe to repeat after a crash:
 
-1. migrates a version-1 checkpoint file (records written, then the old file retired);
+1. migrates a version-1 checkpoint file (records written, then the old file replaced by the
+   rollback marker, which is also written wherever no file is: see checkpoint.py);
 2. after a reboot, resets what records of the earlier boot say the plugin set (time-slices,
    MPS daemons, MIG instances) and drops them;
 3. when a file is corrupt or of a newer version, rebuilds the records of claims whose CDI spec
@@ -128,6 +129,8 @@ def reconcile_at_start(
     _remove_temp_files(preparer.cdi_dir)
     _remove_temp_files(store.claims_dir)
     _remove_temp_files(store.legacy_path.parent)
+    # Last: a rollback to a schema-1 plugin must find the marker and stop (checkpoint.py).
+    store.ensure_marker()
     if report.write_failures and events:
         events(
             "CheckpointWriteFailed",

@@ -24,6 +24,7 @@ from kubelet_plugin.checkpoint import (
     MigInstanceRecord,
     MpsShareRecord,
     checksum,
+    marker_bytes,
     seal,
 )
 
@@ -207,7 +208,7 @@ def test_version_1_file_is_read_for_migration(store: CheckpointStore) -> None:
     assert scan.legacy_status == "current"
     assert scan.legacy == {"u1": _record("u1"), "u2": _record("u2", ClaimState.PREPARE_STARTED)}
     assert store.migrate_legacy(scan.legacy) == []
-    assert not store.legacy_path.exists()
+    assert store.legacy_path.read_bytes() == marker_bytes()
     assert store.legacy_path.with_name("checkpoint.json.migrated-v1").exists()
     assert set(store.checkpoint().claims) == {"u1", "u2"}
     assert not store.legacy_changed()
@@ -216,7 +217,7 @@ def test_version_1_file_is_read_for_migration(store: CheckpointStore) -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "status"), [(1, "current"), (2, "foreign"), (99, "foreign")], ids=str
+    ("version", "status"), [(1, "current"), (2, "corrupt"), (99, "foreign")], ids=str
 )
 def test_version_1_file_of_a_newer_version_is_foreign(
     store: CheckpointStore, version: int, status: str
@@ -224,7 +225,7 @@ def test_version_1_file_of_a_newer_version_is_foreign(
     _legacy(store, BOOT_A, _record("u1"), version=version)
     scan = store.scan()
     assert scan.legacy_status == status
-    assert [f.version for f in scan.foreign] == ([] if version == 1 else [version])
+    assert [f.version for f in scan.foreign] == ([version] if status == "foreign" else [])
 
 
 def test_failed_write_names_path_and_errno_and_keeps_the_old_state(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from driver.gpu_model import TimeSliceInterval
-from kubelet_plugin.checkpoint import ClaimRecord, canonical_json, checksum
+from kubelet_plugin.checkpoint import ClaimRecord, canonical_json, checksum, marker_bytes
 from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (
@@ -153,7 +153,7 @@ def test_all_holdings_survive_a_corrupt_version_1_checkpoint(node: Node) -> None
     assert sorted(report.rebuilt) == sorted(f"ns/{r.name}" for r in refs)
     (message,) = [m for r, m in events if r == "CheckpointCorrupt"]
     assert "holding 1 MIG instance(s), 1 MPS share(s) and 1 time-slice setting(s)" in message
-    assert not node.store.legacy_path.exists()
+    assert node.store.legacy_path.read_bytes() == marker_bytes()  # the rollback guard
     assert list(node.data_dir.glob("checkpoint.json.corrupt-*"))
 
 
@@ -217,7 +217,7 @@ def test_version_1_checkpoint_is_migrated_keeping_prepared_claims(node: Node) ->
     assert sorted(p.name for p in node.store.claims_dir.iterdir()) == sorted(
         f"{r.uid}.json" for r in refs
     )
-    assert not node.store.legacy_path.exists()
+    assert node.store.legacy_path.read_bytes() == marker_bytes()  # the rollback guard
     assert _holding(node) == before
     assert all(not r.error for r in node.preparer.unprepare(refs).values())
     assert _holding(node) == Holding((), (), TimeSliceInterval.DEFAULT, ())
@@ -286,7 +286,7 @@ def test_version_1_file_written_while_serving_is_migrated_before_the_next_call(
     other = node.table.add("other", device("gpu-0"))
     _prepare(node, other)
     assert set(node.store.checkpoint().claims) == {old.uid, other.uid}
-    assert not node.store.legacy_path.exists()
+    assert node.store.legacy_path.read_bytes() == marker_bytes()  # the rollback guard
 
 
 @pytest.mark.parametrize("where", ["record", "version-1-file"])
@@ -398,6 +398,7 @@ def test_really_full_data_dir(tiny_data_dir: Path, tmp_path: Path) -> None:
 def test_clean_restart_writes_nothing(node: Node) -> None:
     for make in HOLDINGS.values():
         _prepare(node, make(node.table))
+    _restart(node)  # the start that served them wrote the rollback marker
     writes: list[Path] = []
     node.writer = lambda path, data: writes.append(path)
     _restart(node)
