@@ -1,5 +1,7 @@
 """Shared fixtures: a session-wide real control plane (started only when a test asks for
-it) and a fresh namespace per test."""
+it) and a fresh namespace per test. Also the Kubernetes release a run targets (FLEXGPU_K8S,
+``make test K8S=1.34``): ``@pytest.mark.requires_k8s("1.35", why)`` skips a test of a
+feature an older release lacks, and every such skip is listed with its reason at the end."""
 
 from __future__ import annotations
 
@@ -12,7 +14,71 @@ from typing import Any
 
 import pytest
 
-from tools.cluster import ControlPlane
+from tools.cluster import ControlPlane, binaries
+
+# (test id, reason) of each test skipped because this run's release lacks what it tests.
+_RELEASE_SKIPS: list[tuple[str, str]] = []
+_MINOR: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires_k8s(release, why): skipped, with why printed, on releases older than release",
+    )
+    config.addinivalue_line(
+        "markers",
+        "core: the core end-to-end set (whole GPU, NVLink, dynamic MIG, fractions, node policy, "
+        "chart install) that CI also runs on the oldest supported release",
+    )
+
+
+def target_minor() -> int:
+    """The Kubernetes minor version this run's control plane is (cached; builds nothing)."""
+    if not _MINOR:
+        _MINOR.append(binaries.expected_minor())
+    return _MINOR[0]
+
+
+def require_k8s(release: str, why: str, nodeid: str = "") -> None:
+    """Skips the calling test, naming the release and why, unless the run targets ``release``
+    ("1.35") or newer; the skip is also listed in the run's summary."""
+    minor = int(release.removeprefix("v").split(".")[1])
+    have = target_minor()
+    if have < minor:
+        reason = f"needs Kubernetes {release}+ ({why}); this run targets 1.{have}"
+        current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        _RELEASE_SKIPS.append((nodeid or current, reason))
+        pytest.skip(reason)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    chosen = os.environ.get(binaries.RELEASE_ENV)
+    how = f"{binaries.RELEASE_ENV}={chosen}" if chosen else "the default release"
+    try:
+        return f"kubernetes: 1.{target_minor()} ({how})"
+    except binaries.BinariesError as exc:
+        return f"kubernetes: unknown ({exc})"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("requires_k8s")
+    if marker is not None:
+        release = marker.args[0]
+        why = marker.kwargs.get("why") or (marker.args[1] if len(marker.args) > 1 else "")
+        if not why:
+            raise pytest.UsageError(f"{item.nodeid}: requires_k8s({release!r}) needs a why")
+        require_k8s(release, why, item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _RELEASE_SKIPS:
+        terminalreporter.section(
+            f"skipped on Kubernetes 1.{target_minor()}: {len(_RELEASE_SKIPS)} tests"
+        )
+        for nodeid, reason in _RELEASE_SKIPS:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -100,6 +100,7 @@ def installed(cluster: ControlPlane) -> Iterator[Path]:
     run(str(tools / "helm"), "uninstall", RELEASE, "--namespace", NS, kubeconfig=cluster.kubeconfig)
 
 
+@pytest.mark.core
 def test_plugin_as_its_service_account_serves_a_gpu_pod(
     cluster: ControlPlane, api: Any, namespace: str, installed: Path
 ) -> None:
@@ -176,6 +177,7 @@ def test_plugin_rbac_is_minimal(cluster: ControlPlane, api: Any, installed: Path
     assert secrets.value.status == 403
 
 
+@pytest.mark.core
 def test_controller_as_its_service_account_leads_and_serves(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:

@@ -131,6 +131,7 @@ def _claim_of(api: Any, namespace: str, pod: str) -> Any:
     return None
 
 
+@pytest.mark.requires_k8s("1.37", why="checks the default build, v1.37 from tools/k8s/go.mod")
 def test_built_binaries_report_v1_37(cluster: ControlPlane) -> None:
     assert cluster.version.startswith("Kubernetes v1.37."), cluster.version
     assert "DRAPartitionableDevices=true" in cluster.feature_gates

@@ -79,6 +79,7 @@ def release(api: Any, namespace: str, name: str) -> None:
     client.ResourceV1Api(api).delete_namespaced_resource_claim(name, namespace)
 
 
+@pytest.mark.core
 def test_partitions_are_created_on_demand_and_exclude_the_whole_gpu(
     api: Any, namespace: str, node: SimulatedGpuNode
 ) -> None:

@@ -67,6 +67,7 @@ def _delete_and_check_unprepared(
     assert not [s for s in cdi_specs(node) if claim_uid in s]
 
 
+@pytest.mark.core
 def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -> None:
     node = nodes[H100_NODE]
     create_claim(api, namespace, "one", {"requests": [gpu_request()]})
@@ -103,6 +104,7 @@ def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -
     assert uid not in checkpoint_claims(node)
 
 
+@pytest.mark.core
 def test_two_nvlink_aligned_gpus(
     api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]
 ) -> None:

@@ -64,6 +64,7 @@ def devices(api: Any) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.core
 def test_layout_change_waits_for_the_busy_gpu_only(
     api: Any, namespace: str, node: SimulatedGpuNode
 ) -> None:

@@ -81,6 +81,7 @@ def pending_reason(api: Any, namespace: str, pod: str) -> str:
     return str(wait_for(unschedulable, what=f"{pod} reported unschedulable"))
 
 
+@pytest.mark.core
 def test_fractions_pack_onto_one_gpu_and_are_enforced(
     api: Any, namespace: str, node: SimulatedGpuNode
 ) -> None:
