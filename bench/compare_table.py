@@ -44,6 +44,8 @@ class Row:
 
     @property
     def ratio(self) -> float:
+        if math.isnan(self.flexgpu) or math.isnan(self.reference):
+            return math.nan
         if self.reference == 0:
             return 1.0 if self.flexgpu == 0 else math.inf
         return self.flexgpu / self.reference
@@ -71,7 +73,7 @@ def render(rows: Sequence[Row]) -> str:
                 row.figure,
                 _number(row.flexgpu, row.digits),
                 _number(row.reference, row.digits),
-                _number(row.ratio, 3) + "x",
+                "n/a" if math.isnan(row.ratio) else _number(row.ratio, 3) + "x",
                 row.target.text if row.target else "",
                 row.verdict(),
             )

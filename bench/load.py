@@ -4,6 +4,7 @@ once over one connection. A failed call is counted, never raised."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ class LoadResult:
 
     @property
     def cycles_per_s(self) -> float:
-        return self.cycles_ok / self.elapsed_s if self.elapsed_s else 0.0
+        return self.cycles_ok / self.elapsed_s if self.cycles else math.nan
 
 
 def _call_error(reply_error: str | None, exc: grpc.RpcError | None) -> str | None:

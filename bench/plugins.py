@@ -3,6 +3,7 @@ how long it takes from exec to serving that socket and to its ResourceSlices exi
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -14,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import urllib3
 from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
 
 from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tools.cluster.process import Component
@@ -22,7 +25,7 @@ from tools.cluster.process import Component
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_BUILD = REPO / "tools" / "example-driver" / "build.sh"
 DEVICES = 8
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,14 @@ def example_spec(
     )
 
 
+class StartFailed(RuntimeError):
+    """The plugin exited, or did not serve its DRA socket, within the start-up timeout."""
+
+
 @dataclass
 class StartTimes:
     to_socket_s: float  # exec -> DRA socket answers an empty NodePrepareResources
-    to_slices_s: float  # exec -> ResourceSlices list gpu-0..gpu-7 of this node
+    to_slices_s: float  # exec -> ResourceSlices list gpu-0..gpu-7 of this node (NaN: never)
 
 
 class SliceWatch:
@@ -113,6 +120,7 @@ class SliceWatch:
         self._selector = f"spec.driver={spec.driver},spec.nodeName={node}"
         self._wanted = {f"gpu-{i}" for i in range(DEVICES)}
         self.seen_at: float | None = None
+        self._stopped = False
         self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -120,6 +128,14 @@ class SliceWatch:
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as err:
+            # Stopped early (the plugin did not start) or the stream broke: nothing seen.
+            if self.seen_at is None and not self._stopped:
+                print(f"slice watch ({self._selector}) ended: {err}", flush=True)
+
+    def _follow(self) -> None:
         resource: Any = client.ResourceV1Api(self._api)
         devices: dict[str, set[str]] = {}
         for event in self._watch.stream(
@@ -140,8 +156,12 @@ class SliceWatch:
 
     def wait(self, timeout_s: float) -> float | None:
         self._thread.join(timeout_s)
-        self._watch.stop()
+        self.stop()
         return self.seen_at
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._watch.stop()
 
 
 def delete_slices(api: Any, spec: PluginSpec, node: str) -> None:
@@ -189,29 +209,46 @@ class RunningPlugin:
         slices.start()
         began = time.perf_counter()
         self.component.start()
+        try:
+            serving = self._wait_serving()
+        except StartFailed:
+            slices.stop()
+            raise
+        listed = slices.wait(max(1.0, START_TIMEOUT_S - (time.perf_counter() - began)))
+        if listed is None:
+            print(
+                f"{self.spec.label}: slices with gpu-0..gpu-{DEVICES - 1} not listed within "
+                f"{START_TIMEOUT_S:.0f}s of exec; log {self.component.log_path}",
+                flush=True,
+            )
+        return StartTimes(serving - began, math.nan if listed is None else listed - began)
+
+    def _wait_serving(self) -> float:
+        """Waits for the DRA socket to answer an empty prepare; the time it did."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _accepts(self.spec.socket):
             if not self.component.running():
-                raise RuntimeError(
+                raise StartFailed(
                     f"{self.spec.label} plugin exited with code {self.component.exit_code()}; "
                     f"log {self.component.log_path}:\n{self.component.log_tail()}"
                 )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.spec.label}: no DRA socket after {START_TIMEOUT_S}s")
+                raise StartFailed(f"{self.spec.label}: no DRA socket after {START_TIMEOUT_S}s")
             time.sleep(0.002)
         self.channel = grpc.insecure_channel(f"unix://{self.spec.socket}")
         self.stub = dra_pb2_grpc.DRAPluginStub(self.channel)
-        self.stub.NodePrepareResources(
-            dra_pb2.NodePrepareResourcesRequest(claims=[]), timeout=30, wait_for_ready=True
-        )
-        serving = time.perf_counter()
-        listed = slices.wait(max(1.0, deadline - time.monotonic()))
-        if listed is None:
-            raise RuntimeError(
-                f"{self.spec.label}: slices with gpu-0..gpu-{DEVICES - 1} not listed within "
-                f"{START_TIMEOUT_S}s; log {self.component.log_path}"
+        try:
+            self.stub.NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(claims=[]),
+                timeout=max(1.0, deadline - time.monotonic()),
+                wait_for_ready=True,
             )
-        return StartTimes(serving - began, listed - began)
+        except grpc.RpcError as exc:
+            raise StartFailed(
+                f"{self.spec.label}: empty NodePrepareResources failed: "
+                f"{exc.code().name} {exc.details()}; log {self.component.log_path}"
+            ) from None
+        return time.perf_counter()
 
     def stop(self) -> None:
         if self.channel is not None:

@@ -15,6 +15,7 @@ Nothing is asserted: the table shows each figure, the ratio and the target.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from bench.load import LoadResult, run_cycles
 from bench.plugins import (
     DEVICES,
     RunningPlugin,
+    StartFailed,
     StartTimes,
     example_binary,
     example_spec,
@@ -63,9 +65,9 @@ class Figures:
     cpu_s: float = 0.0
     api_requests: float = 0.0
     api_kinds: dict[str, float] = field(default_factory=dict)
-    rss_mib: float = 0.0
-    hwm_mib: float = 0.0
-    syncs_per_cycle: float = float("nan")  # fsync+fdatasync, counted apart from the rounds
+    rss_mib: float = math.nan
+    hwm_mib: float = math.nan
+    syncs_per_cycle: float = math.nan  # fsync+fdatasync, counted apart from the rounds
     # Per round: 1-caller prepare p50 (ms), 1-caller and 8-caller cycles/s; shows the spread.
     per_round: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -110,7 +112,7 @@ def traced_syncs(plugin: RunningPlugin, claims: list[BenchClaim]) -> float:
         plugin.pid, SYNC_CALLS, lambda: done.append(run_cycles(stub, [claims], TRACED_CYCLES))
     )
     if counts is None or not done or not done[0].cycles:
-        return float("nan")
+        return math.nan
     return sum(counts.values()) / done[0].cycles
 
 
@@ -119,10 +121,14 @@ def rows(flex: Figures, ref: Figures) -> list[Row]:
         return Row(name, fn(flex), fn(ref), digits, target)
 
     def median_start(attr: str) -> Any:
-        return lambda f: statistics.median(getattr(s, attr) for s in f.starts)
+        def median(f: Figures) -> float:
+            values = [getattr(s, attr) for s in f.starts if not math.isnan(getattr(s, attr))]
+            return statistics.median(values) if values else math.nan
+
+        return median
 
     def per_cycle(value: Any, scale: float = 1.0) -> Any:
-        return lambda f: value(f) / f.cycles * scale if f.cycles else float("nan")
+        return lambda f: value(f) / f.cycles * scale if f.cycles else math.nan
 
     return [
         both(
@@ -138,7 +144,7 @@ def rows(flex: Figures, ref: Figures) -> list[Row]:
         both(lambda f: f.single.cycles_per_s, 1, ratio_at_least(0.7), "cycles/s, 1 caller"),
         both(lambda f: f.eight.cycles_per_s, 1, ratio_at_least(0.7), "cycles/s, 8 callers"),
         both(
-            lambda f: f.single.failed_calls + f.eight.failed_calls,
+            lambda f: f.single.failed_calls + f.eight.failed_calls if f.cycles else math.nan,
             0,
             flexgpu_at_most(0),
             "failed calls",
@@ -189,6 +195,54 @@ def explain(figures: dict[str, Figures], args: Any) -> None:
                 f"{label}: {fails} failed calls of {2 * f.cycles} "
                 f"({f.single.failed_calls} with 1 caller, {f.eight.failed_calls} with 8)"
             )
+
+
+def compare(
+    api: Any,
+    plugins: dict[str, RunningPlugin],
+    claims: dict[str, list[BenchClaim]],
+    counter: RequestCounter,
+    *,
+    figures: dict[str, Figures],
+    args: Any,
+) -> None:
+    """Start-up samples, warm-up, the alternating rounds, then memory and fsync counts. A
+    plugin that fails to start is left out from then on; its figures read n/a."""
+    order = list(plugins)
+    down: set[str] = set()
+    for i in range(args.starts):
+        for label in order if i % 2 == 0 else reversed(order):
+            if label in down:
+                continue
+            plugins[label].stop()
+            try:
+                figures[label].starts.append(plugins[label].start(api, NODE))
+            except StartFailed as err:
+                print(f"{label}: did not start, left out: {err}", flush=True)
+                down.add(label)
+    up = [label for label in order if label not in down]
+    for label in up:
+        stub = plugins[label].stub
+        assert stub is not None
+        warm = run_cycles(stub, [claims[label]], WARMUP_CYCLES)
+        first = f" (first error: {warm.errors[0]})" if warm.errors else ""
+        print(f"{label}: warm-up {warm.cycles_ok}/{warm.cycles} cycles ok{first}", flush=True)
+    for r in range(args.rounds):
+        for label in up if r % 2 == 0 else reversed(up):
+            measure_round(
+                plugins[label],
+                claims[label],
+                counter,
+                figures[label],
+                cycles=args.cycles,
+                concurrent_cycles=args.concurrent_cycles,
+            )
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    for label in up:
+        plugin = plugins[label]
+        figures[label].rss_mib = memory_mib(plugin.pid, "VmRSS")
+        figures[label].hwm_mib = memory_mib(plugin.pid, "VmHWM")
+        figures[label].syncs_per_cycle = traced_syncs(plugin, claims[label])
 
 
 def main() -> int:
@@ -248,34 +302,7 @@ def main() -> int:
             label: RunningPlugin(spec, root / f"{label}.log") for label, spec in specs.items()
         }
         try:
-            order = list(plugins)
-            for i in range(args.starts):
-                for label in order if i % 2 == 0 else reversed(order):
-                    plugins[label].stop()
-                    figures[label].starts.append(plugins[label].start(api, NODE))
-            for label, plugin in plugins.items():
-                assert plugin.stub is not None
-                warm = run_cycles(plugin.stub, [claims[label]], WARMUP_CYCLES)
-                print(
-                    f"{label}: warm-up {warm.cycles_ok}/{warm.cycles} cycles ok"
-                    + (f" (first error: {warm.errors[0]})" if warm.errors else ""),
-                    flush=True,
-                )
-            for r in range(args.rounds):
-                for label in order if r % 2 == 0 else reversed(order):
-                    measure_round(
-                        plugins[label],
-                        claims[label],
-                        counter,
-                        figures[label],
-                        cycles=args.cycles,
-                        concurrent_cycles=args.concurrent_cycles,
-                    )
-                print(f"round {r + 1}/{args.rounds} done", flush=True)
-            for label, plugin in plugins.items():
-                figures[label].rss_mib = memory_mib(plugin.pid, "VmRSS")
-                figures[label].hwm_mib = memory_mib(plugin.pid, "VmHWM")
-                figures[label].syncs_per_cycle = traced_syncs(plugin, claims[label])
+            compare(api, plugins, claims, counter, figures=figures, args=args)
         finally:
             for plugin in plugins.values():
                 plugin.stop()

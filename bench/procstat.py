@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -9,8 +10,11 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of every thread of `pid`, in seconds."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    """User plus system CPU time of every thread of `pid`, in seconds; NaN once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return math.nan
     # The command name (field 2) may hold spaces; the fields after its closing ")" are fixed.
     fields = stat[stat.rindex(")") + 2 :].split()
     utime, stime = int(fields[11]), int(fields[12])
@@ -18,8 +22,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def memory_mib(pid: int, field: str = "VmRSS") -> float:
-    """A memory field of /proc/<pid>/status (VmRSS: resident now; VmHWM: peak), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    """A memory field of /proc/<pid>/status (VmRSS: resident now; VmHWM: peak), in MiB;
+    NaN once the process has exited (a zombie has no memory lines)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return math.nan
+    for line in text.splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise ValueError(f"/proc/{pid}/status has no {field!r} line")
+    return math.nan
