@@ -1,0 +1,305 @@
+"""GPU workloads on a real node (upstream kubelet, containerd with CDI, runc), checked from
+inside the containers: what each container's report says it received."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.conftest import wait_for
+from tests.node.conftest import DYNAMIC_MIG_GPUS, NODE, PLUGIN_NAMESPACE
+from tests.node.support import (
+    NODE_PATH,
+    PREPARE_PATH,
+    allocated,
+    assert_control_nodes_usable,
+    claim_uuids,
+    create_claim,
+    delete_pods,
+    gpu_request,
+    one_claim_pod,
+    run_pod,
+    sharing_config,
+    wait_report,
+    workload_pod,
+)
+from tools.node import configs
+from tools.node.node import RealNode
+
+pytestmark = pytest.mark.integration
+
+
+def test_node_joins_with_its_own_credentials_and_runs_a_plain_pod(
+    api: Any, namespace: str, real_node: RealNode
+) -> None:
+    node: Any = client.CoreV1Api(api).read_node(NODE)
+    info = node.status.node_info
+    assert info.container_runtime_version == "containerd://2.4.2"
+    assert info.kubelet_version.startswith("v1.37.")
+    # The kubelet refuses a loopback node IP; the node is reached by nothing else.
+    assert not node.status.addresses
+
+    pod = workload_pod(real_node, "plain", {"main": []}, {})
+    run_pod(api, namespace, pod)
+    rep = wait_report(real_node, namespace, "plain")
+    assert not rep.devices, "a pod without claims sees no NVIDIA device nodes"
+    assert "NVIDIA_VISIBLE_DEVICES" not in rep.env
+    assert rep.env["KUBERNETES_SERVICE_HOST"] == configs.API_SERVICE_IP
+    ip = client.CoreV1Api(api).read_namespaced_pod("plain", namespace).status.pod_ip
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(configs.POD_SUBNET)
+    delete_pods(api, namespace, "plain")
+
+
+def test_plugin_runs_as_the_charts_daemonset_pod(api: Any, plugin: RealNode) -> None:
+    pods = (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(PLUGIN_NAMESPACE, field_selector=f"spec.nodeName={NODE}")
+        .items
+    )
+    owners = {ref.kind for p in pods for ref in p.metadata.owner_references or []}
+    assert owners == {"DaemonSet"}
+    assert pods[0].spec.containers[0].image == plugin.images["flexgpu"].name
+
+    def published() -> set[str]:
+        slices = client.ResourceV1Api(api).list_resource_slice().items
+        return {d.name for s in slices if s.spec.node_name == NODE for d in s.spec.devices or []}
+
+    # The publisher may be replacing a slice generation at this moment: wait for a full one.
+    wait_for(
+        lambda: {"gpu-0", "gpu-1", "gpu-2", "gpu-3"} <= published(),
+        what=f"whole GPUs published for {NODE}",
+    )
+    assert plugin.plugin_registered("gpu.flexgpu.dev")
+
+
+def test_whole_gpu(api: Any, namespace: str, plugin: RealNode) -> None:
+    create_claim(api, namespace, "one", {"requests": [gpu_request()]})
+    run_pod(api, namespace, one_claim_pod(plugin, "one", "one"))
+    rep = wait_report(plugin, namespace, "one")
+    assert set(rep.visible_devices) == claim_uuids(api, namespace, "one")
+    assert rep.env["FLEXGPU_CLAIM_NAME"] == "one"
+    assert_control_nodes_usable(rep)
+    delete_pods(api, namespace, "one")
+    # Unprepared once the pod is gone: the claim's CDI spec leaves the node.
+    uid = rep.env["FLEXGPU_CLAIM_UID"]
+    wait_for(
+        lambda: not list(plugin.layout.cdi_dir.glob(f"*{uid}*")),
+        what=f"CDI spec of claim {uid} removed",
+    )
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason=NODE_PATH + "CDI specs of simulated GPUs name no /dev/nvidia<N> (no minor numbers)",
+)
+def test_whole_gpu_container_gets_only_its_gpu_device_node(
+    api: Any, namespace: str, plugin: RealNode
+) -> None:
+    create_claim(api, namespace, "node", {"requests": [gpu_request()]})
+    run_pod(api, namespace, one_claim_pod(plugin, "node", "node"))
+    rep = wait_report(plugin, namespace, "node")
+    delete_pods(api, namespace, "node")
+    assert len(rep.gpu_nodes()) == 1, rep.devices
+    assert rep.devices[rep.gpu_nodes()[0]].cgroup_allows
+
+
+@pytest.mark.xfail(strict=False, reason=NODE_PATH + "CDI specs carry no driver libraries")
+def test_driver_libraries_are_mounted(api: Any, namespace: str, plugin: RealNode) -> None:
+    create_claim(api, namespace, "libs", {"requests": [gpu_request()]})
+    run_pod(api, namespace, one_claim_pod(plugin, "libs", "libs"))
+    rep = wait_report(plugin, namespace, "libs")
+    delete_pods(api, namespace, "libs")
+    assert any(f.endswith("libnvidia-ml.so.1") for f in rep.files), rep.files
+
+
+def test_two_pods_get_distinct_gpus(api: Any, namespace: str, plugin: RealNode) -> None:
+    for name in ("a", "b"):
+        create_claim(api, namespace, name, {"requests": [gpu_request()]})
+        run_pod(api, namespace, one_claim_pod(plugin, name, name))
+    seen = {name: set(wait_report(plugin, namespace, name).visible_devices) for name in "ab"}
+    assert seen["a"] == claim_uuids(api, namespace, "a")
+    assert seen["b"] == claim_uuids(api, namespace, "b")
+    assert not seen["a"] & seen["b"]
+    delete_pods(api, namespace, "a", "b")
+
+
+def test_four_nvlink_gpus(api: Any, namespace: str, plugin: RealNode) -> None:
+    create_claim(
+        api,
+        namespace,
+        "four",
+        {
+            "requests": [gpu_request(count=4)],
+            "constraints": [
+                {"requests": ["gpu"], "matchAttribute": "gpu.flexgpu.dev/nvlinkDomain"}
+            ],
+        },
+    )
+    run_pod(api, namespace, one_claim_pod(plugin, "four", "four"))
+    rep = wait_report(plugin, namespace, "four")
+    assert len(rep.visible_devices) == 4
+    assert set(rep.visible_devices) == claim_uuids(api, namespace, "four")
+    delete_pods(api, namespace, "four")
+
+
+def test_claim_shared_by_two_pods_and_two_containers(
+    api: Any, namespace: str, plugin: RealNode
+) -> None:
+    create_claim(api, namespace, "shared", {"requests": [gpu_request()]})
+    both = {"one": [{"name": "g"}], "two": [{"name": "g"}]}
+    run_pod(api, namespace, workload_pod(plugin, "duo", both, {"g": "shared"}))
+    run_pod(api, namespace, one_claim_pod(plugin, "solo", "shared"))
+    expected = claim_uuids(api, namespace, "shared")
+    seen = [
+        wait_report(plugin, namespace, "duo", "one"),
+        wait_report(plugin, namespace, "duo", "two"),
+        wait_report(plugin, namespace, "solo"),
+    ]
+    for rep in seen:
+        assert set(rep.visible_devices) == expected
+        assert_control_nodes_usable(rep)
+    delete_pods(api, namespace, "duo", "solo")
+
+
+@pytest.mark.xfail(
+    strict=False, reason=NODE_PATH + "one CDI device per claim: every request's devices"
+)
+def test_container_naming_one_request_sees_only_that_requests_devices(
+    api: Any, namespace: str, plugin: RealNode
+) -> None:
+    create_claim(
+        api, namespace, "multi", {"requests": [gpu_request("first"), gpu_request("second")]}
+    )
+    containers = {
+        "first": [{"name": "g", "request": "first"}],
+        "second": [{"name": "g", "request": "second"}],
+    }
+    run_pod(api, namespace, workload_pod(plugin, "split", containers, {"g": "multi"}))
+    seen = {c: set(wait_report(plugin, namespace, "split", c).visible_devices) for c in containers}
+    delete_pods(api, namespace, "split")
+    for request, devices in seen.items():
+        assert devices == claim_uuids(api, namespace, "multi", request), request
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason=NODE_PATH + "each claim's CDI device sets NVIDIA_VISIBLE_DEVICES; the last one wins",
+)
+def test_container_with_two_claims_sees_both(api: Any, namespace: str, plugin: RealNode) -> None:
+    for name in ("x", "y"):
+        create_claim(api, namespace, name, {"requests": [gpu_request()]})
+    pod = workload_pod(
+        plugin, "both", {"main": [{"name": "gx"}, {"name": "gy"}]}, {"gx": "x", "gy": "y"}
+    )
+    run_pod(api, namespace, pod)
+    rep = wait_report(plugin, namespace, "both")
+    expected = claim_uuids(api, namespace, "x") | claim_uuids(api, namespace, "y")
+    delete_pods(api, namespace, "both")
+    assert set(rep.visible_devices) == expected
+
+
+def test_mig_partition_created_on_demand(api: Any, namespace: str, plugin: RealNode) -> None:
+    is_small = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
+    create_claim(
+        api,
+        namespace,
+        "mig",
+        {
+            "requests": [
+                {
+                    "name": "mig",
+                    "exactly": {
+                        "deviceClassName": "mig.flexgpu.dev",
+                        "selectors": [{"cel": {"expression": is_small}}],
+                    },
+                }
+            ]
+        },
+    )
+    run_pod(api, namespace, one_claim_pod(plugin, "mig", "mig"))
+    rep = wait_report(plugin, namespace, "mig")
+    # The partition exists only once prepared, so its UUID is not published beforehand.
+    assert len(rep.visible_devices) == 1
+    assert rep.visible_devices[0].startswith("MIG-")
+    (result,) = allocated(api, namespace, "mig")
+    assert result.device.startswith(f"gpu-{DYNAMIC_MIG_GPUS}-mig-1g10gb")
+    assert rep.env["FLEXGPU_DEVICES"] == result.device
+    assert_control_nodes_usable(rep)
+    delete_pods(api, namespace, "mig")
+
+
+def test_mps_claim(api: Any, namespace: str, plugin: RealNode) -> None:
+    mps = {
+        "strategy": "MPS",
+        "mpsConfig": {
+            "defaultActiveThreadPercentage": 40,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+        },
+    }
+    create_claim(
+        api,
+        namespace,
+        "mps",
+        {"requests": [gpu_request()], "config": sharing_config(mps)},
+    )
+    run_pod(api, namespace, one_claim_pod(plugin, "mps", "mps"))
+    rep = wait_report(plugin, namespace, "mps")
+    assert rep.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert rep.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+    # The daemon's pipe folder is mounted where the env points.
+    assert rep.env["CUDA_MPS_PIPE_DIRECTORY"] in rep.mounts, rep.mounts
+    delete_pods(api, namespace, "mps")
+
+
+def test_time_slicing(api: Any, namespace: str, plugin: RealNode) -> None:
+    sliced = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
+    create_claim(
+        api, namespace, "ts", {"requests": [gpu_request()], "config": sharing_config(sliced)}
+    )
+    for pod in ("ts-a", "ts-b"):
+        run_pod(api, namespace, one_claim_pod(plugin, pod, "ts"))
+    reports = [wait_report(plugin, namespace, pod) for pod in ("ts-a", "ts-b")]
+    assert reports[0].visible_devices == reports[1].visible_devices
+    assert all(r.env["FLEXGPU_TIME_SLICE"] == "Short" for r in reports)
+    delete_pods(api, namespace, "ts-a", "ts-b")
+
+
+def test_gpu_fractions(api: Any, namespace: str, plugin: RealNode) -> None:
+    share = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "shared-gpu.flexgpu.dev",
+            "capacity": {"requests": {"memory": "16Gi"}},
+        },
+    }
+    for name in ("f1", "f2"):
+        create_claim(api, namespace, name, {"requests": [share]})
+        run_pod(api, namespace, one_claim_pod(plugin, name, name))
+    reports = [wait_report(plugin, namespace, name) for name in ("f1", "f2")]
+    # Two 16Gi shares of one 80GB GPU: the same GPU, each limited to its share.
+    assert reports[0].visible_devices == reports[1].visible_devices
+    for rep in reports:
+        assert rep.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=16384M"
+    delete_pods(api, namespace, "f1", "f2")
+
+
+@pytest.mark.xfail(
+    strict=False, reason=PREPARE_PATH + "concurrent NodePrepareResources for different pods"
+)
+def test_concurrent_prepares_for_different_pods(api: Any, namespace: str, plugin: RealNode) -> None:
+    core = client.CoreV1Api(api)
+    names = [f"c{i}" for i in range(4)]
+    for name in names:
+        create_claim(api, namespace, name, {"requests": [gpu_request()]})
+    # Created back to back, the kubelet prepares them in parallel.
+    for name in names:
+        core.create_namespaced_pod(namespace, one_claim_pod(plugin, name, name))
+    try:
+        for name in names:
+            rep = wait_report(plugin, namespace, name, timeout_s=90)
+            assert set(rep.visible_devices) == claim_uuids(api, namespace, name)
+    finally:
+        delete_pods(api, namespace, *names)
