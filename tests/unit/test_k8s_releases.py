@@ -11,6 +11,7 @@ import pytest
 
 from tests import conftest
 from tools.cluster import binaries
+from tools.cluster.feature_gates import describe
 
 
 def test_default_release_is_the_one_tools_k8s_go_mod_pins() -> None:
@@ -80,3 +81,21 @@ def test_require_k8s_skips_older_releases_naming_release_and_reason(
     monkeypatch.setattr(conftest, "_MINOR", [37])
     conftest.require_k8s("1.35", "anything", "t::z")
     assert len(conftest._RELEASE_SKIPS) == 1
+
+
+def test_gate_description_names_stage_default_or_not_settable(tmp_path: Path) -> None:
+    apiserver = tmp_path / "kube-apiserver"
+    apiserver.write_text(
+        "#!/bin/sh\ncat <<'E'\n"
+        "                kube:DRAConsumableCapacity=true|false (ALPHA - default=false)\n"
+        "                kube:ResourceHealthStatus=true|false (BETA - default=true)\n"
+        "E\n"
+    )
+    apiserver.chmod(apiserver.stat().st_mode | stat.S_IXUSR)
+    assert describe(
+        tmp_path, ("DRAConsumableCapacity", "ResourceHealthStatus", "DRAAdminAccess")
+    ) == [
+        "DRAConsumableCapacity: ALPHA (default false)",
+        "ResourceHealthStatus: BETA (default true)",
+        "DRAAdminAccess: not settable (default -)",
+    ]

@@ -1,5 +1,6 @@
 """Derives the --feature-gates value from what the built binaries accept, so a gate that is
-GA-locked or removed in this version never breaks startup."""
+GA-locked or removed in this version never breaks startup; and describes the gates of a
+release for docs/admin.md (``python -m tools.cluster.gate_report``)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,40 @@ WANTED = (
     "DRAPrioritizedList",
     "DRAAdminAccess",
 )
+# Reported beside WANTED (never enabled): extended resources backed by DRA, which the
+# chart's deviceClasses.gpuExtendedResourceName relies on.
+REPORTED = (*WANTED, "DRAExtendedResource")
 
-_GATE_LINE = re.compile(r"(?:kube:)?([A-Za-z0-9]+)=true\|false \((ALPHA|BETA|GA|DEPRECATED)")
+_GATE_LINE = re.compile(
+    r"(?:kube:)?([A-Za-z0-9]+)=true\|false \((ALPHA|BETA|GA|DEPRECATED)(?: - default=(\w+))?"
+)
 
 
 def settable_gates(binary: Path) -> dict[str, str]:
     """Gate name -> stage, for every gate the binary's --help lists as settable."""
+    return {name: stage for name, (stage, _) in gate_defaults(binary).items()}
+
+
+def gate_defaults(binary: Path) -> dict[str, tuple[str, str]]:
+    """Gate name -> (stage, default) for every gate the binary's --help lists as settable."""
     out = subprocess.run(
         [str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False
     )
-    return {m.group(1): m.group(2) for m in _GATE_LINE.finditer(out.stdout + out.stderr)}
+    return {
+        m.group(1): (m.group(2), m.group(3) or "?")
+        for m in _GATE_LINE.finditer(out.stdout + out.stderr)
+    }
+
+
+def describe(folder: Path, names: tuple[str, ...] = REPORTED) -> list[str]:
+    """One line per gate: its stage and default in the apiserver, or that it is not settable
+    (GA and locked on, or not in this release at all: the gate's own history says which)."""
+    gates = gate_defaults(folder / "kube-apiserver")
+    lines = []
+    for name in names:
+        stage, default = gates.get(name, ("not settable", "-"))
+        lines.append(f"{name}: {stage} (default {default})")
+    return lines
 
 
 def feature_gates_arg(binaries: list[Path], wanted: tuple[str, ...] = WANTED) -> str:

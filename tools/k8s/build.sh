@@ -2,16 +2,43 @@
 # Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager (and the kubelet
 # harness) from the pinned upstream modules into a cache folder outside the repo, and
 # prints that folder on the last line of stdout. A warm cache returns in well under a second.
+#
+# Release: `build.sh 1.34` or K8S=1.34 picks the module under releases/1.34 (go.mod, go.sum,
+# and *.patch applied to our Go sources where that release's kubelet API differs); empty or
+# the default module's own minor builds from tools/k8s/go.mod exactly as before, same key.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 
-K8S_VERSION=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)
+release=${1:-${K8S:-}}
+release=${release#v}
+default_version=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)
+default_minor=$(echo "$default_version" | cut -d. -f1,2 | tr -d v)
 cache_root=${FLEXGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flexgpu}
-# The key covers everything that changes the binaries: module pins and our own Go sources.
-key=$(cat go.mod go.sum $(find . -name '*.go' | LC_ALL=C sort) | sha256sum | cut -c1-12)
+release_dir=""
+src=""
+if [ -z "$release" ] || [ "$release" = "$default_minor" ]; then
+  K8S_VERSION=$default_version
+  # The key covers everything that changes the binaries: module pins and our own Go sources.
+  key=$(cat go.mod go.sum $(find . -path ./releases -prune -o -name '*.go' -print | LC_ALL=C sort) |
+    sha256sum | cut -c1-12)
+else
+  if [[ ! "$release" =~ ^1\.[0-9]+$ ]] || [ ! -f "releases/$release/go.mod" ]; then
+    echo "error: K8S=$release is not a release tools/k8s builds; allowed: $default_minor" \
+      "$(ls releases 2>/dev/null | grep -E '^1\.[0-9]+$' | tr '\n' ' ')(pin one with releases/pin.sh)" >&2
+    exit 2
+  fi
+  release_dir="releases/$release"
+  K8S_VERSION=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3; exit}' "$release_dir/go.mod")
+  # Same key rule, over what this release builds: its pins, our sources and its patches.
+  key=$(cat "$release_dir/go.mod" "$release_dir/go.sum" \
+    $(find . -path ./releases -prune -o -name '*.go' -print | LC_ALL=C sort) \
+    $(find "$release_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort) | sha256sum | cut -c1-12)
+fi
 out="$cache_root/k8s-$K8S_VERSION-$key"
-bins=(etcd kube-apiserver kube-scheduler kube-controller-manager kubelet-harness)
+# The harness first: it uses kubelet internals, the part most likely not to compile against
+# a release, so such a failure shows in minutes rather than after the control plane.
+bins=(kubelet-harness etcd kube-apiserver kube-scheduler kube-controller-manager)
 
 if [ -f "$out/.complete" ]; then
   echo "$out"
@@ -28,6 +55,22 @@ fi
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 mkdir -p "$out.tmp"
 log "building Kubernetes $K8S_VERSION control plane into $out (a cold build takes 15-30 min on 2 cores)"
+if [ -n "$release_dir" ]; then
+  # Go builds only inside a module's folder: assemble the release's module from its pins,
+  # our sources and its patches in the build folder, removed when done.
+  src="$out.tmp/src"
+  rm -rf "$src"
+  mkdir -p "$src"
+  cp -r cmd tools.go "$src/"
+  cp "$release_dir/go.mod" "$release_dir/go.sum" "$src/"
+  for p in $(find "$release_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort); do
+    if ! patch -d "$src" -p1 --quiet --no-backup-if-mismatch <"$p" >&2; then
+      echo "error: $p no longer applies to tools/k8s/cmd; refresh it against the current sources." >&2
+      exit 2
+    fi
+  done
+  cd "$src"
+fi
 if ! go mod download >&2; then
   echo "error: downloading Go modules failed; check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY))." >&2
   exit 2
@@ -56,10 +99,14 @@ for b in "${bins[@]}"; do
   CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.tmp/$b" "${pkg[$b]}" >&2
   log "built $b in $(( $(date +%s) - start ))s"
 done
+cd "$here"
+[ -z "$src" ] || rm -rf "$src"
 touch "$out.tmp/.complete"
 rm -rf "$out"
 mv "$out.tmp" "$out"
-# Keep this build and the one before it (a cluster may still run from it); drop older ones.
-ls -dt "$cache_root"/k8s-*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
+# Keep this build and the one before it of the same minor release (a cluster may still run
+# from it); drop older ones. Other releases' builds are kept.
+minor_prefix=$(echo "$K8S_VERSION" | cut -d. -f1,2)
+ls -dt "$cache_root/k8s-$minor_prefix".*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
 log "done"
 echo "$out"
