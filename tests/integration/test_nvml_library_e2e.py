@@ -109,6 +109,19 @@ def run(
     return env_from_log(wait_container_output(node, namespace, name, "DONE"))
 
 
+def visible_uuids(env: dict[str, str]) -> list[str]:
+    """UUIDs the container was given: one FLEXGPU_DEVICE_* variable per CDI device
+    (``uuid=...;claim=...;device=...``), or NVIDIA_VISIBLE_DEVICES where the specs list them."""
+    per_device = [
+        dict(part.split("=", 1) for part in value.split(";") if "=" in part).get("uuid", "")
+        for name, value in env.items()
+        if name.startswith("FLEXGPU_DEVICE_")
+    ]
+    if per_device:
+        return sorted(per_device)
+    return sorted(env.get("NVIDIA_VISIBLE_DEVICES", "").split(","))
+
+
 def release(api: Any, namespace: str, name: str) -> None:
     client.CoreV1Api(api).delete_namespaced_pod(name, namespace)
     wait_gone(api, namespace, name)
@@ -136,7 +149,7 @@ def test_whole_gpu_carries_the_library_uuid(
     cel = f'device.attributes["{DRIVER}"].index == 3'
     env = run(api, namespace, node, "whole", {"requests": [gpu_request(cel=cel)]})
     assert [r.device for r in allocated(api, namespace, "whole")] == ["gpu-3"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[3]
+    assert visible_uuids(env) == [UUIDS[3]]
     release(api, namespace, "whole")
 
 
@@ -149,7 +162,7 @@ def test_nvlink_pair_from_the_library_wiring(
     }
     env = run(api, namespace, node, "pair", pair)
     assert sorted(r.device for r in allocated(api, namespace, "pair")) == ["gpu-0", "gpu-1"]
-    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == UUIDS[:2]
+    assert visible_uuids(env) == UUIDS[:2]
     release(api, namespace, "pair")
 
 
@@ -163,7 +176,7 @@ def test_partition_made_at_the_allocated_placement_and_destroyed_on_release(
     (made,) = instances(machine)
     assert (made["start"], made["size"]) == (start, 4)
     (compute,) = made["computeInstances"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == compute["uuid"] and compute["uuid"].startswith("MIG-")
+    assert visible_uuids(env) == [compute["uuid"]] and compute["uuid"].startswith("MIG-")
     release(api, namespace, "part")
     assert instances(machine) == []
 
@@ -178,7 +191,7 @@ def test_restart_adopts_the_instance_it_made(
     # The new process found the instance in the library, left it to the running pod, and
     # still owns it: releasing the claim destroys exactly that instance.
     assert instances(machine) == [made]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == made["computeInstances"][0]["uuid"]
+    assert visible_uuids(env) == [made["computeInstances"][0]["uuid"]]
     release(api, namespace, "kept")
     wait_for(lambda: instances(machine) == [], what="the adopted instance destroyed on release")
 
