@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import pynvml
 import pytest
 
 from driver.backend import GpuBackend
@@ -110,6 +111,9 @@ def library_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Li
     """The NVML backend on the unmodified pynvml module over the NVML mock library; sysfs is
     read under ``tmp_path/sys``. One machine per test."""
     load_into_process()
+    # The library reads its machine at the first nvmlInit of a process; one left initialised
+    # by an earlier test would serve that test's machine here.
+    assert pynvml._nvmlLib_refcount == 0, "an earlier test left NVML initialised"
     started: list[NvmlBackend] = []
 
     def start(
