@@ -19,6 +19,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from bench.claims import BenchClaim
 from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tools.cluster.process import Component
 
@@ -110,6 +111,7 @@ class StartFailed(RuntimeError):
 class StartTimes:
     to_socket_s: float  # exec -> DRA socket answers an empty NodePrepareResources
     to_slices_s: float  # exec -> ResourceSlices list gpu-0..gpu-7 of this node (NaN: never)
+    to_prepared_s: float  # exec -> a real claim prepared (retried until it is; NaN: never)
 
 
 class SliceWatch:
@@ -199,8 +201,10 @@ class RunningPlugin:
         assert self.component.pid is not None
         return self.component.pid
 
-    def start(self, api: Any, node: str) -> StartTimes:
-        """Execs the plugin with none of its slices in the API; returns the start-up times."""
+    def start(self, api: Any, node: str, probe: BenchClaim) -> StartTimes:
+        """Execs the plugin with none of its slices in the API; returns the start-up times.
+        `probe` is prepared (and unprepared) as soon as the socket serves, retried until it
+        succeeds: a plugin may serve before it is ready to prepare."""
         delete_slices(api, self.spec, node)
         for folder in self.spec.kubelet_dirs:
             folder.mkdir(parents=True, exist_ok=True)
@@ -214,6 +218,7 @@ class RunningPlugin:
         except StartFailed:
             slices.stop()
             raise
+        prepared = self._first_prepare(probe, began + START_TIMEOUT_S)
         listed = slices.wait(max(1.0, START_TIMEOUT_S - (time.perf_counter() - began)))
         if listed is None:
             print(
@@ -221,7 +226,32 @@ class RunningPlugin:
                 f"{START_TIMEOUT_S:.0f}s of exec; log {self.component.log_path}",
                 flush=True,
             )
-        return StartTimes(serving - began, math.nan if listed is None else listed - began)
+        return StartTimes(
+            serving - began,
+            math.nan if listed is None else listed - began,
+            math.nan if prepared is None else prepared - began,
+        )
+
+    def _first_prepare(self, probe: BenchClaim, until: float) -> float | None:
+        assert self.stub is not None
+        ref = dra_pb2.Claim(namespace=probe.namespace, name=probe.name, uid=probe.uid)
+        while time.perf_counter() < until:
+            try:
+                reply = self.stub.NodePrepareResources(
+                    dra_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=10
+                )
+                entry = reply.claims.get(probe.uid)
+                ok = entry is not None and not entry.error
+            except grpc.RpcError:
+                ok = False
+            if ok:
+                done = time.perf_counter()
+                self.stub.NodeUnprepareResources(
+                    dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]), timeout=10
+                )
+                return done
+            time.sleep(0.01)
+        return None
 
     def _wait_serving(self) -> float:
         """Waits for the DRA socket to answer an empty prepare; the time it did."""
