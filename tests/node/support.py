@@ -145,6 +145,11 @@ def device_uuid(api: Any, device: str) -> str:
     raise AssertionError(f"no device {device} published by {NODE}")
 
 
+def claim_uid(api: Any, namespace: str, claim: str) -> str:
+    c: Any = client.ResourceV1Api(api).read_namespaced_resource_claim(claim, namespace)
+    return str(c.metadata.uid)
+
+
 def claim_uuids(api: Any, namespace: str, claim: str, request: str | None = None) -> set[str]:
     return {
         device_uuid(api, r.device)

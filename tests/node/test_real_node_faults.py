@@ -13,6 +13,7 @@ from kubernetes import client
 from tests.conftest import wait_for
 from tests.node.conftest import NODE, PLUGIN_NAMESPACE, install_plugin
 from tests.node.support import (
+    claim_uid,
     claim_uuids,
     create_claim,
     delete_pods,
@@ -76,6 +77,7 @@ def cdi_spec_removed(node: RealNode, claim_uid: str) -> None:
 def test_kubelet_restart_keeps_prepared_claims(api: Any, namespace: str, plugin: RealNode) -> None:
     before = start_gpu_pod(api, namespace, plugin, "k1")
     cid = container_id(api, namespace, "k1")
+    before_uid = claim_uid(api, namespace, "k1")
 
     plugin.restart_kubelet()
     wait_for(lambda: plugin.plugin_registered(DRIVER), what="plugin registered again")
@@ -83,7 +85,7 @@ def test_kubelet_restart_keeps_prepared_claims(api: Any, namespace: str, plugin:
     # The restarted kubelet prepares new claims and, from its checkpoint, unprepares old ones.
     start_gpu_pod(api, namespace, plugin, "k2")
     delete_pods(api, namespace, "k1", "k2")
-    cdi_spec_removed(plugin, before.env["FLEXGPU_CLAIM_UID"])
+    cdi_spec_removed(plugin, before_uid)
 
 
 def test_containerd_restart_keeps_running_containers(
@@ -91,18 +93,20 @@ def test_containerd_restart_keeps_running_containers(
 ) -> None:
     before = start_gpu_pod(api, namespace, plugin, "r1")
     cid = container_id(api, namespace, "r1")
+    before_uid = claim_uid(api, namespace, "r1")
 
     plugin.restart_containerd()
     still_served(api, namespace, plugin, "r1", before, cid)
     start_gpu_pod(api, namespace, plugin, "r2")
     delete_pods(api, namespace, "r1", "r2")
-    cdi_spec_removed(plugin, before.env["FLEXGPU_CLAIM_UID"])
+    cdi_spec_removed(plugin, before_uid)
 
 
 def test_plugin_pod_deleted_by_hand(api: Any, namespace: str, plugin: RealNode) -> None:
     mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
     before = start_gpu_pod(api, namespace, plugin, "p1", sharing_config(mps))
     cid = container_id(api, namespace, "p1")
+    before_uid = claim_uid(api, namespace, "p1")
     (old,) = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)
 
     client.CoreV1Api(api).delete_namespaced_pod(old.metadata.name, PLUGIN_NAMESPACE)
@@ -125,7 +129,7 @@ def test_plugin_pod_deleted_by_hand(api: Any, namespace: str, plugin: RealNode) 
     still_served(api, namespace, plugin, "p1", before, cid)
     start_gpu_pod(api, namespace, plugin, "p2")
     delete_pods(api, namespace, "p1", "p2")
-    cdi_spec_removed(plugin, before.env["FLEXGPU_CLAIM_UID"])
+    cdi_spec_removed(plugin, before_uid)
 
 
 def test_helm_upgrade_rolls_the_plugin_while_gpu_pods_run(
@@ -133,6 +137,7 @@ def test_helm_upgrade_rolls_the_plugin_while_gpu_pods_run(
 ) -> None:
     before = start_gpu_pod(api, namespace, plugin, "u1")
     cid = container_id(api, namespace, "u1")
+    before_uid = claim_uid(api, namespace, "u1")
     (old,) = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)
     current = plugin.images["flexgpu"].name
     # A new release of the same build under another tag: the DaemonSet's template changes.
@@ -152,4 +157,4 @@ def test_helm_upgrade_rolls_the_plugin_while_gpu_pods_run(
     still_served(api, namespace, plugin, "u1", before, cid)
     start_gpu_pod(api, namespace, plugin, "u2")
     delete_pods(api, namespace, "u1", "u2")
-    cdi_spec_removed(plugin, before.env["FLEXGPU_CLAIM_UID"])
+    cdi_spec_removed(plugin, before_uid)

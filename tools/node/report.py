@@ -35,8 +35,17 @@ class Report:
 
     @property
     def visible_devices(self) -> list[str]:
+        """GPU and MIG UUIDs the container was given, sorted: NVIDIA_VISIBLE_DEVICES and the
+        plugin's per-device records (``FLEXGPU_DEVICE_*=uuid=<uuid>;claim=...;device=...``),
+        whichever the plugin's CDI edits set."""
         value = self.env.get("NVIDIA_VISIBLE_DEVICES", "")
-        return [v for v in value.split(",") if v and v != "void"]
+        found = {v for v in value.split(",") if v and v not in ("void", "none", "all")}
+        for key, record in self.env.items():
+            if key.startswith("FLEXGPU_DEVICE_"):
+                fields = dict(f.partition("=")[::2] for f in record.split(";"))
+                if fields.get("uuid"):
+                    found.add(fields["uuid"])
+        return sorted(found)
 
     def gpu_nodes(self) -> list[str]:
         """/dev/nvidia<N> nodes (per-GPU), without the control nodes."""
