@@ -12,9 +12,9 @@ export FLEXGPU_K8S := $(K8S)
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
 .PHONY: setup venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
-        cluster-up cluster-down bench clean protos helm-tools
+        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk
 
-setup: venv control-plane helm-tools nvml-mock
+setup: venv control-plane helm-tools nvml-mock nvidia-ctk
 
 venv: $(STAMP)
 
@@ -35,6 +35,10 @@ control-plane:
 nvml-mock:
 	@echo "==> NVML mock library (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvml-mock/build.sh >/dev/null
+
+nvidia-ctk:
+	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/nvidia-ctk/build.sh >/dev/null
 
 # Regenerates the kubelet gRPC stubs from kubelet_plugin/proto (they are committed).
 protos: venv

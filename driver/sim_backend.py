@@ -199,6 +199,8 @@ class SimulatedBackend(GpuBackend):
             multiprocessors=spec.multiprocessors,
             pci_bus_id=self._topology.bus_id(index),
             pcie_root=self._topology.pcie_root(index),
+            # /dev/nvidia<minor>: the driver numbers a machine's GPUs from 0, in bus order.
+            minor_number=index,
             numa_node=self._topology.gpus[index].numa_node,
             nvlink_peers=self._peers[index],
             nvlink_domain=self._domains[uuid],

@@ -72,6 +72,15 @@ class PluginConfig(BaseModel):
     shared_gpus: str | None = None
     # GPUs whose MIG partitions are created on demand: "all" or GPU indices.
     dynamic_mig_gpus: str | None = None
+    # The NVIDIA driver's root as this process sees it (the chart mounts the host's there);
+    # None: specs get device nodes only, no driver libraries (simulated nodes).
+    driver_root: Path | None = None
+    # The same folder as the container runtime on the host sees it (default: driver_root).
+    host_driver_root: Path | None = None
+    # Prints the driver's common CDI edits (tools/nvidia-ctk); a name is looked up in PATH.
+    cdi_generator: str = "flexgpu-cdi-common"
+    # Host path of nvidia-cdi-hook; None: the image's copy is installed into the data dir.
+    nvidia_cdi_hook: Path | None = None
 
     @field_validator("node_name")
     @classmethod
@@ -83,9 +92,19 @@ class PluginConfig(BaseModel):
             )
         return value
 
-    @field_validator("registry_dir", "plugins_dir", "cdi_dir", "data_dir")
+    @field_validator(
+        "registry_dir",
+        "plugins_dir",
+        "cdi_dir",
+        "data_dir",
+        "driver_root",
+        "host_driver_root",
+        "nvidia_cdi_hook",
+    )
     @classmethod
-    def _check_dir(cls, value: Path) -> Path:
+    def _check_dir(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
         if "\x00" in str(value):
@@ -122,6 +141,15 @@ class PluginConfig(BaseModel):
             raise ValueError(
                 f"shared_gpus and dynamic_mig_gpus both name GPU(s) {both}; a GPU is either "
                 "shared or partitioned"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_driver_root(self) -> PluginConfig:
+        if self.host_driver_root is not None and self.driver_root is None:
+            raise ValueError(
+                "host_driver_root is set without driver_root: set driver_root to where this "
+                "process sees the driver (the chart mounts it at /driver-root)"
             )
         return self
 
@@ -290,6 +318,35 @@ _SETTINGS: Final = (
         "FLEXGPU_DYNAMIC_MIG_GPUS",
         'GPUs partitioned on demand (MIG): "all" or indices such as "4,5" (default: none)',
         "str",
+    ),
+    _Setting(
+        "driver_root",
+        "--driver-root",
+        "FLEXGPU_DRIVER_ROOT",
+        "NVIDIA driver root as this process sees it; CDI specs then carry the driver's "
+        "libraries, programs and hooks (default: none, device nodes only)",
+        "path",
+    ),
+    _Setting(
+        "host_driver_root",
+        "--host-driver-root",
+        "FLEXGPU_HOST_DRIVER_ROOT",
+        "the driver root as the host sees it (default: --driver-root)",
+        "path",
+    ),
+    _Setting(
+        "cdi_generator",
+        "--cdi-generator",
+        "FLEXGPU_CDI_GENERATOR",
+        "program printing the driver's common CDI edits (default flexgpu-cdi-common, in PATH)",
+        "str",
+    ),
+    _Setting(
+        "nvidia_cdi_hook",
+        "--nvidia-cdi-hook",
+        "FLEXGPU_NVIDIA_CDI_HOOK",
+        "host path of nvidia-cdi-hook (default: the image's copy, installed in the data dir)",
+        "path",
     ),
     _Setting(
         "kubeconfig",

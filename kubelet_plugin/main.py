@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubelet_plugin.config import ConfigError, PluginConfig, load_config
 from kubelet_plugin.grpc_server import PluginServer
@@ -23,6 +23,7 @@ from kubelet_plugin.startup_gate import StartupGate
 if TYPE_CHECKING:
     from driver.backend import GpuBackend
     from kubelet_plugin.kube_api import KubeApi
+    from kubelet_plugin.node_devices import NodeDevices
     from kubelet_plugin.slice_publisher import SlicePublisher
 
 log = logging.getLogger("flexgpu.kubelet_plugin")
@@ -83,6 +84,12 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     devices = NodeDevices(
         backend, config.shared_gpu_indices(count), config.dynamic_mig_gpu_indices(count)
     )
+    try:
+        driver_edits = _driver_edits(config, devices)
+    except RuntimeError as err:
+        api.close()
+        backend.close()
+        raise StartupFailed(str(err)) from None
     store = CheckpointStore(config.checkpoint_path)
     lock = PrepareLock(config.lock_path)
     objects = ClaimObjects()
@@ -97,6 +104,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         cdi_dir=config.cdi_dir,
         crash_at=os.environ.get("FLEXGPU_FAULT_CRASH_AT") or None,
         status=status,
+        driver_edits=driver_edits,
     )
     with lock:
         reconcile_at_start(preparer, store, claims, events)
@@ -130,6 +138,31 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         backend.close()
 
     return stop
+
+
+def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
+    """The driver's common CDI edits over the driver root, and device nodes found there;
+    without a driver root, device nodes only (from /dev)."""
+    from kubelet_plugin import driver_edits
+    from kubelet_plugin.device_nodes import DeviceNodes
+
+    if config.driver_root is None:
+        if config.gpu_backend == "nvml":
+            log.warning(
+                "no --driver-root (FLEXGPU_DRIVER_ROOT): CDI specs carry device nodes only, "
+                "no driver libraries or programs"
+            )
+        return {}
+    host_root = config.host_driver_root or config.driver_root
+    hook = config.nvidia_cdi_hook or driver_edits.install_hook(config.data_dir)
+    edits = driver_edits.generate(
+        driver_root=config.driver_root,
+        host_driver_root=host_root,
+        hook_path=hook,
+        generator=config.cdi_generator,
+    )
+    devices.nodes = DeviceNodes(config.driver_root, host_root, with_control_nodes=False)
+    return edits
 
 
 def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:

@@ -11,12 +11,13 @@ from typing import Any, Literal
 
 from driver.backend import GpuBackend
 from driver.backend_errors import GpuBackendError
-from driver.cdi import CdiDevice, host_device_nodes
+from driver.cdi import CdiDevice
 from driver.config_resolution import DeviceType
 from driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
 from driver.mig_devices import MigPartition, counter_set, dynamic_mig_devices, static_mig_devices
 from driver.names import gpu_device_name
 from driver.resource_slice import Device, shared_gpu_device, whole_gpu_device
+from kubelet_plugin.device_nodes import DeviceNodes
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ class NodeDevices:
         dynamic_mig: frozenset[int] | set[int] = frozenset(),
     ) -> None:
         self.backend = backend
+        # Where device nodes are found; main.py points it at the driver root.
+        self.nodes = DeviceNodes()
         self._lock = threading.RLock()
         self._modes: dict[int, GpuMode] = {i: "Shared" for i in shared}
         self._modes.update({i: "DynamicMIG" for i in dynamic_mig})
@@ -205,7 +208,8 @@ class NodeDevices:
         if instance is not None and instance.uuid is not None:
             parent = self.gpus_by_index().get(instance.parent_index)
             minor = parent.minor_number if parent else None
-            return CdiDevice(device_name, instance.uuid, host_device_nodes(minor))
+            nodes = self.nodes.mig(minor, instance.gpu_instance_id, instance.compute_instance_id)
+            return CdiDevice(device_name, instance.uuid, nodes)
         if gpu is None:
             return None
-        return CdiDevice(device_name, gpu.uuid, host_device_nodes(gpu.minor_number))
+        return CdiDevice(device_name, gpu.uuid, self.nodes.gpu(gpu.minor_number))

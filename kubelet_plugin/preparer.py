@@ -9,6 +9,7 @@ roll back. Unprepare works from the checkpoint alone: the claim object may alrea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -23,7 +24,6 @@ from driver.cdi import (
     ClaimIdentity,
     cdi_device_id,
     encode_spec,
-    host_device_nodes,
     render_claim_spec,
     spec_file_name,
 )
@@ -57,7 +57,6 @@ from kubelet_plugin.sharing import (
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-ENV_TIME_SLICE = "FLEXGPU_TIME_SLICE"
 
 
 class PrepareError(Exception):
@@ -79,8 +78,11 @@ class ClaimPreparerImpl:
         cdi_dir: Path,
         crash_at: str | None = None,
         status: ClaimStatusWriter | None = None,
+        driver_edits: Mapping[str, Any] | None = None,
     ) -> None:
         self.node_name = node_name
+        # The edits every GPU container needs (driver_edits.py), merged into each claim's spec.
+        self.driver_edits = dict(driver_edits or {})
         self._status = status
         # Called after claims were unprepared (a GPU may have become free to reconfigure).
         self.on_unprepared: Callable[[], None] | None = None
@@ -278,11 +280,10 @@ class ClaimPreparerImpl:
         self._put(record)
         self._step("after-prepare-started", claim.uid)
         try:
-            materialised = [self._materialise(d) for d in ours]
+            materialised = [self._materialise(d) for d in _one_per_device(ours)]
             self._step("after-devices-created", claim.uid)
-            env, mounts = self._apply_sharing(plan)
-            cdi_devices = [cdi for cdi, _ in materialised]
-            self._write_spec(claim, cdi_devices, env, mounts)
+            cdi_devices = self._apply_sharing(plan, [cdi for cdi, _ in materialised])
+            self._write_spec(claim, cdi_devices)
             self._step("after-cdi-written", claim.uid)
             created = [mig for _, mig in materialised if mig is not None]
             prepared = record.model_copy(
@@ -326,7 +327,9 @@ class ClaimPreparerImpl:
     ) -> list[DeviceStatus]:
         """What the user sees in the claim's status for each device."""
         result = []
-        for allocated, cdi in zip(ours, cdi_devices, strict=True):
+        by_key = {(c.device_name, c.share_id): c for c in cdi_devices}
+        for allocated in ours:
+            cdi = by_key[(allocated.device, allocated.share_id)]
             gpu = self.devices.gpu(allocated.device)
             data: dict[str, Any] = {"uuid": cdi.uuid}
             if gpu is not None:
@@ -379,7 +382,8 @@ class ClaimPreparerImpl:
         """The device's CDI content, creating its MIG instance first for dynamic MIG."""
         part = self.devices.partition(allocated.device)
         if part is None:
-            return self._device(allocated), None
+            device = self._device(allocated)
+            return dataclasses.replace(device, share_id=allocated.share_id), None
         created = self.devices.backend.create_mig_device(
             part.parent_index, part.profile_id, part.placement
         )
@@ -388,23 +392,39 @@ class ClaimPreparerImpl:
         parent = self.devices.gpus_by_index().get(part.parent_index)
         minor = parent.minor_number if parent else None
         log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
-        return CdiDevice(allocated.device, created.uuid, host_device_nodes(minor)), created
+        nodes = self.devices.nodes.mig(minor, created.gpu_instance_id, created.compute_instance_id)
+        return CdiDevice(allocated.device, created.uuid, nodes, allocated.share_id), created
 
     def _check_known(self, allocated: AllocatedDevice) -> None:
         if self.devices.partition(allocated.device) is None:
             self._device(allocated)
 
-    def _apply_sharing(self, plan: SharingPlan) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    def _apply_sharing(self, plan: SharingPlan, devices: list[CdiDevice]) -> list[CdiDevice]:
+        """Sets what the plan says on the GPUs and hands each device its part: the time-slice
+        it runs under (told to the workload and to a rebuild after a lost checkpoint), the MPS
+        daemon's folders and the claim's limits."""
         backend = self.devices.backend
-        env: dict[str, str] = {}
         for index, interval in plan.time_slices.items():
             backend.set_time_slice(index, interval)
-            # Tells the workload, and a rebuild after a lost checkpoint, what was set.
-            env[ENV_TIME_SLICE] = str(interval)
-        if plan.mps is None:
-            return env, []
-        daemon = backend.start_mps_daemon(plan.mps.gpu_index)
-        return {**env, **mps_env(daemon, plan.mps)}, mps_mounts(daemon)
+        env: dict[str, str] = {}
+        mounts: list[tuple[str, str]] = []
+        if plan.mps is not None:
+            daemon = backend.start_mps_daemon(plan.mps.gpu_index)
+            env, mounts = mps_env(daemon, plan.mps), mps_mounts(daemon)
+        result = []
+        for device in devices:
+            gpu = self.devices.gpu(device.device_name)
+            where = gpu.index if gpu is not None else -1
+            runs_under = plan.time_slices.get(where)
+            on_mps = plan.mps is not None and where == plan.mps.gpu_index
+            result.append(
+                device.with_sharing(
+                    env if on_mps else {},
+                    mounts if on_mps else [],
+                    str(runs_under) if runs_under is not None else None,
+                )
+            )
+        return result
 
     def _step(self, step: str, uid: str) -> None:
         if self.on_step is not None:
@@ -466,15 +486,11 @@ class ClaimPreparerImpl:
                         "other shares already hold the rest"
                     )
 
-    def _write_spec(
-        self,
-        claim: ClaimView,
-        devices: Sequence[CdiDevice],
-        env: Mapping[str, str],
-        mounts: Sequence[tuple[str, str]],
-    ) -> None:
+    def _write_spec(self, claim: ClaimView, devices: Sequence[CdiDevice]) -> None:
+        if not devices:
+            return  # nothing of ours in the claim: a spec needs at least one device
         identity = ClaimIdentity(claim.uid, claim.namespace, claim.name)
-        spec = render_claim_spec(identity, devices, env, mounts)
+        spec = render_claim_spec(identity, devices, self.driver_edits)
         atomic_write_bytes(self.spec_path(claim.uid), encode_spec(spec))
 
     def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> list[str]:
@@ -592,12 +608,20 @@ def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[De
             request_names=sorted(set(names)),
             pool_name=d.pool,
             device_name=d.device,
-            cdi_device_ids=[cdi_device_id(claim.uid)],
+            cdi_device_ids=[cdi_device_id(claim.uid, d.device, d.share_id)],
             share_id=d.share_id,
             consumed_capacity=dict(d.consumed_capacity),
             admin_access=d.admin_access,
         )
     return list(by_device.values())
+
+
+def _one_per_device(ours: Sequence[AllocatedDevice]) -> list[AllocatedDevice]:
+    """One entry per device (per share): a device serving two requests is prepared once."""
+    seen: dict[tuple[str, str | None], AllocatedDevice] = {}
+    for allocated in ours:
+        seen.setdefault((allocated.device, allocated.share_id), allocated)
+    return list(seen.values())
 
 
 def _prepared_devices(record: ClaimRecord) -> tuple[PreparedDevice, ...]:

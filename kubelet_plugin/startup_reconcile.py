@@ -9,8 +9,9 @@ order, each step safe to repeat after a crash:
    MPS daemons, MIG instances) and drops them;
 3. when a file is corrupt or of a newer version, rebuilds the records of claims whose CDI spec
    survives, with everything they hold: MIG instance (the spec's MIG UUID among the live
-   instances), MPS share (pipe folder and limits in the spec's env) and time-slice
-   (FLEXGPU_TIME_SLICE), checked against the API; corrupt files are set aside only once the
+   instances), MPS share (pipe folder and limits in the spec's env) and time-slice (each
+   device's FLEXGPU_DEVICE_* variable; FLEXGPU_TIME_SLICE in specs of earlier releases),
+   checked against the API; corrupt files are set aside only once the
    rebuilt records are written, files of a newer version are never touched;
 4. rolls back half-done claims, deletes CDI specs no record owns, then stops MPS daemons and
    destroys dynamic-MIG instances that no record and no surviving spec uses.
@@ -30,16 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.cdi import (
-    ENV_CLAIM_NAME,
-    ENV_CLAIM_NAMESPACE,
-    ENV_DEVICES,
+    ENV_DEVICE_PREFIX,
+    ENV_MPS_PINNED,
+    ENV_MPS_PIPE,
+    ENV_MPS_THREADS,
     ENV_VISIBLE_DEVICES,
+    LEGACY_ENV_CLAIM_NAME,
+    LEGACY_ENV_CLAIM_NAMESPACE,
+    LEGACY_ENV_DEVICES,
+    LEGACY_ENV_TIME_SLICE,
     cdi_device_id,
     claim_uid_from_spec_file,
+    parse_device_env_value,
     spec_env,
 )
 from driver.gpu_model import MigDevice
-from driver.names import DRIVER_NAME
+from driver.names import CDI_KIND, DRIVER_NAME
 from kubelet_plugin.checkpoint import (
     SCHEMA_VERSION,
     CheckpointStore,
@@ -53,16 +60,68 @@ from kubelet_plugin.checkpoint import (
     ScanResult,
 )
 from kubelet_plugin.claim_source import ClaimSource
-from kubelet_plugin.preparer import ENV_TIME_SLICE, ClaimPreparerImpl, device_records
+from kubelet_plugin.preparer import ClaimPreparerImpl, device_records
 
 log = logging.getLogger(__name__)
 
 # (reason, message) -> records a Warning Event on the node; never raises.
 EventSink = Callable[[str, str], None]
 
-ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
-ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-ENV_MPS_PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+@dataclass(frozen=True)
+class _SpecDevice:
+    name: str
+    share_id: str | None
+    uuid: str
+    time_slice: str | None
+
+
+@dataclass(frozen=True)
+class _SpecFacts:
+    """What a spec of ours says about its claim: identity, devices, sharing (env)."""
+
+    namespace: str
+    name: str
+    devices: tuple[_SpecDevice, ...]
+    env: dict[str, str]
+    legacy: bool  # written before one CDI device per allocated device
+
+
+def _spec_facts(path: Path) -> _SpecFacts | None:
+    try:
+        env = spec_env(json.loads(path.read_bytes()))
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: no runtime can use it either; removed as an orphan
+    devices = []
+    claim = ""
+    for key in sorted(env):
+        if key.startswith(ENV_DEVICE_PREFIX):
+            fields = parse_device_env_value(env[key])
+            claim = claim or fields.get("claim", "")
+            devices.append(
+                _SpecDevice(
+                    fields.get("device", ""),
+                    fields.get("share"),
+                    fields.get("uuid", ""),
+                    fields.get("timeSlice"),
+                )
+            )
+    if devices:
+        namespace, _, name = claim.partition("/")
+        return _SpecFacts(namespace, name, tuple(devices), env, legacy=False)
+    # One CDI device for the whole claim, identity and GPUs in shared variables.
+    names = [n for n in env.get(LEGACY_ENV_DEVICES, "").split(",") if n]
+    uuids = [u for u in env.get(ENV_VISIBLE_DEVICES, "").split(",") if u and u != "void"]
+    slice_ = env.get(LEGACY_ENV_TIME_SLICE)
+    legacy = [_SpecDevice(n, None, "", slice_) for n in names]
+    legacy += [_SpecDevice("", None, u, None) for u in uuids]
+    return _SpecFacts(
+        env.get(LEGACY_ENV_CLAIM_NAMESPACE, ""),
+        env.get(LEGACY_ENV_CLAIM_NAME, ""),
+        tuple(legacy),
+        env,
+        legacy=True,
+    )
 
 
 @dataclass
@@ -271,18 +330,17 @@ def _rebuild_from_cdi(
         uid = claim_uid_from_spec_file(path.name)
         if uid is None or uid in known:
             continue
-        try:
-            env = spec_env(json.loads(path.read_bytes()))
-        except (OSError, ValueError):
-            continue  # unreadable: no runtime can use it either; removed as an orphan
-        namespace, name = env.get(ENV_CLAIM_NAMESPACE, ""), env.get(ENV_CLAIM_NAME, "")
+        facts = _spec_facts(path)
+        if facts is None:
+            continue
+        namespace, name = facts.namespace, facts.name
         if not namespace or not name:
             continue
         try:
             claim = claims.get(namespace, name)
         except Exception as err:  # API down: keep the spec's claim rather than lose it
             log.warning("cannot read claim %s/%s while rebuilding state: %s", namespace, name, err)
-            devices = _devices_from_spec(preparer, uid, env)
+            devices = _devices_from_spec(preparer, uid, facts)
         else:
             if claim is None or claim.uid != uid or not claim.allocated:
                 continue
@@ -290,7 +348,7 @@ def _rebuild_from_cdi(
                 d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == preparer.node_name
             ]
             devices = device_records(claim, ours)
-        created = _created_from_spec(preparer, os.fspath(path), env, devices, live)
+        created = _created_from_spec(preparer, os.fspath(path), facts, live)
         report.rebuilt_mig += len(created.mig_instances)
         report.rebuilt_mps += created.mps_share is not None
         report.rebuilt_time_slices += len(created.time_slices)
@@ -309,14 +367,19 @@ def _rebuild_from_cdi(
 
 
 def _devices_from_spec(
-    preparer: ClaimPreparerImpl, uid: str, env: dict[str, str]
+    preparer: ClaimPreparerImpl, uid: str, facts: _SpecFacts
 ) -> list[DeviceRecord]:
-    names = [n for n in env.get(ENV_DEVICES, "").split(",") if n]
     return [
         DeviceRecord(
-            pool_name=preparer.node_name, device_name=n, cdi_device_ids=[cdi_device_id(uid)]
+            pool_name=preparer.node_name,
+            device_name=d.name,
+            share_id=d.share_id,
+            cdi_device_ids=[
+                f"{CDI_KIND}={uid}" if facts.legacy else cdi_device_id(uid, d.name, d.share_id)
+            ],
         )
-        for n in names
+        for d in facts.devices
+        if d.name
     ]
 
 
@@ -333,14 +396,14 @@ def _live_partitions(preparer: ClaimPreparerImpl) -> dict[str, MigDevice]:
 def _created_from_spec(
     preparer: ClaimPreparerImpl,
     spec_path: str,
-    env: dict[str, str],
-    devices: Iterable[DeviceRecord],
+    facts: _SpecFacts,
     live: dict[str, MigDevice],
 ) -> CreatedResources:
     """What the claim's spec shows it holds: the MIG instances its MIG UUIDs name, its MPS
     daemon (by pipe folder) with its limits, and time-slicing on its GPUs."""
+    env = facts.env
     mig = []
-    for uuid in env.get(ENV_VISIBLE_DEVICES, "").split(","):
+    for uuid in (d.uuid for d in facts.devices if d.uuid):
         instance = live.get(uuid)
         if instance is not None:
             mig.append(
@@ -368,11 +431,10 @@ def _created_from_spec(
                 pinned_memory_limits=_pinned(env.get(ENV_MPS_PINNED)),
             )
     slices = {}
-    if ENV_TIME_SLICE in env:
-        for device in devices:
-            gpu = preparer.devices.gpu(device.device_name)
-            if gpu is not None:
-                slices[str(gpu.index)] = env[ENV_TIME_SLICE]
+    for device in facts.devices:
+        gpu = preparer.devices.gpu(device.name) if device.time_slice else None
+        if gpu is not None and device.time_slice:
+            slices[str(gpu.index)] = device.time_slice
     return CreatedResources(
         cdi_spec_path=spec_path, mig_instances=mig, mps_share=mps, time_slices=slices
     )
@@ -409,13 +471,12 @@ def _spec_references(cdi_dir: Path) -> _SpecReferences:
     uuids: set[str] = set()
     pipes: set[str] = set()
     for path in _our_specs(cdi_dir):
-        try:
-            env = spec_env(json.loads(path.read_bytes()))
-        except (OSError, ValueError):
+        facts = _spec_facts(path)
+        if facts is None:
             continue
-        uuids.update(u for u in env.get(ENV_VISIBLE_DEVICES, "").split(",") if u)
-        if env.get(ENV_MPS_PIPE):
-            pipes.add(env[ENV_MPS_PIPE])
+        uuids.update(d.uuid for d in facts.devices if d.uuid)
+        if facts.env.get(ENV_MPS_PIPE):
+            pipes.add(facts.env[ENV_MPS_PIPE])
     return _SpecReferences(frozenset(uuids), frozenset(pipes))
 
 

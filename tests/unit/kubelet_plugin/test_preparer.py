@@ -67,10 +67,15 @@ def test_prepare_writes_cdi_and_records_prepared(
     (device,) = result.devices
     assert (device.pool_name, device.device_name) == (NODE, "gpu-1")
     assert device.request_names == ("gpu",)  # subrequest suffix stripped
-    assert device.cdi_device_ids == (f"{DRIVER}/claim=uid-c",)
+    assert device.cdi_device_ids == (f"{DRIVER}/claim=uid-c-gpu-1",)
     spec = json.loads(preparer.spec_path("uid-c").read_text())
-    env = spec["devices"][0]["containerEdits"]["env"]
-    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") for e in env)
+    (cdi,) = spec["devices"]
+    assert cdi["name"] == "uid-c-gpu-1"
+    (own,) = cdi["containerEdits"]["env"]
+    assert own.startswith("FLEXGPU_DEVICE_UID_C_GPU_1=uuid=GPU-")
+    assert own.endswith(";claim=ns/c;claimUID=uid-c;device=gpu-1")
+    # The NVIDIA runtime is told to add nothing: CDI alone decides what the container gets.
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert preparer.load_checkpoint().claims["uid-c"].state == ClaimState.PREPARED
     # Idempotent: the same answer again, nothing rewritten.
     assert preparer.prepare([ref])["uid-c"] == result

@@ -1,0 +1,46 @@
+"""NVIDIA Container Toolkit programs for tests (tools/nvidia-ctk): build them once, then use the
+cache; and a check that specs load with the upstream CDI library (through ``nvidia-ctk cdi
+list``, which reads spec folders with tags.cncf.io/container-device-interface)."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def tools_dir() -> Path:
+    """Folder with nvidia-ctk, nvidia-cdi-hook and flexgpu-cdi-common."""
+    if shutil.which("go") is None:
+        pytest.skip("the Go toolchain is needed to build nvidia-ctk (make setup)")
+    result = subprocess.run(
+        ["bash", str(REPO / "tools" / "nvidia-ctk" / "build.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1200,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"tools/nvidia-ctk/build.sh failed:\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def cdi_devices(spec_dir: Path) -> list[str]:
+    """Fully qualified names of the devices the CDI library resolves from ``spec_dir``; a spec
+    it refuses contributes none (its error is in the log, raised here)."""
+    run = subprocess.run(
+        [str(tools_dir() / "nvidia-ctk"), "cdi", "list", f"--spec-dir={spec_dir}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if run.returncode != 0 or "level=warning" in run.stderr or "level=error" in run.stderr:
+        raise AssertionError(f"the CDI library refused a spec in {spec_dir}:\n{run.stderr}")
+    return sorted(line.strip() for line in run.stdout.splitlines() if "=" in line)
