@@ -4,8 +4,10 @@ failed), and a health stream opened early gets the devices once they are known."
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -92,3 +94,50 @@ def test_health_stream_opened_early_gets_the_devices_once_known(
         second = next(stream)
         assert [d.device.device_name for d in second.devices] == ["gpu-0"]
         stream.cancel()
+
+
+def test_plugin_serves_its_sockets_before_start_up_work_runs(
+    plugin_config: PluginConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubelet_plugin import main
+    from kubelet_plugin.proto.gen.pluginregistration.v1 import (
+        registration_pb2,
+        registration_pb2_grpc,
+    )
+
+    seen: dict[str, object] = {}
+
+    def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
+        # Runs after the sockets are up: the kubelet can already register and call.
+        with grpc.insecure_channel(f"unix://{config.registration_socket}") as channel:
+            info = registration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                registration_pb2.InfoRequest(), timeout=TIMEOUT
+            )
+        seen["endpoint"] = info.endpoint
+        seen["gate_ready"] = gate.ready
+        gate.open(MemoryPreparer(), MemoryHealth())
+        os.kill(os.getpid(), signal.SIGTERM)  # and the plugin shuts down cleanly
+        return lambda: seen.setdefault("stopped", True)
+
+    monkeypatch.setattr(main, "start_node", start_node)
+    assert main.run(plugin_config) == 0
+    assert seen == {
+        "endpoint": str(plugin_config.dra_socket),
+        "gate_ready": False,
+        "stopped": True,
+    }
+    assert not plugin_config.dra_socket.exists()
+
+
+def test_start_up_failure_stops_the_servers_and_exits_1(
+    plugin_config: PluginConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubelet_plugin import main
+
+    def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
+        raise main.StartupFailed("no GPUs: NVML not found")
+
+    monkeypatch.setattr(main, "start_node", start_node)
+    assert main.run(plugin_config) == 1
+    assert not plugin_config.dra_socket.exists()
+    assert not plugin_config.registration_socket.exists()
