@@ -85,9 +85,10 @@ class PolicyAgent:
             api,
             path_of("api", "v1", "nodes"),
             query={"fieldSelector": f"metadata.name={node_name}"},
-            on_change=self.poke,
+            on_change=self._node_changed,
             name="node",
         )
+        self._node_labels: dict[str, str] | None = None
         # Parsed policies by (name, resourceVersion): parsing is done once per change.
         self._parsed: dict[tuple[str, str], GpuNodePolicy | None] = {}
         # Status we wrote per policy, with the resourceVersion it was written over: until
@@ -120,6 +121,14 @@ class PolicyAgent:
         self.node.stop()
         if self._thread:
             self._thread.join(timeout=10)
+
+    def _node_changed(self) -> None:
+        # The kubelet updates its Node's status all the time; only labels select policies.
+        node = self.node.get(self.node_name)
+        labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
+        if node is None or labels != self._node_labels:
+            self._node_labels = labels
+            self.poke()
 
     def poke(self) -> None:
         """Re-evaluate soon (a claim was unprepared: a waiting change may proceed)."""

@@ -20,7 +20,7 @@ from kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
 from kubelet_plugin.prepare_lock import PrepareLock
 from kubelet_plugin.preparer import ClaimPreparerImpl
 from tests.conftest import wait_for
-from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
+from tests.unit.kubelet_plugin.fake_kube_api import END, FakeKubeApi
 
 NODE = "node-a"
 POLICIES = f"/apis/{CRD_GROUP}/{VERSION}/{PLURAL}"
@@ -120,3 +120,23 @@ def test_changes_arrive_through_the_watch(
     streams[NODES].put(("MODIFIED", node("21")))  # label removed: the policy no longer selects
     wait_for(lambda: devices.mode(0) == "Whole", what="GPU 0 back to the flags' mode")
     assert [v for v, _ in api.sent].count("GET") == 2
+
+
+def test_node_status_updates_do_not_wake_the_agent(
+    api: FakeKubeApi, agent: PolicyAgent, parts: tuple[NodeDevices, ClaimPreparerImpl]
+) -> None:
+    devices, _ = parts
+    streams = watches(api)
+    wait_for(lambda: devices.mode(0) == "MIG", what="policy applied")
+    pokes: list[str] = []
+    agent.poke = lambda: pokes.append("poke")  # type: ignore[method-assign]
+    heartbeat = node("22", **{"flexgpu.dev/pool": "p"})
+    heartbeat["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    streams[NODES].put(("MODIFIED", heartbeat))
+    relabelled = node("23", **{"flexgpu.dev/pool": "p", "team": "a"})
+    streams[NODES].put(("MODIFIED", relabelled))
+    streams[NODES].put(END)  # the server ends the watch; the copy watches again
+    # The new watch opens only after both events were handled.
+    api.watches.get(timeout=10)
+    assert agent.node.get(NODE) == relabelled
+    assert pokes == ["poke"]  # for the label change, not for the status update
