@@ -13,11 +13,13 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final, Literal
 
 from controller import records
 from controller.records import ClaimRecord, NodeRecord, PodRecord
-from driver.allocation import DeviceClass, ParseError, ResourceSlice
+from driver.allocation import DeviceClass, Node, ParseError, ResourceClaim, ResourceSlice
+from driver.allocation.pools import SliceIndex
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,24 @@ class Snapshot:
     # Grows only when a slice changes: results cached per device (CEL selectors) stay valid
     # while it stays the same, whatever claims and pods do.
     slices_revision: int = 0
+
+    # Views every explanation over this snapshot needs, built once per snapshot rather than
+    # once per claim (a leader pass explains thousands).
+    @cached_property
+    def slice_list(self) -> list[ResourceSlice]:
+        return list(self.slices.values())
+
+    @cached_property
+    def slice_index(self) -> SliceIndex:
+        return SliceIndex(self.slice_list)
+
+    @cached_property
+    def claim_models(self) -> list[ResourceClaim]:
+        return [c.model for c in self.claims.values()]
+
+    @cached_property
+    def node_models(self) -> list[Node]:
+        return [n.model for n in self.nodes.values()]
 
 
 class ClusterState:

@@ -23,7 +23,7 @@ from typing import Final
 
 from controller import metrics
 from controller.cluster_state import Snapshot
-from controller.evaluation import evaluate
+from controller.evaluation import Memo, evaluate
 from controller.events import EventSink, EventTarget
 from controller.messages import Lookup, claim_message, fingerprint, pod_message
 from controller.pending import PendingClaim, pending_claims
@@ -86,6 +86,8 @@ class Diagnostics:
         self._tracked: dict[PairKey, Tracked] = {}
         # Selector results, valid while no slice changes (see Snapshot.slices_revision).
         self._selectors: tuple[int, SelectorCache] = (-1, SelectorCache())
+        # Explanations shared by claims that ask the same within one snapshot.
+        self._memo = Memo()
 
     @property
     def tracked(self) -> dict[PairKey, Tracked]:
@@ -120,7 +122,9 @@ class Diagnostics:
             tracked = self._tracked.get(key)
             if self._due_for_check(tracked, snapshot.revision, now):
                 started = time.perf_counter()
-                ev = evaluate(snapshot, item.claim, item.pod, selectors, lookup.state)
+                ev = evaluate(
+                    snapshot, item.claim, item.pod, selectors, lookup.state, memo=self._memo
+                )
                 metrics.EXPLAIN_SECONDS.observe(time.perf_counter() - started)
                 explained += 1
                 previous = tracked

@@ -48,6 +48,8 @@ class Lookup:
 
     snapshot: Snapshot
     _state: AllocatedState | None = field(default=None, init=False)
+    # A pass words many claims over the same devices: ``nearest`` per device set, once.
+    _nearest: dict[tuple[tuple[DeviceId, ...], int], str] = field(default_factory=dict, init=False)
 
     @cached_property
     def devices(self) -> Mapping[DeviceId, Located]:
@@ -96,6 +98,10 @@ def _kind(device: Device) -> tuple[Fraction, str]:
 def nearest(ids: Iterable[DeviceId], lookup: Lookup, limit: int = _LISTED) -> str:
     """Devices the selectors leave out, by kind, largest memory first: what comes nearest to
     a size the request asks for."""
+    ids = tuple(ids)
+    known = lookup._nearest.get((ids, limit))
+    if known is not None:
+        return known
     counts: dict[tuple[Fraction, str], int] = {}
     for i in ids:
         located = lookup.devices.get(i)
@@ -103,7 +109,8 @@ def nearest(ids: Iterable[DeviceId], lookup: Lookup, limit: int = _LISTED) -> st
             key = _kind(located.device)
             counts[key] = counts.get(key, 0) + 1
     ordered = sorted(counts.items(), key=lambda kv: (-kv[0][0], kv[0][1]))
-    return _listing([f"{n} {kind}" for (_, kind), n in ordered], limit)
+    text = lookup._nearest[(ids, limit)] = _listing([f"{n} {k}" for (_, k), n in ordered], limit)
+    return text
 
 
 def find_spec(claim: ResourceClaim, request: str) -> RequestSpec | None:

@@ -22,7 +22,16 @@ from fractions import Fraction
 from typing import Any, Literal, NamedTuple
 
 from driver.allocation import capacity as cap
-from driver.allocation.cel import SelectorError, device_activation, evaluate
+from driver.allocation.cel import (
+    DeviceTable,
+    SelectorError,
+    device_activation,
+    device_fields,
+    device_table,
+    evaluate,
+    field_values,
+    versions_parse,
+)
 from driver.allocation.constraints import ConstraintState
 from driver.allocation.model import (
     ALLOCATION_RESULTS_MAX_SIZE,
@@ -34,10 +43,11 @@ from driver.allocation.model import (
     ResourceSlice,
 )
 from driver.allocation.nodes import node_matches
-from driver.allocation.pools import Pool, gather_pools
+from driver.allocation.pools import Pool, SliceIndex, gather_pools
 from driver.allocation.state import AllocatedState, DeviceId
 
 Outcome = Literal["allocatable", "unallocatable", "error"]
+NOT_ALLOCATABLE = "cannot allocate all claims"  # a node's reason when the search fails there
 BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
@@ -138,18 +148,48 @@ class SelectorCache:
     by the device object's identity and hold a reference to it, so an identity is never reused
     while the cache lives; a caller may share one cache across calls for as long as the
     devices it sees are the same objects (the controller keeps one while no slice changes).
+    An expression that reads only named fields is evaluated once per distinct set of values
+    of those fields, not once per device (``cel.device_fields``).
     """
 
     def __init__(self) -> None:
         self._activations: dict[int, Mapping[str, Any]] = {}
         self._devices: dict[int, Device] = {}
         self._results: dict[tuple[int, str], bool | SelectorError] = {}
+        # By the values an expression reads (``cel.device_fields``): devices of a cluster differ
+        # in uuid and bus id, but a selector reads type, profile, memory, and those repeat, so
+        # a few evaluations serve thousands of devices.
+        self._by_values: dict[tuple[str, tuple[object, ...]], bool | SelectorError] = {}
+        self._tables: dict[int, DeviceTable | None] = {}  # None: a version fails to parse
 
     def _result(self, expression: str, driver: str, device: Device) -> bool | SelectorError:
         key = (id(device), expression)
         cached = self._results.get(key)
         if cached is not None:
             return cached
+        fields = device_fields(expression)
+        table = self._table(driver, device) if fields is not None else None
+        if fields is not None and table is not None:
+            by_values = (expression, field_values(fields, table))
+            shared = self._by_values.get(by_values)
+            if shared is None:
+                shared = self._evaluate(expression, driver, device)
+                self._by_values[by_values] = shared
+            self._results[key] = shared
+            self._devices[id(device)] = device
+            return shared
+        result = self._evaluate(expression, driver, device)
+        self._results[key] = result
+        return result
+
+    def _table(self, driver: str, device: Device) -> DeviceTable | None:
+        if id(device) not in self._tables:
+            ok = versions_parse(device)
+            self._tables[id(device)] = device_table(driver, device) if ok else None
+            self._devices[id(device)] = device
+        return self._tables[id(device)]
+
+    def _evaluate(self, expression: str, driver: str, device: Device) -> bool | SelectorError:
         activation = self._activations.get(id(device))
         if activation is None:
             activation = device_activation(driver, device)
@@ -160,7 +200,6 @@ class SelectorCache:
             result = bool(evaluate(expression, activation))
         except SelectorError as err:
             result = err
-        self._results[key] = result
         return result
 
     def matches(self, expressions: Sequence[str], driver: str, device: Device, where: str) -> bool:
@@ -510,14 +549,16 @@ def allocate(
     state: AllocatedState,
     *,
     selectors: SelectorCache | None = None,
+    index: SliceIndex | None = None,
 ) -> Verdict:
-    """Whether ``claims`` (one pod's unallocated claims) can all be allocated on ``node``."""
+    """Whether ``claims`` (one pod's unallocated claims) can all be allocated on ``node``.
+    ``index``: the same ``slices`` indexed by node, for callers that ask about many nodes."""
     missing = missing_classes(claims, classes)
     if missing:
         return Verdict(
             "unallocatable", node.name, reason=f"device class {missing[0]} does not exist"
         )
-    pools = gather_pools(slices, node)
+    pools = index.pools(node) if index is not None else gather_pools(slices, node)
     search = _Search(
         claims=claims,
         node=node,
@@ -541,7 +582,7 @@ def allocate(
     if invalid:
         reason = f"invalid resource pool {invalid[0].driver}/{invalid[0].name}"
         return Verdict("unallocatable", node.name, reason=f"{reason}: {invalid[0].invalid_reason}")
-    return Verdict("unallocatable", node.name, reason="cannot allocate all claims")
+    return Verdict("unallocatable", node.name, reason=NOT_ALLOCATABLE)
 
 
 @dataclass(frozen=True)
@@ -564,10 +605,11 @@ def allocate_anywhere(
     state: AllocatedState,
     *,
     selectors: SelectorCache | None = None,
+    index: SliceIndex | None = None,
 ) -> ClusterVerdict:
     selectors = selectors or SelectorCache()
     verdicts = tuple(
-        allocate(claims, n, slices, classes, state, selectors=selectors) for n in nodes
+        allocate(claims, n, slices, classes, state, selectors=selectors, index=index) for n in nodes
     )
     if any(v.outcome == "error" for v in verdicts):
         return ClusterVerdict("error", verdicts)

@@ -353,3 +353,107 @@ def _describe(err: BaseException) -> str:
             return f"{message}: {args[2][0]!r}"
         return message
     return str(err)
+
+
+# --- what an expression reads of the device ------------------------------------------------
+
+# `device.attributes["domain"].id`, `device.capacity["domain"].id` (not a method call such as
+# `.exists(...)`), `device.driver` and `device.allowMultipleAllocations`.
+_FIELD = re.compile(
+    r"""\bdevice\s*\.\s*(?:
+        (?P<collection>attributes|capacity)\s*\[\s*(?:"(?P<dq>[^"\\]*)"|'(?P<sq>[^'\\]*)')\s*\]
+        \s*\.\s*(?P<ident>[A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()
+      | (?P<plain>driver|allowMultipleAllocations)\b(?!\s*\()
+    )""",
+    re.VERBOSE,
+)
+_DEVICE_WORD = re.compile(r"\bdevice\b")
+
+DeviceField = tuple[str, str, str]  # (collection, domain, id), or (name, "", "") for plain fields
+
+
+@lru_cache(maxsize=4096)
+def device_fields(expression: str) -> tuple[DeviceField, ...] | None:
+    """The device fields an expression reads, when it reads the device only through
+    ``device.attributes[<domain>].<id>``, ``device.capacity[<domain>].<id>``, ``device.driver``
+    and ``device.allowMultipleAllocations``; None when it uses the device any other way (a whole
+    map, an index by variable, a macro over a domain), so nothing can be said from the fields.
+
+    CEL is deterministic: two devices that agree on every field an expression reads (and on
+    which attribute/capacity domains exist) get the same result, so a caller may evaluate once
+    per distinct set of values instead of once per device."""
+    found: list[DeviceField] = []
+
+    def take(match: re.Match[str]) -> str:
+        if match.group("plain"):
+            found.append((match.group("plain"), "", ""))
+        else:
+            domain = match.group("dq") if match.group("dq") is not None else match.group("sq")
+            found.append((match.group("collection"), domain or "", match.group("ident")))
+        return " "
+
+    rest = _FIELD.sub(take, expression)
+    if _DEVICE_WORD.search(rest):
+        return None
+    return tuple(dict.fromkeys(found))
+
+
+_MISSING = ("missing",)
+
+
+@dataclass(frozen=True)
+class DeviceTable:
+    """A device's fields by (domain, id), as ``field_values`` reads them."""
+
+    driver: str
+    multiple: bool
+    attributes: Mapping[tuple[str, str], object]
+    capacity: Mapping[tuple[str, str], object]
+    attribute_domains: frozenset[str]
+    capacity_domains: frozenset[str]
+
+
+def device_table(driver: str, device: Device) -> DeviceTable:
+    attributes = {qualify(k, driver): (v.kind, v.value) for k, v in device.attributes.items()}
+    capacity = {qualify(k, driver): v.value for k, v in device.capacity.items()}
+    return DeviceTable(
+        driver,
+        device.allow_multiple_allocations,
+        attributes,
+        capacity,
+        frozenset(d for d, _ in attributes),
+        frozenset(d for d, _ in capacity),
+    )
+
+
+def field_values(fields: tuple[DeviceField, ...], table: DeviceTable) -> tuple[object, ...]:
+    """The values ``fields`` take on the device, with the domains present in each collection
+    that is read (an absent domain and an absent id may differ in CEL)."""
+    values: list[object] = []
+    collections: set[str] = set()
+    for collection, domain, ident in fields:
+        if collection == "driver":
+            values.append(table.driver)
+        elif collection == "allowMultipleAllocations":
+            values.append(table.multiple)
+        else:
+            collections.add(collection)
+            source = table.attributes if collection == "attributes" else table.capacity
+            values.append(source.get((domain, ident), _MISSING))
+    if "attributes" in collections:
+        values.append(table.attribute_domains)
+    if "capacity" in collections:
+        values.append(table.capacity_domains)
+    return tuple(values)
+
+
+def versions_parse(device: Device) -> bool:
+    """False when a version attribute would fail the device's activation (an error for every
+    expression, which must stay the device's own)."""
+    try:
+        for attr in device.attributes.values():
+            if attr.kind in ("version", "versions"):
+                _attribute_value(attr)
+    except SemverError:
+        return False
+    return True

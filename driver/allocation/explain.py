@@ -12,11 +12,20 @@ enough devices are free one by one, the constraints or the spread over nodes are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from driver.allocation import capacity as cap
-from driver.allocation.allocator import Outcome, SelectorCache, allocate_anywhere, tainted
+from driver.allocation.allocator import (
+    NOT_ALLOCATABLE,
+    ClusterVerdict,
+    Outcome,
+    SelectorCache,
+    Verdict,
+    allocate,
+    allocate_anywhere,
+    tainted,
+)
 from driver.allocation.cel import SelectorError
 from driver.allocation.describe import plural, summarize_kinds
 from driver.allocation.model import (
@@ -28,7 +37,7 @@ from driver.allocation.model import (
     ResourceSlice,
 )
 from driver.allocation.nodes import node_matches
-from driver.allocation.pools import Pool, gather_pools, slice_visible
+from driver.allocation.pools import Pool, SliceIndex, slice_visible
 from driver.allocation.state import AllocatedState, DeviceId, allocated_state
 
 # Reasons a device in the request's class is not usable, in the order they are checked.
@@ -62,6 +71,9 @@ class RequestDiagnosis:
     # order. Callers that know more than the evaluator (which nodes a pod may use and why,
     # where a device sits) name the nodes, taints and sizes with them.
     devices: Mapping[str, tuple[DeviceId, ...]] = field(default_factory=dict)
+    # Usable node -> free matching devices it can reach; nodes without any are left out, and
+    # a node with a free shared device counts as having room for any number.
+    room: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,11 +96,11 @@ class _Seen:
         return (self.pool.driver, self.pool.name, self.device.name)
 
 
-def _cluster_devices(slices: Sequence[ResourceSlice], nodes: Sequence[Node]) -> list[_Seen]:
+def _cluster_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
     """Every device of a usable pool that some node can see, once, in allocation order."""
     found: dict[DeviceId, _Seen] = {}
     for node in nodes:
-        for pool in gather_pools(slices, node):
+        for pool in index.pools(node):
             if not pool.usable:
                 continue
             for slc in pool.device_slices:
@@ -104,6 +116,25 @@ def _reachable(seen: _Seen, node: Node) -> bool:
         d = seen.device
         return node_matches(node, d.node_name, d.all_nodes, d.node_selector)
     return slice_visible(seen.slice, node)
+
+
+@dataclass(frozen=True)
+class _Usable:
+    """The nodes a pod may use, with their names for the common case of a slice that names
+    its node (reachable exactly when that node is usable: no walk over every node)."""
+
+    nodes: Sequence[Node]
+    names: frozenset[str]
+
+    def reachable(self, seen: _Seen) -> bool:
+        if seen.slice.node_name and not seen.slice.per_device_node_selection:
+            return seen.slice.node_name in self.names
+        return any(_reachable(seen, n) for n in self.nodes)
+
+    def reaching(self, seen: _Seen) -> list[str]:
+        if seen.slice.node_name and not seen.slice.per_device_node_selection:
+            return [seen.slice.node_name] if seen.slice.node_name in self.names else []
+        return [n.name for n in self.nodes if _reachable(seen, n)]
 
 
 def _counters_spent(seen: _Seen, state: AllocatedState) -> bool:
@@ -128,7 +159,7 @@ def _reason(
     spec: RequestSpec,
     device_class: DeviceClass,
     state: AllocatedState,
-    usable_nodes: Sequence[Node],
+    usable_nodes: _Usable,
     selectors: SelectorCache,
 ) -> str | None:
     """Why the device cannot serve the request (a REASONS entry), None if in the class and free;
@@ -141,7 +172,7 @@ def _reason(
             return "not_selected"
     except SelectorError:
         return "selector_error"
-    if not any(_reachable(seen, n) for n in usable_nodes):
+    if not usable_nodes.reachable(seen):
         return "unreachable"
     shared = device.allow_multiple_allocations
     if not spec.admin_access and not shared and did in state.exclusive:
@@ -175,7 +206,9 @@ def diagnose_request(
     near: list[Device] = []
     holders: set[str] = set()
     free_per_node: dict[str, int] = {}
+    room: dict[str, float] = {}
     error = ""
+    usable = _Usable(usable_nodes, frozenset(n.name for n in usable_nodes))
     for seen in devices:
         try:
             reason = _reason(
@@ -183,7 +216,7 @@ def diagnose_request(
                 spec=spec,
                 device_class=device_class,
                 state=state,
-                usable_nodes=usable_nodes,
+                usable_nodes=usable,
                 selectors=selectors,
             )
         except LookupError:
@@ -192,9 +225,10 @@ def diagnose_request(
         by_reason.setdefault(reason or "free", []).append(seen.id)
         if reason is None:
             free += 1
-            for node in usable_nodes:
-                if _reachable(seen, node):
-                    free_per_node[node.name] = free_per_node.get(node.name, 0) + 1
+            for node_name in usable.reaching(seen):
+                free_per_node[node_name] = free_per_node.get(node_name, 0) + 1
+                if seen.device.allow_multiple_allocations:
+                    room[node_name] = float("inf")
             continue
         excluded[reason] += 1
         if reason == "not_selected":
@@ -217,6 +251,7 @@ def diagnose_request(
         near_misses=summarize_kinds(near),
         selector_error=error,
         devices={reason: tuple(ids) for reason, ids in by_reason.items()},
+        room={n: max(room.get(n, 0.0), float(k)) for n, k in free_per_node.items()},
     )
     return _with_message(diagnosis, [s.device for s in devices])
 
@@ -283,20 +318,25 @@ def explain_claim(
     usable_nodes: Sequence[str] | None = None,
     selectors: SelectorCache | None = None,
     state: AllocatedState | None = None,
+    index: SliceIndex | None = None,
 ) -> Explanation:
     """Explains ``claim`` against the cluster: ``claims`` give what others hold, ``usable_nodes``
     names the nodes the pod may run on (all of ``nodes`` when None). Callers explaining many
     claims over one cluster may pass ``selectors``, shared across calls over the same devices
     (see ``SelectorCache``), and ``state``, ``allocated_state`` of ``claims`` computed once; it
-    must not count ``claim`` itself (an unallocated claim never does)."""
-    usable = [n for n in nodes if usable_nodes is None or n.name in set(usable_nodes)]
+    must not count ``claim`` itself (an unallocated claim never does); and ``index``, a
+    ``SliceIndex`` of ``slices``, shared likewise."""
+    wanted = set(usable_nodes) if usable_nodes is not None else None
+    usable = [n for n in nodes if wanted is None or n.name in wanted]
     if state is None or claim.allocation:
         state = allocated_state(claims, skip=[claim.key])
     selectors = selectors or SelectorCache()
-    verdict = allocate_anywhere([claim], usable, slices, classes, state, selectors=selectors)
-    devices = _cluster_devices(slices, nodes)
+    index = index or SliceIndex(slices)
+    devices = _cluster_devices(index, nodes)
     diagnoses = []
+    rooms: list[list[tuple[RequestSpec, RequestDiagnosis]]] = []
     for request in claim.requests:
+        rooms.append([])
         for spec in request.alternatives():
             name = request.name if request.exactly is not None else f"{request.name}/{spec.name}"
             device_class = classes.get(spec.device_class)
@@ -326,6 +366,16 @@ def explain_claim(
                     selectors=selectors,
                 )
             )
+            rooms[-1].append((spec, diagnoses[-1]))
+    verdict = _verdict(
+        claim,
+        usable,
+        index=index,
+        classes=classes,
+        state=state,
+        selectors=selectors,
+        rooms=rooms,
+    )
     return Explanation(
         claim=claim.key,
         outcome=verdict.outcome,
@@ -333,6 +383,67 @@ def explain_claim(
         requests=tuple(diagnoses),
         message=_paragraph(claim, verdict.outcome, verdict.allocatable_nodes, diagnoses, verdict),
     )
+
+
+def _verdict(
+    claim: ResourceClaim,
+    usable: Sequence[Node],
+    *,
+    index: SliceIndex,
+    classes: Mapping[str, DeviceClass],
+    state: AllocatedState,
+    selectors: SelectorCache,
+    rooms: Sequence[Sequence[tuple[RequestSpec, RequestDiagnosis]]],
+) -> ClusterVerdict:
+    """The allocator's verdict, searching only the nodes where every request has as many free
+    matching devices as it wants. A node short of them cannot take the claim, so the search
+    there is skipped, unless it could end otherwise than "unallocatable": a selector failing
+    at runtime, an ``All`` request, a missing class (these search everywhere, as before), or
+    an invalid pool on the node (searched, for its reason). In a full cluster this leaves
+    few nodes to search."""
+    prunable = all(
+        alternatives
+        and all(
+            spec.mode == "ExactCount"
+            and spec.device_class in classes
+            and not d.excluded["selector_error"]
+            for spec, d in alternatives
+        )
+        for alternatives in rooms
+    )
+    if not prunable:
+        return allocate_anywhere(
+            [claim], usable, index.slices, classes, state, selectors=selectors, index=index
+        )
+    verdicts = []
+    for node in usable:
+        has_room = all(
+            any(d.room.get(node.name, 0.0) >= spec.count for spec, d in alternatives)
+            for alternatives in rooms
+        )
+        if has_room or not all(p.usable for p in index.pools(node)):
+            verdicts.append(
+                allocate(
+                    [claim], node, index.slices, classes, state, selectors=selectors, index=index
+                )
+            )
+        else:
+            verdicts.append(Verdict("unallocatable", node.name, reason=NOT_ALLOCATABLE))
+    if any(v.outcome == "error" for v in verdicts):
+        return ClusterVerdict("error", tuple(verdicts))
+    if any(v.allocatable for v in verdicts):
+        return ClusterVerdict("allocatable", tuple(verdicts))
+    return ClusterVerdict("unallocatable", tuple(verdicts))
+
+
+def for_claim(explanation: Explanation, claim_key: str) -> Explanation:
+    """The same explanation about another claim that asks for the same devices: only the
+    paragraph's head names the claim (request texts and holders never name it)."""
+    head = f"Claim {explanation.claim} "
+    message = explanation.message
+    if message.startswith(head):
+        message = f"Claim {claim_key} " + message[len(head) :]
+    return replace(explanation, claim=claim_key, message=message)
 
 
 def _paragraph(

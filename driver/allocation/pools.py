@@ -121,3 +121,35 @@ def _build(
                         )
                         return pool
     return pool
+
+
+class SliceIndex:
+    """One cluster's slices by the node they name, so gathering a node's pools reads that
+    node's slices (and slices without a node name, and their pools' other slices) instead of
+    every slice of the cluster. ``pools(node)`` equals ``gather_pools(slices, node)`` and is
+    kept per node name: use one index per view of the cluster (slices and nodes unchanged)."""
+
+    def __init__(self, slices: Sequence[ResourceSlice]) -> None:
+        self.slices = list(slices)
+        self._by_pool: dict[tuple[str, str], list[ResourceSlice]] = {}
+        self._by_node: dict[str, set[tuple[str, str]]] = {}
+        self._anywhere: set[tuple[str, str]] = set()  # pools with a slice without a node name
+        for slc in self.slices:
+            key = (slc.driver, slc.pool)
+            self._by_pool.setdefault(key, []).append(slc)
+            if slc.node_name:
+                self._by_node.setdefault(slc.node_name, set()).add(key)
+            else:
+                self._anywhere.add(key)
+        self._pools: dict[str, list[Pool]] = {}
+
+    def relevant(self, node_name: str) -> list[ResourceSlice]:
+        """Every slice of every pool that has a slice the node might see."""
+        keys = self._by_node.get(node_name, set()) | self._anywhere
+        return [slc for key in sorted(keys) for slc in self._by_pool[key]]
+
+    def pools(self, node: Node) -> list[Pool]:
+        found = self._pools.get(node.name)
+        if found is None:
+            found = self._pools[node.name] = gather_pools(self.relevant(node.name), node)
+        return found
