@@ -53,6 +53,8 @@ VERSION = "v1alpha1"
 # Nothing is read from the API on this beat: it re-applies the cached inputs, so a GPU whose
 # state changed underneath (a failed change, a reset) is put right without any event.
 RESYNC_S = 60.0
+# After a failed pass (a status write refused, a GPU change that failed).
+RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -150,14 +152,16 @@ class PolicyAgent:
                     len(self.policies.items()),
                     self.node_name,
                 )
+            wait = self._interval_s
             try:
                 self.reconcile_once()
                 self.last_error = None
                 self.passes += 1
-            except Exception as err:  # API trouble: retry on the next round, never crash
+            except Exception as err:  # API trouble: retry soon, never crash
                 self.last_error = str(err)
                 log.warning("applying node policy failed: %s", err)
-            self._wake.wait(self._interval_s)
+                wait = min(wait, RETRY_S)
+            self._wake.wait(wait)
             self._wake.clear()
 
     # -- one pass ------------------------------------------------------------------------
