@@ -12,9 +12,9 @@ export FLEXGPU_K8S := $(K8S)
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
 .PHONY: setup venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
-        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk
+        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node
 
-setup: venv control-plane helm-tools nvml-mock nvidia-ctk
+setup: venv control-plane helm-tools nvml-mock nvidia-ctk node
 
 venv: $(STAMP)
 
@@ -39,6 +39,14 @@ nvml-mock:
 nvidia-ctk:
 	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvidia-ctk/build.sh >/dev/null
+
+# The real test node: upstream kubelet, containerd, runc and CNI plugins (tools/node/build.sh;
+# cold: about 6 min on 2 cores once the control plane's packages are cached) and its images
+# (tools/images, OCI archives; cold: under a minute). Warm: seconds.
+node: venv control-plane
+	@echo "==> real node binaries and images (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/node/build.sh >/dev/null
+	@$(PY) -m tools.images.build >/dev/null
 
 # Regenerates the kubelet gRPC stubs from kubelet_plugin/proto (they are committed).
 protos: venv

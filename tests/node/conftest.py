@@ -3,6 +3,7 @@ whole session, with the chart's plugin DaemonSet running on it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ TOPOLOGY = "hgx-h100-8"
 # fractions; 6 and 7 carry static MIG in this topology.
 DYNAMIC_MIG_GPUS = "4"
 SHARED_GPUS = "5"
+KUBELET_MINOR = 37
 RELEASE = "flexgpu"
 PLUGIN_NAMESPACE = "flexgpu-system"
 
@@ -25,8 +27,15 @@ PLUGIN_NAMESPACE = "flexgpu-system"
 @pytest.fixture(scope="session")
 def real_node(cluster: ControlPlane) -> Iterator[RealNode]:
     found = preflight.problems()
+    match = re.search(r"v1\.(\d+)\.", cluster.version)
+    if match and int(match.group(1)) < KUBELET_MINOR:
+        # Version skew policy: a kubelet may not be newer than its API server.
+        found.append(
+            f"the real node's kubelet is v1.{KUBELET_MINOR}; the control plane runs "
+            f"{cluster.version.split()[-1]}, older than its kubelet"
+        )
     if found:
-        reason = "a real node cannot run on this machine: " + "; ".join(found)
+        reason = "no real node: " + "; ".join(found)
         print(reason)
         pytest.skip(reason)
     node = RealNode(cluster, NODE, gpus=8, labels={"flexgpu.dev/topology": TOPOLOGY})

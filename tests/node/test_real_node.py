@@ -262,7 +262,7 @@ def test_time_slicing(api: Any, namespace: str, plugin: RealNode) -> None:
         run_pod(api, namespace, one_claim_pod(plugin, pod, "ts"))
     reports = [wait_report(plugin, namespace, pod) for pod in ("ts-a", "ts-b")]
     assert reports[0].visible_devices == reports[1].visible_devices
-    assert all(r.env["FLEXGPU_TIME_SLICE"] == "Short" for r in reports)
+    assert all(r.time_slices == {"Short"} for r in reports)
     delete_pods(api, namespace, "ts-a", "ts-b")
 
 

@@ -124,8 +124,14 @@ def test_plugin_pod_deleted_by_hand(api: Any, namespace: str, plugin: RealNode) 
     new = chart.wait_plugin_serving(plugin, PLUGIN_NAMESPACE)
     assert new.metadata.name != old.metadata.name
     # The replacement kept the MPS daemon the running claim uses.
-    new_log = plugin.container_log(PLUGIN_NAMESPACE, new.metadata.name, "plugin")
-    assert "stopped 0 MPS daemon(s)" in new_log
+    # (Its start-up reconcile runs after it registers: wait for its summary line.)
+    wait_for(
+        lambda: (
+            "stopped 0 MPS daemon(s)"
+            in plugin.container_log(PLUGIN_NAMESPACE, new.metadata.name, "plugin")
+        ),
+        what="the new plugin's start-up reconcile stopping no MPS daemon",
+    )
     still_served(api, namespace, plugin, "p1", before, cid)
     start_gpu_pod(api, namespace, plugin, "p2")
     delete_pods(api, namespace, "p1", "p2")

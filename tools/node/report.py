@@ -40,12 +40,26 @@ class Report:
         whichever the plugin's CDI edits set."""
         value = self.env.get("NVIDIA_VISIBLE_DEVICES", "")
         found = {v for v in value.split(",") if v and v not in ("void", "none", "all")}
-        for key, record in self.env.items():
-            if key.startswith("FLEXGPU_DEVICE_"):
-                fields = dict(f.partition("=")[::2] for f in record.split(";"))
-                if fields.get("uuid"):
-                    found.add(fields["uuid"])
+        found |= {r["uuid"] for r in self.device_records if r.get("uuid")}
         return sorted(found)
+
+    @property
+    def device_records(self) -> list[dict[str, str]]:
+        """The plugin's per-device variables, each split into its ``key=value`` fields."""
+        return [
+            {k: v for k, _, v in (f.partition("=") for f in record.split(";"))}
+            for key, record in sorted(self.env.items())
+            if key.startswith("FLEXGPU_DEVICE_")
+        ]
+
+    @property
+    def time_slices(self) -> set[str]:
+        """Time-slice intervals the container was told of (per device, or the older
+        claim-wide FLEXGPU_TIME_SLICE)."""
+        found = {r["timeSlice"] for r in self.device_records if r.get("timeSlice")}
+        if self.env.get("FLEXGPU_TIME_SLICE"):
+            found.add(self.env["FLEXGPU_TIME_SLICE"])
+        return found
 
     def gpu_nodes(self) -> list[str]:
         """/dev/nvidia<N> nodes (per-GPU), without the control nodes."""
