@@ -16,7 +16,6 @@ HERE = Path(__file__).resolve().parent
 NAMESPACE = "flexgpu-demo"
 UNSATISFIABLE = "too-big"
 LIMIT_KEYS = {
-    "FLEXGPU_TIME_SLICE": "time-slice",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "SMs%",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "mem",
 }
@@ -99,6 +98,16 @@ def env_of(log: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
 
 
+def granted(env: dict[str, str]) -> list[dict[str, str]]:
+    """The devices a container got: one FLEXGPU_DEVICE_* variable per CDI device, its value
+    ``uuid=...;claim=...;device=...[;timeSlice=...]``."""
+    return [
+        dict(part.split("=", 1) for part in value.split(";") if "=" in part)
+        for key, value in sorted(env.items())
+        if key.startswith("FLEXGPU_DEVICE_")
+    ]
+
+
 def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE) -> list[Row]:
     core: Any = client.CoreV1Api(api)
     resource: Any = client.ResourceV1Api(api)
@@ -127,8 +136,11 @@ def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE
                     details.append("MPS")
         shown = ", ".join(devices[:2]) + (f" (+{len(devices) - 2})" if len(devices) > 2 else "")
         env = env_of(log_of(pod.spec.node_name or "", pod.metadata.name))
-        gpus = len([u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u])
+        got = granted(env)
+        gpus = len({g.get("uuid") for g in got})
         limits = [f"{gpus} GPU{'s' if gpus != 1 else ''} visible"] if gpus else []
+        slices = sorted({g["timeSlice"] for g in got if "timeSlice" in g})
+        limits += [f"time-slice {s}" for s in slices]
         limits += [f"{label} {env[key]}" for key, label in LIMIT_KEYS.items() if key in env]
         result.append(
             Row(

@@ -14,6 +14,7 @@ the host and in its container, unless a host path is configured.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -27,6 +28,16 @@ from driver.atomic_file import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+# Where distributions and the driver installer put the driver's libraries.
+LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "usr/lib",
+    "lib/x86_64-linux-gnu",
+    "lib64",
+)
 GENERATOR = "flexgpu-cdi-common"
 HOOK = "nvidia-cdi-hook"
 _EDIT_KEYS = frozenset({"env", "deviceNodes", "hooks", "mounts", "additionalGids", "intelRdt"})
@@ -34,6 +45,28 @@ _EDIT_KEYS = frozenset({"env", "deviceNodes", "hooks", "mounts", "additionalGids
 
 class DriverEditsError(RuntimeError):
     """The driver's edits cannot be generated; the message names the setting to fix."""
+
+
+def load_nvml(driver_root: Path) -> Path:
+    """Loads the driver root's NVML library by its path, so that pynvml's later load by name
+    finds it; the driver root's other libraries (the host's libc, ...) stay out of this
+    process, which LD_LIBRARY_PATH would not ensure."""
+    for folder in LIBRARY_DIRS:
+        path = driver_root / folder / NVML_LIBRARY
+        if path.exists():
+            try:
+                ctypes.CDLL(os.fspath(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as err:
+                raise DriverEditsError(
+                    f"--driver-root (FLEXGPU_DRIVER_ROOT) {driver_root}: cannot load {path}: {err}"
+                ) from None
+            log.info("NVML from %s", path)
+            return path
+    raise DriverEditsError(
+        f"--driver-root (FLEXGPU_DRIVER_ROOT) {driver_root}: no {NVML_LIBRARY} in "
+        f"{', '.join(LIBRARY_DIRS)}; set it (chart: kubeletPlugin.nvidiaDriverRoot) to the "
+        "folder the NVIDIA driver is installed under"
+    )
 
 
 def install_hook(data_dir: Path, source: str = HOOK) -> Path:

@@ -43,6 +43,10 @@ def make_backend(config: PluginConfig) -> GpuBackend:
         )
     from driver.nvml_backend import NvmlBackend
 
+    if config.driver_root is not None:
+        from kubelet_plugin.driver_edits import load_nvml
+
+        load_nvml(config.driver_root)
     return NvmlBackend()
 
 
@@ -61,6 +65,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     from kubelet_plugin.claim_objects import ClaimObjects
     from kubelet_plugin.claim_source import ApiClaimSource
     from kubelet_plugin.claim_status import ClaimStatusWriter
+    from kubelet_plugin.driver_edits import DriverEditsError
     from kubelet_plugin.health_monitor import HealthMonitor
     from kubelet_plugin.kube_api import KubeConfigError
     from kubelet_plugin.node_devices import NodeDevices
@@ -74,6 +79,8 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         backend = make_backend(config)
     except GpuBackendError as err:
         raise StartupFailed(f"no GPUs: {err}") from None
+    except DriverEditsError as err:
+        raise StartupFailed(str(err)) from None
     try:
         api = make_api(config)
     except KubeConfigError as err:

@@ -122,6 +122,26 @@ def env_from_log(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
+def granted(env: dict[str, str]) -> list[dict[str, str]]:
+    """What a container was given, one entry per CDI device it received: the fields of its
+    ``FLEXGPU_DEVICE_*`` variable (uuid, claim, claimUID, device, share, timeSlice)."""
+    return [
+        dict(part.split("=", 1) for part in value.split(";") if "=" in part)
+        for key, value in sorted(env.items())
+        if key.startswith("FLEXGPU_DEVICE_")
+    ]
+
+
+def granted_uuids(env: dict[str, str]) -> list[str]:
+    return sorted(d["uuid"] for d in granted(env))
+
+
+def granted_claim_uid(env: dict[str, str]) -> str:
+    """The one claim whose devices the container got."""
+    (uid,) = {d["claimUID"] for d in granted(env)}
+    return uid
+
+
 def checkpoint_claims(node: SimulatedGpuNode) -> dict[str, Any]:
     """The node's claim records by UID (one file each under <data dir>/claims)."""
     records = {}

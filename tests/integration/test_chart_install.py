@@ -23,6 +23,7 @@ from tests.integration.gpu_workloads import (
     create_claim,
     env_from_log,
     gpu_request,
+    granted,
     make_pod,
     wait_container_output,
     wait_phase,
@@ -118,14 +119,14 @@ def test_plugin_as_its_service_account_serves_a_gpu_pod(
             namespace,
             make_pod(
                 "p",
-                "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 60",
+                "env | grep ^FLEXGPU_DEVICE_; echo DONE; sleep 60",
                 {"g": {"resourceClaimName": "c"}},
                 NODE_A,
             ),
         )
         wait_phase(api, namespace, "p", {"Running"})
         env = env_from_log(wait_container_output(node, namespace, "p", "DONE"))
-        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+        assert [d["uuid"][:4] for d in granted(env)] == ["GPU-"]
         # Writing the claim's device status needs resourceclaims/driver on its own node.
         resource = client.ResourceV1Api(api)
         wait_for(

@@ -18,6 +18,7 @@ from tests.integration.gpu_workloads import (
     create_claim,
     ensure_device_classes,
     env_from_log,
+    granted_uuids,
     make_pod,
     wait_container_output,
     wait_gone,
@@ -95,8 +96,8 @@ def test_partitions_are_created_on_demand_and_exclude_the_whole_gpu(
     for name, result in results.items():
         env = env_from_log(wait_container_output(node, namespace, name, "DONE"))
         start_slice = int(result.device.rsplit("-", 1)[1])
-        assert env["NVIDIA_VISIBLE_DEVICES"] == created[start_slice]["uuid"]
-        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+        assert granted_uuids(env) == [created[start_slice]["uuid"]]
+        assert granted_uuids(env)[0].startswith("MIG-")
 
     start(api, namespace, "medium", mig_request("3g.40gb"))
     wait_phase(api, namespace, "medium", {"Running"})
@@ -153,7 +154,7 @@ def test_crash_after_creating_an_instance_leaves_no_orphan(
     gpu = int(result.device.split("-")[1])
     env = env_from_log(wait_container_output(node, namespace, "crashy", "DONE"))
     now = [i for i in instances(node)[gpu] if i not in before[gpu]]
-    assert [i["uuid"] for i in now] == [env["NVIDIA_VISIBLE_DEVICES"]]  # only the retry's
+    assert [i["uuid"] for i in now] == granted_uuids(env)  # only the retry's
     release(api, namespace, "crashy")
     # Nothing this test created remains (the previous test's pods may still be going away,
     # so what was there before can only shrink).

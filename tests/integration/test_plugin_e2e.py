@@ -21,6 +21,9 @@ from tests.integration.gpu_workloads import (
     ensure_device_classes,
     env_from_log,
     gpu_request,
+    granted,
+    granted_claim_uid,
+    granted_uuids,
     make_pod,
     wait_container_output,
     wait_gone,
@@ -78,9 +81,11 @@ def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -
         make_pod("one", PRINT_ENV, {"g": {"resourceClaimName": "one"}}, H100_NODE),
     )
     (result,) = allocated(api, namespace, "one")
-    assert env["NVIDIA_VISIBLE_DEVICES"] == device_uuid(api, H100_NODE, result.device)
-    assert env["FLEXGPU_CLAIM_NAME"] == "one" and env["FLEXGPU_DEVICES"] == result.device
-    uid = env["FLEXGPU_CLAIM_UID"]
+    (got,) = granted(env)
+    assert got["uuid"] == device_uuid(api, H100_NODE, result.device)
+    assert got["claim"] == f"{namespace}/one" and got["device"] == result.device
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # no runtime hook adds GPUs of its own
+    uid = got["claimUID"]
     assert checkpoint_claims(node)[uid]["state"] == "Prepared"
     assert [s for s in cdi_specs(node) if uid in s]
     # The claim's status tells the user what they got.
@@ -91,7 +96,7 @@ def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -
     )
     assert [(d.driver, d.pool, d.device) for d in status] == [(DRIVER, H100_NODE, result.device)]
     assert status[0].data == {
-        "uuid": env["NVIDIA_VISIBLE_DEVICES"],
+        "uuid": got["uuid"],
         "productName": "NVIDIA H100 80GB HBM3",
     }
     assert [(c.type, c.status) for c in status[0].conditions] == [("Ready", "True")]
@@ -127,8 +132,8 @@ def test_two_nvlink_aligned_gpus(
     results = allocated(api, namespace, "pair")
     assert len(results) == 2
     expected = {device_uuid(api, H100_NODE, r.device) for r in results}
-    assert set(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == expected
-    _delete_and_check_unprepared(api, namespace, node, "pair", env["FLEXGPU_CLAIM_UID"])
+    assert set(granted_uuids(env)) == expected
+    _delete_and_check_unprepared(api, namespace, node, "pair", granted_claim_uid(env))
 
 
 def test_cel_product_name_selects_the_l4_node(
@@ -142,8 +147,8 @@ def test_cel_product_name_selects_the_l4_node(
     assert pod.spec.node_name == L4_NODE
     (result,) = allocated(api, namespace, "l4")
     assert result.pool == L4_NODE
-    assert env["NVIDIA_VISIBLE_DEVICES"] == device_uuid(api, L4_NODE, result.device)
-    _delete_and_check_unprepared(api, namespace, node, "l4", env["FLEXGPU_CLAIM_UID"])
+    assert granted_uuids(env) == [device_uuid(api, L4_NODE, result.device)]
+    _delete_and_check_unprepared(api, namespace, node, "l4", granted_claim_uid(env))
 
 
 def test_claim_shared_by_two_pods(
@@ -154,8 +159,8 @@ def test_claim_shared_by_two_pods(
     ref = {"g": {"resourceClaimName": "shared"}}
     first = _run(api, namespace, node, make_pod("first", PRINT_ENV, ref, H100_NODE))
     second = _run(api, namespace, node, make_pod("second", PRINT_ENV, ref, H100_NODE))
-    assert first["NVIDIA_VISIBLE_DEVICES"] == second["NVIDIA_VISIBLE_DEVICES"]
-    uid = first["FLEXGPU_CLAIM_UID"]
+    assert granted_uuids(first) == granted_uuids(second)
+    uid = granted_claim_uid(first)
     # The claim stays prepared while one pod still uses it.
     client.CoreV1Api(api).delete_namespaced_pod("first", namespace)
     wait_gone(api, namespace, "first")

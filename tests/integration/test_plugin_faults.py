@@ -21,6 +21,7 @@ from tests.integration.gpu_workloads import (
     ensure_device_classes,
     env_from_log,
     gpu_request,
+    granted_claim_uid,
     make_pod,
     wait_container_output,
     wait_gone,
@@ -72,7 +73,7 @@ def test_sigkill_mid_prepare_converges_after_restart(
     assert "rolled back 1" in node.plugin.log_tail(100)
     wait_phase(api, namespace, "p", {"Running"}, timeout_s=90)
     env = env_from_log(wait_container_output(node, namespace, "p", "DONE"))
-    uid = env["FLEXGPU_CLAIM_UID"]
+    uid = granted_claim_uid(env)
     assert checkpoint_claims(node)[uid]["state"] == "Prepared"
     assert cdi_specs(node) == [f"{DRIVER}-claim_{uid}.json"]
 
@@ -110,7 +111,7 @@ def _running_claim(api: Any, namespace: str, node: SimulatedGpuNode) -> str:
         namespace, make_pod("p", PRINT_ENV, {"g": {"resourceClaimName": "c"}}, node.name)
     )
     wait_phase(api, namespace, "p", {"Running"})
-    return env_from_log(wait_container_output(node, namespace, "p", "DONE"))["FLEXGPU_CLAIM_UID"]
+    return granted_claim_uid(env_from_log(wait_container_output(node, namespace, "p", "DONE")))
 
 
 def _pod_goes_and_nothing_is_left(api: Any, namespace: str, node: SimulatedGpuNode) -> None:
@@ -130,7 +131,8 @@ def test_corrupted_checkpoint_is_rebuilt_from_cdi_and_api(
     record.write_bytes(record.read_bytes()[:-7] + b"garbage")
     node.start_plugin()
 
-    assert list(record.parent.glob(f"{uid}.json.corrupt-*"))
+    # Registration comes before start-up reconcile (calls wait at the start-up gate).
+    wait_for(lambda: list(record.parent.glob(f"{uid}.json.corrupt-*")), what="a corrupt copy")
     assert checkpoint_claims(node)[uid]["state"] == "Prepared"
     (message,) = wait_for(
         lambda: _node_events(api, node, "CheckpointCorrupt"), what="a CheckpointCorrupt Event"

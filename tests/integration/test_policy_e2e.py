@@ -18,6 +18,7 @@ from tests.integration.gpu_workloads import (
     create_claim,
     ensure_device_classes,
     env_from_log,
+    granted_uuids,
     make_pod,
     wait_container_output,
     wait_gone,
@@ -146,7 +147,7 @@ def test_layout_change_waits_for_the_busy_gpu_only(
         result = allocated(api, namespace, "part")[0]
         assert result.device.startswith("gpu-1-mig-3g40gb-")
         env = env_from_log(wait_container_output(node, namespace, "part", "DONE"))
-        assert env["NVIDIA_VISIBLE_DEVICES"] == published[result.device].attributes["uuid"].string
+        assert granted_uuids(env) == [published[result.device].attributes["uuid"].string]
 
         core.delete_namespaced_pod("busy", namespace)
         wait_gone(api, namespace, "busy")

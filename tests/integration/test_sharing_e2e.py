@@ -17,6 +17,8 @@ from tests.integration.gpu_workloads import (
     create_claim,
     ensure_device_classes,
     env_from_log,
+    granted,
+    granted_uuids,
     make_pod,
     wait_container_output,
     wait_gone,
@@ -154,8 +156,8 @@ def test_time_sliced_claim_shared_by_two_pods(
     envs = [
         env_from_log(wait_container_output(node, namespace, p, "DONE")) for p in ("ts-a", "ts-b")
     ]
-    assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[1]["NVIDIA_VISIBLE_DEVICES"]
-    assert envs[0]["FLEXGPU_TIME_SLICE"] == "Short"
+    assert granted_uuids(envs[0]) == granted_uuids(envs[1])
+    assert granted(envs[0])[0]["timeSlice"] == "Short"
 
 
 def test_mps_claim_keeps_its_daemon_across_a_plugin_restart(
@@ -198,12 +200,14 @@ def test_mps_claim_keeps_its_daemon_across_a_plugin_restart(
     node.stop_plugin()
     node.start_plugin()
     assert node.plugin is not None
-    assert "stopped 0 MPS daemon(s)" in node.plugin.log_tail(50)
+    plugin = node.plugin
+    # Registration comes before start-up reconcile: wait for its summary.
+    wait_for(lambda: "stopped 0 MPS daemon(s)" in plugin.log_tail(50), what="reconcile summary")
     core.create_namespaced_pod(
         namespace, make_pod("m2", PRINT, {"g": {"resourceClaimName": "mps"}}, NODE)
     )
     second = env_from_log(wait_container_output(node, namespace, "m2", "DONE"))
     assert second["CUDA_MPS_PIPE_DIRECTORY"] == first["CUDA_MPS_PIPE_DIRECTORY"]
     state = json.loads((node.data_dir / "simulated-gpus.json").read_text())
-    gpu = state["gpus"][int(first["FLEXGPU_DEVICES"].removeprefix("gpu-"))]
+    gpu = state["gpus"][int(granted(first)[0]["device"].removeprefix("gpu-"))]
     assert gpu["mps_running"] and gpu["mps_starts"] == 1  # adopted, never started twice

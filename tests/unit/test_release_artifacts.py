@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import yaml
 
@@ -19,19 +22,35 @@ def _instructions() -> list[tuple[str, str]]:
 
 
 def test_base_image_is_pinned_and_never_latest() -> None:
-    base = re.search(r"ARG PYTHON_IMAGE=(\S+)", CONTAINERFILE)
-    assert base is not None
-    assert re.search(r":\d+\.\d+\.\d+-", base.group(1)), base.group(1)
+    for arg in ("PYTHON_IMAGE", "GO_IMAGE"):
+        base = re.search(rf"ARG {arg}=(\S+)", CONTAINERFILE)
+        assert base is not None, arg
+        assert re.search(r":\d+\.\d+\.\d+-", base.group(1)), base.group(1)
     assert ":latest" not in CONTAINERFILE
     froms = [line for kind, line in _instructions() if kind == "FROM"]
-    assert froms and all("${PYTHON_IMAGE}" in line for line in froms)
+    assert froms and all("${PYTHON_IMAGE}" in f or "${GO_IMAGE}" in f for f in froms)
 
 
 def test_only_copy_of_the_product_and_no_add() -> None:
     kinds = [kind for kind, _ in _instructions()]
     assert "ADD" not in kinds
     copied = {line.split()[1] for kind, line in _instructions() if kind == "COPY"}
-    assert copied == {"pyproject.toml", "driver", "kubelet_plugin", "controller"}
+    assert copied == {
+        "pyproject.toml",
+        "driver",
+        "kubelet_plugin",
+        "controller",
+        "tools/nvidia-ctk",  # the pinned NVIDIA Container Toolkit programs
+        "--from=toolkit",  # ... built in their own stage
+    }
+
+
+def test_the_image_ships_the_programs_the_plugin_runs() -> None:
+    """The plugin runs flexgpu-cdi-common at start and installs nvidia-cdi-hook for the
+    hooks in its specs (kubelet_plugin/driver_edits.py); both are built into the image."""
+    for program in ("flexgpu-cdi-common", "nvidia-cdi-hook", "nvidia-ctk"):
+        assert f"-o /out/{program}" in CONTAINERFILE
+    assert "COPY --from=toolkit /out/ /usr/local/bin/" in CONTAINERFILE
 
 
 def test_pip_installs_are_cache_free_and_from_built_wheels() -> None:
@@ -47,3 +66,25 @@ def test_workflow_tests_before_it_releases() -> None:
     assert any(step.get("run") == "make test" for step in jobs["test"]["steps"])
     assert jobs["release"]["needs"] == "test"
     assert jobs["release"]["if"].startswith("startsWith(github.ref, 'refs/tags/v')")
+
+
+def test_release_pushes_exactly_the_image_the_chart_defaults_name(tmp_path: Path) -> None:
+    flow = yaml.safe_load(WORKFLOW.read_text())
+    steps = flow["jobs"]["release"]["steps"]
+    (version,) = [s for s in steps if s.get("id") == "version"]
+    output = tmp_path / "output"
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", version["run"]],
+        cwd=REPO_ROOT,
+        env={**os.environ, "GITHUB_REF_NAME": "v1.2.3", "GITHUB_OUTPUT": str(output)},
+        check=True,
+    )
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    values = yaml.safe_load((REPO_ROOT / "charts/flexgpu/values.yaml").read_text())
+    # The chart is packaged with appVersion 1.2.3, the default tag; repository from values.
+    assert outputs["image"] == f"{values['image']['repository']}:1.2.3"
+    (push,) = [s for s in steps if str(s.get("uses", "")).startswith("docker/build-push")]
+    assert push["with"]["tags"] == "${{ steps.version.outputs.image }}"
+    assert push["with"]["file"] == "Containerfile"
+    package = next(s["run"] for s in steps if 'helm" package' in str(s.get("run", "")))
+    assert '--app-version "$version"' in package
