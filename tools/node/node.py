@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes import client
 
-from tools.cluster.binaries import control_plane_dir
+from tools.cluster.binaries import REPO_ROOT, control_plane_dir
 from tools.cluster.control_plane import ControlPlane, free_port
 from tools.cluster.feature_gates import settable_gates
 from tools.cluster.process import Component
@@ -39,6 +39,36 @@ def _cgroup_hierarchies() -> list[Path]:
     if (base / "cgroup.controllers").exists():
         return [base]  # cgroup v2: one hierarchy
     return [p for p in sorted(base.iterdir()) if p.is_dir() and not p.is_symlink()]
+
+
+# Logged every few seconds by a kubelet whose node has no address (by design here): it
+# would fill every log tail.
+_NOISE = ("no default routes found",)
+
+
+def _tail(component: Component, lines: int = 30) -> str:
+    kept = [
+        line for line in component.log_tail(2000).splitlines() if not any(n in line for n in _NOISE)
+    ]
+    return "\n".join(kept[-lines:])
+
+
+def _nvml_mock_library() -> Path | None:
+    """libnvidia-ml.so.1 over NVIDIA's mock NVML servers (tools/nvml-mock), when this tree
+    has it; the driver root installs it where the driver puts NVML."""
+    script = REPO_ROOT / "tools" / "nvml-mock" / "build.sh"
+    if not script.exists():
+        return None
+    proc = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=900, check=False
+    )
+    if proc.returncode != 0:
+        raise RealNodeError(
+            f"building the NVML mock library failed (exit {proc.returncode}):\n"
+            f"{proc.stderr.strip()[-2000:]}"
+        )
+    library = Path(proc.stdout.strip().splitlines()[-1]) / "libnvidia-ml.so.1"
+    return library if library.is_file() else None
 
 
 class RealNode:
@@ -85,7 +115,7 @@ class RealNode:
         self.images = build_all()
         for d in (layout.logs, layout.cni_conf_dir, layout.cdi_dir, layout.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
-        self.driver = driver_root.create(layout.driver_root, self.gpus)
+        self.driver = driver_root.create(layout.driver_root, self.gpus, _nvml_mock_library())
 
         layout.containerd_config.write_text(
             configs.containerd_config(layout, self.bin_dir, self.images["pause"].name)
@@ -388,15 +418,12 @@ class RealNode:
         parts = []
         for component in (self.containerd, self.kubelet, self.daemonsets):
             if component is not None:
-                parts.append(
-                    f"--- {component.name} ({component.log_path}):\n{component.log_tail()}"
-                )
+                parts.append(f"--- {component.name} ({component.log_path}):\n{_tail(component)}")
         return "\n".join(parts)
 
     def _failure(self, component: Component, what: str) -> RealNodeError:
         return RealNodeError(
-            f"{component.name} {what}; log {component.log_path}, last lines:\n"
-            f"{component.log_tail()}"
+            f"{component.name} {what}; log {component.log_path}, last lines:\n{_tail(component)}"
         )
 
     def _wait(
