@@ -5,18 +5,18 @@ from __future__ import annotations
 from tools.node import report
 
 LOG = """\
-2026-12-01T05:18:16.84Z stdout F fgr 1 begin
-2026-12-01T05:18:16.85Z stdout F fgr 1 name one
-2026-12-01T05:18:16.85Z stdout F fgr 1 env NVIDIA_VISIBLE_DEVICES=void
-2026-12-01T05:18:16.85Z stdout F fgr 1 env FLEXGPU_DEVICE_C_GPU_0=uuid=GPU-a;device=gpu-0;timeSlice=Short
-2026-12-01T05:18:16.85Z stdout F fgr 1 env ODD=a=b
-2026-12-01T05:18:16.85Z stdout F fgr 1 dev /dev/nvidia0 c3:0 No such device or address
-2026-12-01T05:18:16.85Z stdout F fgr 1 dev /dev/nvidiactl c3:ff Operation not permitted
-2026-12-01T05:18:16.85Z stdout F fgr 1 file /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
-2026-12-01T05:18:16.85Z stdout F fgr 1 mount /run/mps/pipe
-2026-12-01T05:18:16.86Z stdout F fgr 1 end
-2026-12-01T05:18:18.86Z stdout F fgr 2 begin
-2026-12-01T05:18:18.86Z stdout F fgr 2 env NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-c
+T0 stdout F fgr 1 begin
+T0 stdout F fgr 1 name one
+T0 stdout F fgr 1 env NVIDIA_VISIBLE_DEVICES=void
+T0 stdout F fgr 1 env FLEXGPU_DEVICE_C_GPU_0=uuid=GPU-a;device=gpu-0;timeSlice=Short
+T0 stdout F fgr 1 env ODD=a=b
+T0 stdout F fgr 1 dev /dev/nvidia0 c3:0 No such device or address
+T0 stdout F fgr 1 dev /dev/nvidiactl c3:ff Operation not permitted
+T0 stdout F fgr 1 file /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
+T0 stdout F fgr 1 mount /run/mps/pipe
+T0 stdout F fgr 1 end
+T0 stdout F fgr 2 begin
+T0 stdout F fgr 2 env NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-c
 """
 
 
@@ -39,7 +39,7 @@ def test_gpu_uuids_from_either_variable() -> None:
     rep = report.parse(LOG)[0]
     assert rep.visible_devices == ["GPU-a"]  # "void" is no device
     assert rep.time_slices == {"Short"}
-    full = report.parse(LOG + "2026-12-01T05:18:18.87Z stdout F fgr 2 end\n")[-1]
+    full = report.parse(LOG + "T0 stdout F fgr 2 end\n")[-1]
     assert full.visible_devices == ["GPU-b", "GPU-c"]
     assert full.time_slices == set()
 
