@@ -145,6 +145,38 @@ def check_device(device: Device) -> None:
         )
 
 
+def _string_attribute(device: Device, name: str) -> str:
+    value = device.get("attributes", {}).get(name, {})
+    return str(value.get("string", "")) if isinstance(value, dict) else ""
+
+
+def allocation_order(devices: Sequence[Device]) -> list[Device]:
+    """Devices in the order the scheduler should try them (it takes the first that fits):
+    devices without shared counters as given (whole and shared GPUs), then the whole GPUs of
+    dynamic-MIG GPUs, then the partitions profile by profile, each profile GPU by GPU.
+
+    The scheduler runs the class and request selectors (CEL) on every free device it passes
+    on each node it tries, and that is most of its cost; ordered GPU by GPU, a 1g claim on a
+    busy node passes every other profile of every fuller GPU (about 19 devices per GPU on an
+    H100), ordered profile by profile it passes only the whole GPUs and taken 1g partitions.
+    Packing is unchanged: a profile still fills the first GPU with room, in each GPU's
+    placement order (``driver.mig_devices.placement_order``). Profiles keep their first
+    order (``dynamic_mig_devices`` lists them smallest first), and the order is stable."""
+    rank: dict[str, int] = {}
+    for device in devices:
+        if "consumesCounters" in device and _string_attribute(device, "type") == "mig":
+            rank.setdefault(_string_attribute(device, "profile"), len(rank))
+
+    def key(device: Device) -> tuple[int, int]:
+        if "consumesCounters" not in device:
+            return (0, 0)
+        if _string_attribute(device, "type") != "mig":
+            return (1, 0)
+        return (2, rank[_string_attribute(device, "profile")])
+
+    return sorted(devices, key=key)
+
+
 def chunk_devices(devices: Sequence[Device]) -> list[list[Device]]:
     """Splits devices into slice-sized groups; an empty pool is still one empty slice."""
     limit = MAX_DEVICES_PER_SLICE
@@ -179,7 +211,7 @@ def slice_specs(
             bodies.append(
                 {"sharedCounters": list(shared_counters[i : i + MAX_COUNTER_SETS_PER_SLICE])}
             )
-        rest = list(devices)
+        rest = allocation_order(devices)
     else:
         rest = []
         by_set: dict[str, list[Device]] = {c["name"]: [] for c in shared_counters}

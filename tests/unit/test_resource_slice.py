@@ -155,3 +155,22 @@ def test_a_1_34_server_gets_each_counter_set_beside_its_consumers() -> None:
             counter["name"]
         }
     assert {s["pool"]["resourceSliceCount"] for s in legacy} == {3}
+
+
+def test_partitions_are_published_profile_by_profile_after_every_whole_gpu() -> None:
+    from driver.mig_catalog import mig_profiles_for
+    from driver.mig_devices import dynamic_mig_devices
+
+    profiles = list(mig_profiles_for("H100-80GB"))
+    devices = [whole_gpu_device(_gpu(2))]
+    for index in (0, 1):
+        devices += dynamic_mig_devices(_gpu(index), profiles)[0]
+    specs = slice_specs("n", devices, 1, [{"name": "gpu-0", "counters": {}}])
+    names = [d["name"] for spec in specs for d in spec.get("devices", [])]
+    assert sorted(names) == sorted(d["name"] for d in devices)
+    assert names[:3] == ["gpu-2", "gpu-0", "gpu-1"]  # plain, then dynamic-MIG whole GPUs
+    ones = [n for n in names if "-mig-1g10gb-" in n and "-me-" not in n]
+    # All 1g partitions before any other profile, GPU 0's first, each in placement order.
+    assert names[3 : 3 + len(ones)] == ones
+    assert ones == [f"gpu-{g}-mig-1g10gb-{s}" for g in (0, 1) for s in range(6, -1, -1)]
+    assert names[-2:] == ["gpu-0-mig-7g80gb-0", "gpu-1-mig-7g80gb-0"]
