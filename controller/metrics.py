@@ -178,16 +178,30 @@ class PoolCollector(Collector):
         families: Mapping[str, GaugeMetricFamily] = {
             name: GaugeMetricFamily(f"flexgpu_devices_{name}", text, labels=labels)
             for name, text in (
-                ("total", "Published devices of flexgpu"),
+                ("published", "Devices flexgpu publishes"),
                 ("allocated", "Devices allocated to claims"),
                 ("free", "Devices that can be allocated now"),
             )
         }
-        capacity = GaugeMetricFamily(
-            "flexgpu_shared_capacity",
-            "Consumable capacity of shared GPUs (memory in bytes, compute in percent)",
-            labels=["node", "product", "resource", "state"],
-        )
+        # One unit per family: memory in bytes, compute in GPUs (a share of 50 % is 0.5).
+        shared = {
+            "memory": (
+                GaugeMetricFamily(
+                    "flexgpu_shared_memory_bytes",
+                    "Memory of shared GPUs, granted to claims or free",
+                    labels=["node", "product", "state"],
+                ),
+                Fraction(1),
+            ),
+            "compute": (
+                GaugeMetricFamily(
+                    "flexgpu_shared_compute_gpus",
+                    "Compute of shared GPUs in whole GPUs (1 = one GPU), granted or free",
+                    labels=["node", "product", "state"],
+                ),
+                Fraction(1, 100),  # published as percent of one GPU
+            ),
+        }
         pending = GaugeMetricFamily(
             "flexgpu_claims_pending", "Claims on flexgpu classes pods wait for"
         )
@@ -201,17 +215,21 @@ class PoolCollector(Collector):
         if figures is not None:
             for row in figures.devices:
                 values = [row.node, row.type, row.product, row.profile]
-                families["total"].add_metric(values, row.total)
+                families["published"].add_metric(values, row.total)
                 families["allocated"].add_metric(values, row.allocated)
                 families["free"].add_metric(values, row.free)
             for s in figures.shared:
-                capacity.add_metric([s.node, s.product, s.resource, "granted"], float(s.granted))
-                capacity.add_metric([s.node, s.product, s.resource, "free"], float(s.free))
+                if s.resource not in shared:
+                    continue  # a capacity without a family of its own is not exported
+                family, scale = shared[s.resource]
+                family.add_metric([s.node, s.product, "granted"], float(s.granted * scale))
+                family.add_metric([s.node, s.product, "free"], float(s.free * scale))
             pending.add_metric([], figures.pending)
             oldest.add_metric([], figures.oldest_pending_s)
             unsatisfiable.add_metric([], figures.unsatisfiable)
         yield from families.values()
-        yield from (capacity, pending, oldest, unsatisfiable)
+        yield from (family for family, _ in shared.values())
+        yield from (pending, oldest, unsatisfiable)
 
 
 POOL: Final = PoolCollector()
