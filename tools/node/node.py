@@ -88,7 +88,9 @@ class RealNode:
         self._own_root = root is None
         # Unix socket paths are capped at 107 bytes: keep the root short.
         self.layout = configs.NodeLayout(root or Path(tempfile.mkdtemp(prefix="fgn-", dir="/tmp")))
-        self.cgroup_root = f"/flexgpu-node-{name}"
+        # Unique per node instance: two test runs on one machine must never share (or clean
+        # up) each other's pod cgroups.
+        self.cgroup_root = f"/flexgpu-node-{self.layout.root.name}"
         self.api: Any = cluster.api_client()
         self.images: dict[str, BuiltImage] = {}
         self.bin_dir = Path()
