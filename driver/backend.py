@@ -23,6 +23,7 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
+from driver.usage import GpuUsage, usage_from_processes
 
 
 class GpuBackend(ABC):
@@ -112,6 +113,14 @@ class GpuBackend(ABC):
     @abstractmethod
     def process_samples(self, index: int) -> list[ProcessSample]:
         """Processes on the GPU with the memory they hold and recent utilisation."""
+
+    def gpu_usage(self, index: int) -> GpuUsage:
+        """SM utilisation, memory in use and processes of the GPU and of each MIG instance.
+
+        This default builds it from :meth:`process_samples` and the GPU's MIG instances;
+        backends that can read device-level figures override it."""
+        instances = [m.gpu_instance_id for m in self.list_mig_devices(index)]
+        return usage_from_processes(index, self.process_samples(index), instances)
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for backends holding nothing
         """Release library handles. The backend must not be used afterwards."""

@@ -49,6 +49,7 @@ from driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from driver.nvml_errors import error_for_code, translate_nvml_error
 from driver.pci_address import normalize_pci_bus_id
 from driver.sysfs import SysfsPci
+from driver.usage import GpuUsage, usage_from_processes
 from driver.xid import xid_marks_unhealthy
 
 CommandRunner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
@@ -734,6 +735,40 @@ class NvmlBackend(GpuBackend):
                     )
                 )
             return samples
+
+    def gpu_usage(self, index: int) -> GpuUsage:
+        with self._lock:
+            handle = self._handle(index)
+            processes = self.process_samples(index)
+            # NOT_SUPPORTED in MIG mode, where NVML has no device-level utilisation.
+            rates = self._optional("nvmlDeviceGetUtilizationRates", handle)
+            memory = self._optional("nvmlDeviceGetMemoryInfo", handle)
+            mode = self._optional("nvmlDeviceGetMigMode", handle)
+            instances: dict[int, int | None] = {}
+            if mode is not None and int(mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE:
+                for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+                    try:
+                        mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+                    except NotFoundError:
+                        continue
+                    gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
+                    info = self._optional("nvmlDeviceGetMemoryInfo", mig)
+                    instances[gi_id] = None if info is None else int(info.used) // _MIB
+        usage = usage_from_processes(
+            index,
+            processes,
+            list(instances),
+            None if rates is None else int(rates.gpu),
+            None if memory is None else int(memory.used) // _MIB,
+        )
+        # An instance's own memory figure (it includes what the driver holds there).
+        mig = tuple(
+            m.model_copy(update={"memory_used_mib": instances[m.gpu_instance_id]})
+            if instances.get(m.gpu_instance_id) is not None
+            else m
+            for m in usage.mig
+        )
+        return usage.model_copy(update={"mig": mig})
 
     def close(self) -> None:
         with self._lock:

@@ -49,7 +49,9 @@ from driver.sim_state import (
     load_state,
     save_state,
 )
+from driver.sim_usage import USAGE_FILE_NAME, UsageFile
 from driver.topology import NodeTopology, load_topology
+from driver.usage import GpuUsage, usage_from_processes
 from driver.uuids import simulated_gpu_uuid, simulated_mig_uuid
 from driver.xid import xid_marks_unhealthy
 
@@ -86,6 +88,10 @@ class SimulatedBackend(GpuBackend):
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self._unhealthy: set[int] = set()
         self._processes: dict[int, list[ProcessSample]] = {}
+        # Load that tests and the demo set from outside the process (driver/sim_usage.py).
+        self.usage_file = UsageFile(
+            self._state_path.parent / USAGE_FILE_NAME if self._state_path else None
+        )
         self.faults = FaultPlan()
 
     @classmethod
@@ -377,7 +383,17 @@ class SimulatedBackend(GpuBackend):
         with self._lock:
             self.faults.check("process_samples")
             self._gpu(index)
-            return list(self._processes.get(index, []))
+            return list(self._processes.get(index, [])) + self.usage_file.processes(index)
+
+    def gpu_usage(self, index: int) -> GpuUsage:
+        with self._lock:
+            self.faults.check("gpu_usage")
+            gpu = self._gpu(index)
+            instances = [i.gpu_instance_id for i in gpu.mig_instances]
+            mig_mode = gpu.mig_enabled
+        # As NVML: no device-level utilisation while MIG is on.
+        device = None if mig_mode else self.usage_file.sm_utilization(index)
+        return usage_from_processes(index, self.process_samples(index), instances, device)
 
     # -- simulation controls (not part of GpuBackend) ------------------------------------
 

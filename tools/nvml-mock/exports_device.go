@@ -486,3 +486,34 @@ func nvmlDeviceGetProcessUtilization(device C.nvmlDevice_t, samples *C.nvmlProce
 		return nvml.SUCCESS
 	})
 }
+
+// nvmlDeviceGetUtilizationRates reports the capped sums of the sampled processes' SM and
+// memory utilisation; like the real driver it has no device figure while MIG mode is on.
+//
+//export nvmlDeviceGetUtilizationRates
+func nvmlDeviceGetUtilizationRates(device C.nvmlDevice_t, utilization *C.nvmlUtilization_t) C.nvmlReturn_t {
+	return call(func(ss *session) nvml.Return {
+		g, r := ss.device(devicePtr(device))
+		if r != nvml.SUCCESS {
+			return r
+		}
+		if utilization == nil {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		if ss.st(g).MigMode == C.NVML_DEVICE_MIG_ENABLE {
+			return nvml.ERROR_NOT_SUPPORTED
+		}
+		sm, mem := 0, 0
+		for _, p := range ss.st(g).Processes {
+			if p.SmUtil != nil {
+				sm += *p.SmUtil
+			}
+			if p.MemUtil != nil {
+				mem += *p.MemUtil
+			}
+		}
+		utilization.gpu = C.uint(min(sm, 100))
+		utilization.memory = C.uint(min(mem, 100))
+		return nvml.SUCCESS
+	})
+}

@@ -325,3 +325,33 @@ def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
     backend.stop_mps_daemon(0)
     assert calls[1][-3:] == ["sh", "-c", "echo quit | nvidia-cuda-mps-control"]
     assert backend.get_compute_mode(0).name == "DEFAULT"
+
+
+def test_gpu_usage_reads_device_figures(library_node: LibraryNode) -> None:
+    backend, machine = library_node(_machine("T4", 1))
+    machine.set_processes(
+        0, [{"pid": 10, "usedMiB": 300, "smUtil": 55}, {"pid": 11, "usedMiB": 100}]
+    )
+    usage = backend.gpu_usage(0)
+    # nvmlDeviceGetUtilizationRates and nvmlDeviceGetMemoryInfo, not sums of the samples.
+    assert (usage.sm_utilization_percent, usage.memory_used_mib, len(usage.processes)) == (
+        55,
+        400,
+        2,
+    )
+    assert usage.mig == ()
+
+
+def test_gpu_usage_of_mig_instances(library_node: LibraryNode) -> None:
+    backend, machine = library_node(_a100())
+    profile = next(p for p in backend.mig_profiles(0) if p.name.startswith("1g."))
+    made = backend.create_mig_device(0, profile.profile_id, profile.placements[0])
+    gi = made.gpu_instance_id
+    machine.set_processes(0, [{"pid": 20, "usedMiB": 700, "smUtil": 30, "gpuInstanceId": gi}])
+    usage = backend.gpu_usage(0)
+    # MIG mode: NVML has no device utilisation; the instance has its memory and processes.
+    assert usage.sm_utilization_percent is None
+    (instance,) = usage.mig
+    assert (instance.gpu_instance_id, instance.memory_used_mib) == (gi, 700)
+    assert [p.pid for p in instance.processes] == [20]
+    assert instance.sm_utilization_percent == 30
