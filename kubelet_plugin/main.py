@@ -61,6 +61,7 @@ def make_api(config: PluginConfig) -> KubeApi:
 def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     """Everything after the sockets: returns what stops it again."""
     from driver.backend_errors import GpuBackendError
+    from kubelet_plugin import metrics, metrics_setup
     from kubelet_plugin.checkpoint import CheckpointStore
     from kubelet_plugin.claim_objects import ClaimObjects
     from kubelet_plugin.claim_source import ApiClaimSource
@@ -70,13 +71,17 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     from kubelet_plugin.kube_api import KubeConfigError
     from kubelet_plugin.node_devices import NodeDevices
     from kubelet_plugin.node_events import NodeEventRecorder
+    from kubelet_plugin.observed_backend import ObservedBackend
     from kubelet_plugin.policy_agent import PolicyAgent
     from kubelet_plugin.prepare_lock import PrepareLock
     from kubelet_plugin.preparer import ClaimPreparerImpl
     from kubelet_plugin.startup_reconcile import reconcile_at_start
 
     try:
-        backend = make_backend(config)
+        metric_settings = metrics_setup.settings_from_env(os.environ)
+        backend = ObservedBackend(make_backend(config), config.node_name)
+    except metrics_setup.MetricsSettingError as err:
+        raise StartupFailed(str(err)) from None
     except GpuBackendError as err:
         raise StartupFailed(f"no GPUs: {err}") from None
     except DriverEditsError as err:
@@ -122,7 +127,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
 
     health = HealthMonitor(backend, devices, config.node_name, on_unhealthy=republish)
     # Prepares are served from here on; what follows only publishes and watches.
-    gate.open(preparer, health)
+    gate.open(metrics.ObservedPreparer(preparer, config.node_name), health)
     publisher = _make_publisher(config, api)
     republish()
     publisher.start()
@@ -133,10 +138,21 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     )
     preparer.on_unprepared = agent.poke
     agent.start()
+    stop_metrics = metrics_setup.observe_node(
+        metric_settings,
+        node_name=config.node_name,
+        backend=backend,
+        devices=devices,
+        preparer=preparer,
+        objects=objects,
+        api=api,
+        publisher=publisher,
+    )
 
     def stop() -> None:
         # Slices stay: the kubelet removes them 30 s after we disconnect, and a restarted
         # plugin takes them over without a window where nothing is published.
+        stop_metrics()
         agent.stop()
         health.stop()
         publisher.stop()

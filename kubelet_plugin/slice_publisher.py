@@ -137,6 +137,7 @@ class SlicePublisher:
         self._own_counter_slices: bool | None = None
         self.reconciles = 0  # count of reconcile passes that wrote something, for tests
         self.last_error: str | None = None
+        self.failures = 0  # failed reconcile passes, for the plugin's metrics
 
     # -- public API --------------------------------------------------------------------
     def set_devices(
@@ -206,6 +207,7 @@ class SlicePublisher:
                 backoff.reset()
             except Exception as err:  # API or network errors: retry, never die
                 self.last_error = str(err)
+                self.failures += 1
                 delay = backoff.next(err)
                 log.warning("publishing slices failed, retrying in %.1fs: %s", delay, err)
                 if self._stop.wait(delay):

@@ -1,0 +1,192 @@
+"""Starts the plugin's metrics: settings from the environment (the chart sets them), the
+usage sampler, the collectors and the /metrics endpoint.
+
+    FLEXGPU_METRICS_PORT     port of /metrics; unset, empty or 0: no endpoint, no sampling
+    FLEXGPU_METRICS_ADDRESS  address to listen on (default 0.0.0.0)
+    FLEXGPU_USAGE_INTERVAL   seconds between usage samples (default 15)
+    FLEXGPU_IDLE_THRESHOLD   SM utilisation (0-1) below which a claim's device is idle (0.05)
+    FLEXGPU_IDLE_WINDOW      how long a claim must stay idle to count as idle, a Prometheus
+                             duration such as 90s, 30m or 2h (default 2h)
+    FLEXGPU_PROC_ROOT        where process cgroups are read (default /proc)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driver.backend import GpuBackend
+from kubelet_plugin import metrics
+from kubelet_plugin.checkpoint import ClaimRecord
+from kubelet_plugin.claim_objects import ClaimObjects
+from kubelet_plugin.kube_api import KubeApi, path_of
+from kubelet_plugin.node_devices import NodeDevices
+from kubelet_plugin.preparer import ClaimPreparerImpl
+from kubelet_plugin.slice_publisher import SlicePublisher
+from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+# A claim not in the plugin's cache is read again at most this often (its pods change).
+CLAIM_REREAD_S = 60.0
+
+
+class MetricsSettingError(ValueError):
+    """A metrics variable has a value the plugin cannot use; the text names it."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a Prometheus duration (``1h30m``, ``90s``)."""
+    parts = _DURATION.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise ValueError(text)
+    return sum(int(n) * _UNIT_S[u] for n, u in parts)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    port: int | None = None
+    address: str = "0.0.0.0"
+    usage: UsageSettings = field(default_factory=UsageSettings)
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:
+        raise MetricsSettingError(
+            f"{name}: {text!r} is not allowed; allowed: a number from {low:g} to {high:g}"
+        )
+    return value
+
+
+def settings_from_env(env: Mapping[str, str]) -> MetricsSettings:
+    port_text = env.get("FLEXGPU_METRICS_PORT", "").strip()
+    if port_text and not (port_text.isdigit() and int(port_text) <= 65535):
+        raise MetricsSettingError(
+            f"FLEXGPU_METRICS_PORT: {port_text!r} is not allowed; allowed: a port number "
+            "0-65535 (0 or empty: no metrics endpoint)"
+        )
+    window_text = env.get("FLEXGPU_IDLE_WINDOW", "").strip() or "2h"
+    try:
+        window = parse_duration(window_text)
+    except ValueError:
+        raise MetricsSettingError(
+            f"FLEXGPU_IDLE_WINDOW: {window_text!r} is not allowed; allowed: a duration such "
+            "as 90s, 30m, 2h or 1h30m"
+        ) from None
+    usage = UsageSettings(
+        interval_s=_number(env, "FLEXGPU_USAGE_INTERVAL", 15.0, 0.1, 3600.0),
+        idle_threshold=_number(env, "FLEXGPU_IDLE_THRESHOLD", 0.05, 0.0, 1.0),
+        idle_window_s=window,
+        proc_root=Path(env.get("FLEXGPU_PROC_ROOT", "").strip() or "/proc"),
+    )
+    port = int(port_text) if port_text and int(port_text) > 0 else None
+    return MetricsSettings(port, env.get("FLEXGPU_METRICS_ADDRESS", "").strip() or "0.0.0.0", usage)
+
+
+class ClaimReader:
+    """The claim object for a record: the plugin's cached copy, else a GET (at most once per
+    ``CLAIM_REREAD_S`` per claim); None when neither has it."""
+
+    def __init__(
+        self,
+        cached: Callable[[str], Mapping[str, Any] | None],
+        read: Callable[[str, str], Mapping[str, Any] | None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cached = cached
+        self._read = read
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._read_at: dict[str, tuple[float, Mapping[str, Any] | None]] = {}
+
+    def __call__(self, record: ClaimRecord) -> Mapping[str, Any] | None:
+        with self._lock:
+            earlier = self._read_at.get(record.uid)
+        now = self._clock()
+        if earlier is not None and now - earlier[0] < CLAIM_REREAD_S:
+            return earlier[1]
+        obj = self._cached(record.uid)
+        if obj is None or earlier is not None:
+            try:
+                read = self._read(record.namespace, record.name)
+            except Exception as err:  # pods unknown for now; figures still count
+                log.debug("cannot read claim %s/%s: %s", record.namespace, record.name, err)
+                read = None
+            uid = ((read or {}).get("metadata") or {}).get("uid")
+            obj = read if uid == record.uid else obj
+        with self._lock:
+            self._read_at[record.uid] = (now, obj)
+            live = {record.uid}
+            if len(self._read_at) > 4096:  # claims long gone
+                self._read_at = {k: v for k, v in self._read_at.items() if k in live}
+        return obj
+
+
+def observe_node(
+    settings: MetricsSettings,
+    *,
+    node_name: str,
+    backend: GpuBackend,
+    devices: NodeDevices,
+    preparer: ClaimPreparerImpl,
+    objects: ClaimObjects,
+    api: KubeApi,
+    publisher: SlicePublisher,
+) -> Callable[[], None]:
+    """Registers the node's collectors, starts sampling and the endpoint; returns the stop.
+    Without a port nothing starts (and nothing is sampled)."""
+    if settings.port is None:
+        return lambda: None
+
+    def read_claim(namespace: str, name: str) -> Mapping[str, Any]:
+        path = path_of("apis", "resource.k8s.io", "v1", "namespaces", namespace)
+        return api.get(f"{path}/resourceclaims/{name}")
+
+    sampler = UsageSampler(
+        node_name,
+        backend,
+        devices=devices,
+        records=lambda: preparer.load_checkpoint().claims.values(),  # noqa: PLW0108 - fresh each sample
+        claim_object=ClaimReader(objects.get, read_claim),
+        settings=settings.usage,
+    )
+    metrics.register(
+        "node",
+        metrics.NodeCollector(
+            metrics.NodeSources(
+                node_name,
+                gpu_health=lambda: [g.health for g in devices.gpus()],
+                slice_counts=lambda: (publisher.reconciles, publisher.failures),
+            )
+        ),
+    )
+    metrics.register("usage", UsageCollector(sampler))
+    sampler.start()
+    server = metrics.MetricsServer(settings.port, settings.address)
+    log.info(
+        "metrics on %s:%d, usage sampled every %gs",
+        settings.address,
+        server.port,
+        settings.usage.interval_s,
+    )
+
+    def stop() -> None:
+        server.stop()
+        sampler.stop()
+
+    return stop

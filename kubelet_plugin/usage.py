@@ -1,0 +1,588 @@
+"""GPU usage per device and per prepared claim, sampled from the backend every interval.
+
+For each claim this node prepared (the checkpoint's Prepared records) and each of its devices:
+SM utilisation, memory in use and processes, labelled with the claim, the pods it is reserved
+for (from the claim object the plugin read for prepare or status), the device, its class and
+its MIG profile or share. How each kind is measured:
+
+- whole GPU: NVML's device figures;
+- MIG instance: memory and processes of the instance; SM utilisation from its processes'
+  samples (NVML has no device figure for an instance), 0 when no process runs there;
+- share of a shared GPU: the processes of the pods the claim is reserved for (process ->
+  pod by cgroup, ``pod_cgroup.py``). When any process on the GPU belongs to no share's pod,
+  the shares get no figures of their own: the GPU's row lists them instead.
+
+Fractions of a GPU: a MIG instance holds its share of the GPU's multiprocessors, a share its
+compute percentage (or, with none, its part of the memory). From those the sampler adds up
+GPU-seconds allocated and used per claim device, and how long each claim has been idle:
+every device below the threshold; a device without a figure makes the claim's state unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from driver.backend import GpuBackend
+from driver.gpu_model import GpuInfo, ProcessSample
+from driver.names import mig_device_name
+from driver.quantity import QuantityError, parse_quantity
+from driver.usage import GpuUsage, summed_memory, summed_utilization
+from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from kubelet_plugin.node_devices import NodeDevices
+from kubelet_plugin.pod_cgroup import pod_uid_of
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+_PARENT = re.compile(r"gpu-(\d+)(-mig-|$)")
+_MIG_NAME = re.compile(r"gpu-\d+-mig-")
+CLASS_OF_KIND = {
+    "gpu": "gpu.flexgpu.dev",
+    "mig": "mig.flexgpu.dev",
+    "shared": "shared-gpu.flexgpu.dev",
+}
+
+
+@dataclass(frozen=True)
+class UsageSettings:
+    interval_s: float = 15.0
+    idle_threshold: float = 0.05  # SM utilisation, 0-1
+    idle_window_s: float = 7200.0
+    proc_root: Path = Path("/proc")
+
+
+@dataclass(frozen=True)
+class PodRef:
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    """What the claim object says beyond the checkpoint: its pods and request classes."""
+
+    pods: tuple[PodRef, ...] = ()
+    classes: Mapping[str, str] = field(default_factory=dict)  # request name -> device class
+
+
+def claim_info(obj: Mapping[str, Any] | None) -> ClaimInfo:
+    if not obj:
+        return ClaimInfo()
+    status = obj.get("status") or {}
+    pods = tuple(
+        PodRef(str(r.get("name", "")), str(r.get("uid", "")))
+        for r in status.get("reservedFor") or []
+        if r.get("resource") == "pods"
+    )
+    classes: dict[str, str] = {}
+    for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = str(request.get("name", ""))
+        exactly = request.get("exactly") or {}
+        if exactly.get("deviceClassName"):
+            classes[name] = str(exactly["deviceClassName"])
+        for sub in request.get("firstAvailable") or []:
+            if sub.get("deviceClassName"):
+                classes[f"{name}/{sub.get('name', '')}"] = str(sub["deviceClassName"])
+    return ClaimInfo(pods=pods, classes=classes)
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One device of one prepared claim."""
+
+    namespace: str
+    claim: str
+    uid: str
+    device: str
+    gpu_index: int
+    kind: str  # gpu, mig or shared
+    device_class: str
+    product: str
+    profile: str
+    share: str
+    pods: tuple[str, ...]
+    allocated_gpus: float  # the part of a GPU the device is
+    sm_utilization: (
+        float | None
+    )  # 0-1: of the device (whole GPU, MIG instance); a share: of the GPU
+    memory_used_bytes: int | None
+    processes: int | None
+
+    @property
+    def used_gpus(self) -> float | None:
+        """Busy GPUs: a MIG instance's utilisation counts for its part of the GPU only."""
+        if self.sm_utilization is None:
+            return None
+        if self.kind == "mig":
+            return self.sm_utilization * self.allocated_gpus
+        return self.sm_utilization
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    device: str
+    product: str
+    sm_utilization: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int
+    processes: int
+    claims: tuple[str, ...]  # namespace/name of every claim holding (part of) it
+
+
+@dataclass
+class ClaimTotals:
+    namespace: str
+    claim: str
+    allocated_gpu_seconds: dict[str, float] = field(default_factory=dict)  # by device
+    used_gpu_seconds: dict[str, float] = field(default_factory=dict)
+    idle_since: float | None = None
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    node: str
+    gpus: tuple[GpuRow, ...] = ()
+    devices: tuple[DeviceUsage, ...] = ()
+    idle_seconds: Mapping[str, float | None] = field(default_factory=dict)  # uid -> s or None
+    mps_daemons: int | None = None
+
+
+def _ratio(percent: int | None) -> float | None:
+    return None if percent is None else percent / 100
+
+
+def _bytes(mib: int | None) -> int | None:
+    return None if mib is None else mib * _MIB
+
+
+def _share_fraction(record: DeviceRecord, gpu: GpuInfo) -> float:
+    try:
+        compute = parse_quantity(record.consumed_capacity.get("compute", "0")).value
+        memory = parse_quantity(record.consumed_capacity.get("memory", "0")).value
+    except QuantityError:
+        return 0.0
+    if compute > 0:
+        return float(compute) / 100
+    total = gpu.memory_mib * _MIB
+    return float(memory) / total if total else 0.0
+
+
+class UsageSampler:
+    """Samples usage in a thread; ``snapshot`` is the latest sample."""
+
+    def __init__(
+        self,
+        node_name: str,
+        backend: GpuBackend,
+        *,
+        devices: NodeDevices,
+        records: Callable[[], Iterable[ClaimRecord]],
+        claim_object: Callable[[ClaimRecord], Mapping[str, Any] | None],
+        settings: UsageSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node_name
+        self.settings = settings or UsageSettings()
+        self._backend = backend
+        self._devices = devices
+        self._records = records
+        self._claim_object = claim_object
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._snapshot = UsageSnapshot(node_name)
+        self._totals: dict[str, ClaimTotals] = {}
+        self._last: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- thread --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception as err:  # a bad sample never stops sampling
+                log.warning("GPU usage sample failed: %s", err)
+            self._stop.wait(self.settings.interval_s)
+
+    @property
+    def snapshot(self) -> UsageSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def totals(self) -> dict[str, ClaimTotals]:
+        with self._lock:
+            return {uid: replace(t) for uid, t in self._totals.items()}
+
+    # -- one sample ----------------------------------------------------------------------
+    def sample_once(self) -> UsageSnapshot:
+        now = self._clock()
+        gpus = {g.index: g for g in self._devices.gpus()}
+        usage: dict[int, GpuUsage] = {}
+        for index in sorted(gpus):
+            try:
+                usage[index] = self._backend.gpu_usage(index)
+            except Exception as err:  # a lost GPU has no usage; the others still count
+                log.debug("no usage of GPU %d: %s", index, err)
+        prepared = [r for r in self._records() if r.state == ClaimState.PREPARED]
+        devices = list(self._claim_devices(prepared, gpus, usage))
+        rows = self._gpu_rows(gpus, usage, devices)
+        try:
+            mps: int | None = len(self._backend.mps_daemons())
+        except Exception:
+            mps = None
+        with self._lock:
+            elapsed = 0.0 if self._last is None else now - self._last
+            # A gap (stopped process, slow sample) is not counted as allocated or used time.
+            elapsed = min(max(elapsed, 0.0), 2 * self.settings.interval_s)
+            self._last = now
+            idle = self._account(prepared, devices, now, elapsed)
+            self._snapshot = UsageSnapshot(self.node, rows, tuple(devices), idle, mps)
+            return self._snapshot
+
+    def _account(
+        self, prepared: Sequence[ClaimRecord], devices: Sequence[DeviceUsage], now: float, dt: float
+    ) -> dict[str, float | None]:
+        live = {r.uid for r in prepared}
+        for uid in list(self._totals):
+            if uid not in live:
+                del self._totals[uid]  # unprepared: its series go with it
+        by_claim: dict[str, list[DeviceUsage]] = {}
+        for d in devices:
+            by_claim.setdefault(d.uid, []).append(d)
+        idle: dict[str, float | None] = {}
+        for record in prepared:
+            totals = self._totals.setdefault(record.uid, ClaimTotals(record.namespace, record.name))
+            mine = by_claim.get(record.uid, [])
+            for d in mine:
+                totals.allocated_gpu_seconds[d.device] = (
+                    totals.allocated_gpu_seconds.get(d.device, 0.0) + d.allocated_gpus * dt
+                )
+                used = d.used_gpus
+                if used is not None:
+                    totals.used_gpu_seconds[d.device] = (
+                        totals.used_gpu_seconds.get(d.device, 0.0) + used * dt
+                    )
+            below = bool(mine) and all(
+                d.sm_utilization is not None and d.sm_utilization < self.settings.idle_threshold
+                for d in mine
+            )
+            if not below:
+                totals.idle_since = None
+            elif totals.idle_since is None:
+                totals.idle_since = now
+            idle[record.uid] = None if totals.idle_since is None else now - totals.idle_since
+        return idle
+
+    def _claim_devices(
+        self,
+        prepared: Sequence[ClaimRecord],
+        gpus: Mapping[int, GpuInfo],
+        usage: Mapping[int, GpuUsage],
+    ) -> Iterator[DeviceUsage]:
+        infos = {r.uid: claim_info(self._claim_object(r)) for r in prepared}
+        # Per shared GPU, its shares; per pod UID the claims it may use.
+        shares: dict[int, list[tuple[ClaimRecord, DeviceRecord]]] = {}
+        for record in prepared:
+            for device in record.devices:
+                if device.pool_name == self.node and device.share_id:
+                    gpu = self._devices.gpu(device.device_name)
+                    if gpu is not None:
+                        shares.setdefault(gpu.index, []).append((record, device))
+        attributed = {
+            index: self._attribute(usage[index].processes, shares[index], infos)
+            for index in shares
+            if index in usage
+        }
+        for record in prepared:
+            info = infos[record.uid]
+            for device in record.devices:
+                if device.pool_name != self.node:
+                    continue
+                gpu = self._gpu_of(device.device_name, gpus)
+                if gpu is None:
+                    continue
+                gpu_usage = usage.get(gpu.index)
+                yield self._device_usage(record, device, gpu, gpu_usage, info, attributed)
+
+    def _device_usage(  # noqa: PLR0917 - one call site, every argument distinct
+        self,
+        record: ClaimRecord,
+        device: DeviceRecord,
+        gpu: GpuInfo,
+        usage: GpuUsage | None,
+        info: ClaimInfo,
+        attributed: Mapping[int, Mapping[str, list[ProcessSample]] | None],
+    ) -> DeviceUsage:
+        kind = "shared" if device.share_id else self._devices.device_type(device.device_name)
+        if _MIG_NAME.match(device.device_name):
+            kind = "mig"
+        profile = ""
+        fraction = 1.0
+        util: float | None = None
+        memory: int | None = None
+        processes: int | None = None
+        if kind == "mig":
+            instance = self._mig_instance(gpu.index, device.device_name)
+            if instance is not None:
+                profile = instance[1]
+                fraction = instance[2] / gpu.multiprocessors if gpu.multiprocessors else 0.0
+                mig = next(
+                    (m for m in (usage.mig if usage else ()) if m.gpu_instance_id == instance[0]),
+                    None,
+                )
+                if mig is not None:
+                    util = _ratio(mig.sm_utilization_percent)
+                    memory = _bytes(mig.memory_used_mib)
+                    processes = len(mig.processes)
+        elif kind == "shared":
+            fraction = _share_fraction(device, gpu)
+            split = attributed.get(gpu.index)
+            if split is not None:
+                mine = split.get(record.uid, [])
+                util = _ratio(summed_utilization(mine))
+                memory = _bytes(summed_memory(mine))
+                processes = len(mine)
+        elif usage is not None:
+            util = _ratio(usage.sm_utilization_percent)
+            memory = _bytes(usage.memory_used_mib)
+            processes = len(usage.processes)
+        names = device.request_names or list(info.classes)
+        device_class = next(
+            (info.classes[n] for n in names if n in info.classes), CLASS_OF_KIND.get(kind, "")
+        )
+        return DeviceUsage(
+            namespace=record.namespace,
+            claim=record.name,
+            uid=record.uid,
+            device=device.device_name,
+            gpu_index=gpu.index,
+            kind=kind,
+            device_class=device_class,
+            product=gpu.product_name,
+            profile=profile,
+            share=device.share_id or "",
+            pods=tuple(sorted(p.name for p in info.pods)),
+            allocated_gpus=fraction,
+            sm_utilization=util,
+            memory_used_bytes=memory,
+            processes=processes,
+        )
+
+    def _gpu_of(self, device_name: str, gpus: Mapping[int, GpuInfo]) -> GpuInfo | None:
+        """The GPU behind a device name; by its index in the name when the device is no
+        longer published (the GPU's mode changed while the claim still holds it)."""
+        gpu = self._devices.gpu(device_name)
+        if gpu is None:
+            match = _PARENT.match(device_name)
+            gpu = gpus.get(int(match.group(1))) if match else None
+        return gpu
+
+    def _mig_instance(self, index: int, device_name: str) -> tuple[int, str, int] | None:
+        """(GPU instance id, profile name, multiprocessors) of the MIG device by its name."""
+        try:
+            instances = self._backend.list_mig_devices(index)
+            profiles = {p.profile_id: p for p in self._backend.mig_profiles(index)}
+        except Exception:
+            return None
+        for m in instances:
+            if mig_device_name(index, m.profile_name, m.placement.start) == device_name:
+                profile = profiles.get(m.profile_id)
+                return m.gpu_instance_id, m.profile_name, profile.multiprocessors if profile else 0
+        return None
+
+    def _attribute(
+        self,
+        processes: Sequence[ProcessSample],
+        shares: Sequence[tuple[ClaimRecord, DeviceRecord]],
+        infos: Mapping[str, ClaimInfo],
+    ) -> dict[str, list[ProcessSample]] | None:
+        """Processes of a shared GPU by the claim whose pods run them; None when any process
+        belongs to no pod of exactly one share (then only the GPU has figures)."""
+        claims_of_pod: dict[str, set[str]] = {}
+        for record, _ in shares:
+            for pod in infos[record.uid].pods:
+                claims_of_pod.setdefault(pod.uid, set()).add(record.uid)
+        split: dict[str, list[ProcessSample]] = {record.uid: [] for record, _ in shares}
+        for process in processes:
+            pod_uid = pod_uid_of(process.pid, self.settings.proc_root)
+            owners = claims_of_pod.get(pod_uid or "", set())
+            if len(owners) != 1:
+                return None
+            split[next(iter(owners))].append(process)
+        return split
+
+    def _gpu_rows(
+        self,
+        gpus: Mapping[int, GpuInfo],
+        usage: Mapping[int, GpuUsage],
+        devices: Sequence[DeviceUsage],
+    ) -> tuple[GpuRow, ...]:
+        holders: dict[int, set[str]] = {}
+        for d in devices:
+            holders.setdefault(d.gpu_index, set()).add(f"{d.namespace}/{d.claim}")
+        rows = []
+        for index, gpu in sorted(gpus.items()):
+            u = usage.get(index)
+            if u is None:
+                continue
+            rows.append(
+                GpuRow(
+                    index=index,
+                    device=f"gpu-{index}",
+                    product=gpu.product_name,
+                    sm_utilization=_ratio(u.sm_utilization_percent),
+                    memory_used_bytes=_bytes(u.memory_used_mib),
+                    memory_total_bytes=gpu.memory_mib * _MIB,
+                    processes=len(u.processes),
+                    claims=tuple(sorted(holders.get(index, ()))),
+                )
+            )
+        return tuple(rows)
+
+
+CLAIM_LABELS = (
+    "node",
+    "namespace",
+    "claim",
+    "device",
+    "class",
+    "product",
+    "profile",
+    "share",
+    "pods",
+)
+
+
+def _claim_labels(node: str, d: DeviceUsage) -> list[str]:
+    return [
+        node,
+        d.namespace,
+        d.claim,
+        d.device,
+        d.device_class,
+        d.product,
+        d.profile,
+        d.share,
+        ",".join(d.pods),
+    ]
+
+
+class UsageCollector(Collector):
+    """Exports the sampler's latest snapshot and running totals."""
+
+    def __init__(self, sampler: UsageSampler) -> None:
+        self.sampler = sampler
+
+    def collect(self) -> Iterator[Any]:
+        snap = self.sampler.snapshot
+        totals = self.sampler.totals()
+        node = snap.node
+        gpu_labels = ["node", "device", "product", "claims"]
+        gpu_util = GaugeMetricFamily(
+            "flexgpu_gpu_sm_utilization_ratio", "SM utilisation of the GPU (0-1)", labels=gpu_labels
+        )
+        gpu_mem = GaugeMetricFamily(
+            "flexgpu_gpu_memory_used_bytes", "GPU memory in use", labels=gpu_labels
+        )
+        gpu_total = GaugeMetricFamily(
+            "flexgpu_gpu_memory_total_bytes", "GPU memory", labels=gpu_labels
+        )
+        gpu_procs = GaugeMetricFamily(
+            "flexgpu_gpu_processes", "Processes running on the GPU", labels=gpu_labels
+        )
+        for row in snap.gpus:
+            values = [node, row.device, row.product, ",".join(row.claims)]
+            if row.sm_utilization is not None:
+                gpu_util.add_metric(values, row.sm_utilization)
+            if row.memory_used_bytes is not None:
+                gpu_mem.add_metric(values, row.memory_used_bytes)
+            gpu_total.add_metric(values, row.memory_total_bytes)
+            gpu_procs.add_metric(values, row.processes)
+        yield from (gpu_util, gpu_mem, gpu_total, gpu_procs)
+
+        labels = list(CLAIM_LABELS)
+        allocated = GaugeMetricFamily(
+            "flexgpu_claim_allocated_gpus",
+            "Part of a GPU a claim's device is (1 whole, a MIG instance's SMs, a share's compute)",
+            labels=labels,
+        )
+        util = GaugeMetricFamily(
+            "flexgpu_claim_sm_utilization_ratio",
+            "SM utilisation of a claim's device (0-1; a share: of the whole GPU, by its processes)",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "flexgpu_claim_used_gpus",
+            "Busy GPUs of a claim's device (utilisation x part)",
+            labels=labels,
+        )
+        memory = GaugeMetricFamily(
+            "flexgpu_claim_memory_used_bytes", "Memory a claim's device has in use", labels=labels
+        )
+        processes = GaugeMetricFamily(
+            "flexgpu_claim_processes", "Processes on a claim's device", labels=labels
+        )
+        allocated_s = CounterMetricFamily(
+            "flexgpu_claim_allocated_gpu_seconds",
+            "GPU-seconds held by a claim's device since it was prepared (or the plugin started)",
+            labels=labels,
+        )
+        used_s = CounterMetricFamily(
+            "flexgpu_claim_used_gpu_seconds",
+            "GPU-seconds a claim's device was busy since it was prepared (or the plugin started)",
+            labels=labels,
+        )
+        for d in snap.devices:
+            values = _claim_labels(node, d)
+            allocated.add_metric(values, d.allocated_gpus)
+            if d.sm_utilization is not None:
+                util.add_metric(values, d.sm_utilization)
+            if d.used_gpus is not None:
+                used.add_metric(values, d.used_gpus)
+            if d.memory_used_bytes is not None:
+                memory.add_metric(values, d.memory_used_bytes)
+            if d.processes is not None:
+                processes.add_metric(values, d.processes)
+            t = totals.get(d.uid)
+            if t is not None:
+                allocated_s.add_metric(values, t.allocated_gpu_seconds.get(d.device, 0.0))
+                used_s.add_metric(values, t.used_gpu_seconds.get(d.device, 0.0))
+        yield from (allocated, util, used, memory, processes, allocated_s, used_s)
+
+        idle = GaugeMetricFamily(
+            "flexgpu_claim_idle_seconds",
+            "How long every device of the claim has been below the idle threshold (0: busy)",
+            labels=["node", "namespace", "claim", "pods"],
+        )
+        pods = {d.uid: ",".join(d.pods) for d in snap.devices}
+        for uid, seconds in snap.idle_seconds.items():
+            t = totals.get(uid)
+            if t is not None and uid in pods:
+                idle.add_metric([node, t.namespace, t.claim, pods[uid]], seconds or 0.0)
+        yield idle
+        mps = GaugeMetricFamily(
+            "flexgpu_plugin_mps_daemons", "MPS control daemons running", labels=["node"]
+        )
+        if snap.mps_daemons is not None:
+            mps.add_metric([node], snap.mps_daemons)
+        yield mps
