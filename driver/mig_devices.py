@@ -142,7 +142,7 @@ def dynamic_mig_devices(
 ) -> tuple[list[Device], dict[str, MigPartition]]:
     """The GPU's partitionable devices (whole GPU first, then every placement of every
     profile, smallest profiles first, each profile's placements in ``placement_order``) and
-    what each name stands for."""
+    what each partition's name stands for."""
     full = max(profiles, key=lambda p: p.memory_slices)
     compute = compute_counter_binds(profiles)
     limited = {p.profile_id for p in profiles if instance_counter_binds(p)}
@@ -154,10 +154,10 @@ def dynamic_mig_devices(
     whole = whole_gpu_device(gpu)
     whole["consumesCounters"] = _consumes(gpu.index, whole_counters)
     devices = [whole]
-    # The whole GPU of a dynamic-MIG GPU is its full-size partition: MIG mode stays on.
-    partitions = {
-        whole["name"]: MigPartition(gpu.index, full.profile_id, full.name, full.placements[0])
-    }
+    # The whole GPU is the GPU itself (GPU UUID, NVLink peers), with MIG mode off: the
+    # plugin switches MIG mode per claim where that needs no reset (node_devices.py), and
+    # leaves this device out of the slice where it would.
+    partitions: dict[str, MigPartition] = {}
     ordered = sorted(profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.profile_id))
     for profile in ordered:
         for placement in placement_order(profile):

@@ -57,6 +57,10 @@ class DeviceNodes:
         if compute_instance is not None:
             caps.append(f"gpu{gpu_minor}/gi{gpu_instance}/ci{compute_instance}/access")
         minors = self._mig_minors()
+        if not minors:
+            # No driver here (a simulated node): nothing to hand out.
+            log.debug("no MIG capability minors in %s", self._minors_files())
+            return tuple(nodes)
         for cap in caps:
             minor = minors.get(cap)
             if minor is None:

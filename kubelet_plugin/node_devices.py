@@ -46,6 +46,10 @@ class NodeDevices:
         self._static: dict[str, MigDevice] = {}  # static layout: exist already
         self._kinds: dict[str, DeviceType] = {}
         self._taints: dict[int, str] = {}
+        # Dynamic-MIG GPUs: whether MIG mode switches without a GPU reset (probed once), and
+        # their MIG profiles (read while MIG mode is on; NVML lists none with it off).
+        self._switchable: dict[int, bool] = {}
+        self._profiles: dict[int, list[MigProfile]] = {}
         self.refresh()
 
     # -- state ---------------------------------------------------------------------------
@@ -89,14 +93,20 @@ class NodeDevices:
                 mine: list[Device] = []
                 mode = self._modes.get(gpu.index, "Whole")
                 name = gpu_device_name(gpu.index)
-                is_dynamic = mode == "DynamicMIG" and self._mig_ready(gpu)
+                switchable = mode == "DynamicMIG" and self._probe_switch(gpu)
+                is_dynamic = mode == "DynamicMIG" and (switchable or self._mig_ready(gpu))
                 if is_dynamic:
-                    profiles = self.backend.mig_profiles(gpu.index)
+                    profiles = self._dynamic_profiles(gpu.index)
                     mine, parts = dynamic_mig_devices(gpu, profiles)
+                    if not switchable:
+                        # A whole GPU needs MIG mode off, which this GPU only reaches through
+                        # a reset: it serves partitions only (docs/admin.md).
+                        mine = [d for d in mine if d["name"] != name]
+                    else:
+                        kinds[name] = "gpu"
                     counters.append(counter_set(gpu, profiles))
                     partitions.update(parts)
                     kinds.update({n: "mig" for n in parts})
-                    kinds[name] = "gpu"
                 elif mode == "MIG" and self._mig_ready(gpu):
                     profiles = self.backend.mig_profiles(gpu.index)
                     instances = self.backend.list_mig_devices(gpu.index)
@@ -139,6 +149,66 @@ class NodeDevices:
         if not mode.current:
             log.warning("GPU %d: MIG mode is pending a GPU reset; publishing it whole", gpu.index)
         return mode.current
+
+    def _dynamic_profiles(self, index: int) -> list[MigProfile]:
+        if index not in self._profiles:
+            self._profiles[index] = self.backend.mig_profiles(index)
+        return self._profiles[index]
+
+    def _probe_switch(self, gpu: GpuInfo) -> bool:
+        """Whether the GPU switches MIG mode without a reset, found by switching it once while
+        no instance exists; it is left with MIG mode off, ready for a whole-GPU claim."""
+        known = self._switchable.get(gpu.index)
+        if known is not None:
+            return known
+        if not gpu.mig_capable or gpu.mig_mode is None:
+            return False
+        index = gpu.index
+        try:
+            if self.backend.list_mig_devices(index):
+                return False  # prepared partitions: probed once they are gone
+            if not gpu.mig_mode.current and not self.backend.set_mig_mode(index, True).current:
+                self.backend.set_mig_mode(index, False)  # withdraw the pending request
+                self._switchable[index] = False
+                return False
+            self._profiles[index] = self.backend.mig_profiles(index)
+            off = not self.backend.set_mig_mode(index, False).current
+            if not off:
+                self.backend.set_mig_mode(index, True)
+        except (GpuBackendError, OSError) as err:
+            log.warning("GPU %d: cannot switch MIG mode (%s); serving partitions only", index, err)
+            return False
+        self._switchable[index] = off
+        log.info(
+            "GPU %d: MIG mode %s",
+            index,
+            "switches without a reset: whole-GPU claims get the GPU, partitions switch it on"
+            if off
+            else "needs a reset to switch: it serves MIG partitions only",
+        )
+        return off
+
+    def ready_for(self, device_name: str) -> None:
+        """Puts a dynamic-MIG GPU in the MIG mode the device needs: off for the whole GPU, on
+        for a partition. The caller holds the GPU's lock; the counters in the slice keep a
+        whole-GPU claim and a partition from being allocated on one GPU at once."""
+        with self._lock:
+            part = self._partitions.get(device_name)
+            gpu = self._gpus.get(device_name)
+        index = part.parent_index if part is not None else gpu.index if gpu is not None else None
+        if index is None or not self._switchable.get(index):
+            return
+        want = part is not None
+        mode = self.backend.get_mig_mode(index)
+        if mode.current == want:
+            return
+        mode = self.backend.set_mig_mode(index, want)
+        if mode.current != want:
+            self.backend.set_mig_mode(index, not want)
+            raise GpuBackendError(
+                f"GPU {index}: MIG mode {'on' if want else 'off'} is pending a GPU reset; "
+                f"{device_name} cannot be prepared until the GPU is reset"
+            )
 
     def _current_gpus(self) -> list[GpuInfo]:
         return [
@@ -186,6 +256,8 @@ class NodeDevices:
             return self._partitions.get(device_name)
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
+        if index in self._profiles:
+            return list(self._profiles[index])
         return self.backend.mig_profiles(index)
 
     def slice_devices(self) -> list[Device]:

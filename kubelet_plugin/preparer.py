@@ -381,6 +381,8 @@ class ClaimPreparerImpl:
     def _materialise(self, allocated: AllocatedDevice) -> tuple[CdiDevice, MigDevice | None]:
         """The device's CDI content, creating its MIG instance first for dynamic MIG."""
         part = self.devices.partition(allocated.device)
+        # On a dynamic-MIG GPU: MIG mode off for the whole GPU, on for a partition.
+        self.devices.ready_for(allocated.device)
         if part is None:
             device = self._device(allocated)
             return dataclasses.replace(device, share_id=allocated.share_id), None

@@ -16,6 +16,7 @@ from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
     create_claim,
+    device_uuid,
     ensure_device_classes,
     env_from_log,
     granted_uuids,
@@ -127,9 +128,13 @@ def test_partitions_are_created_on_demand_and_exclude_the_whole_gpu(
     assert [i for i in instances(node)[0] if i["size"] == 1] == []
     wait_phase(api, namespace, "whole", {"Running"}, timeout_s=90)
     assert allocated(api, namespace, "whole")[0].device == "gpu-0"
-    # On a dynamic-MIG GPU the whole GPU is its full-size partition (creating it would have
-    # failed had any 1g instance been left behind).
-    assert [(i["start"], i["size"]) for i in instances(node)[0]] == [(0, 8)]
+    # The whole GPU is the GPU itself: MIG mode switched off (which fails while any
+    # instance is left), its GPU UUID handed out, never a MIG device.
+    state = json.loads((node.data_dir / "simulated-gpus.json").read_text())
+    assert instances(node)[0] == [] and state["gpus"][0]["mig_enabled"] is False
+    whole = env_from_log(wait_container_output(node, namespace, "whole", "DONE"))
+    assert granted_uuids(whole) == [device_uuid(api, NODE, "gpu-0")]
+    assert granted_uuids(whole)[0].startswith("GPU-")
 
 
 def test_crash_after_creating_an_instance_leaves_no_orphan(

@@ -111,7 +111,7 @@ def test_counters_admit_exactly_the_partition_sets_the_gpu_can_hold(family: str)
     free = {n: int(c["value"]) for n, c in counter_set(_gpu(), profiles)["counters"].items()}
     mig = [d for d in devices if d["name"] != "gpu-0"]
     admitted = set(_counter_admitted(mig, free))
-    del partitions["gpu-0"]
+    assert "gpu-0" not in partitions  # the whole GPU is the GPU itself, not a partition
     assert admitted == _all_valid(partitions, profiles)
     # The whole GPU is allocatable alone and with nothing else.
     whole = next(d for d in devices if d["name"] == "gpu-0")
