@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.scale_publications import NodeInventory, inventory, node_specs
+from bench.scale_publications import DYNAMIC, SHARED, NodeInventory, inventory, node_specs
 from driver.names import DRIVER_NAME
 from tools.cluster import create_simulated_node
 
@@ -30,9 +30,17 @@ def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         return list(pool.map(fn, items))
 
 
-def create_nodes(api: Any, names: Sequence[str], folder: Path) -> dict[str, NodeInventory]:
-    parallel(lambda n: create_simulated_node(api, n, pods="500"), names)
-    return {n: inventory(n, folder) for n in names}
+def create_nodes(
+    api: Any,
+    names: Sequence[str],
+    folder: Path,
+    *,
+    labels: dict[str, str] | None = None,
+    dynamic: frozenset[int] = DYNAMIC,
+    shared: frozenset[int] = SHARED,
+) -> dict[str, NodeInventory]:
+    parallel(lambda n: create_simulated_node(api, n, labels=labels, pods="500"), names)
+    return {n: inventory(n, folder, dynamic, shared) for n in names}
 
 
 def ensure_classes(api: Any) -> None:

@@ -43,18 +43,22 @@ PUBLICATIONS = ("flexgpu", "nvidia-style", "whole-only")
 
 @dataclass
 class NodeInventory:
-    """What one hollow node has: its GPUs and each GPU's MIG profiles."""
+    """What one hollow node has: its GPUs, each GPU's MIG profiles and the GPUs in each mode."""
 
     gpus: list[GpuInfo]
     profiles: list[MigProfile]
     devices: NodeDevices
+    dynamic: frozenset[int] = DYNAMIC
+    shared: frozenset[int] = SHARED
 
 
-def inventory(node: str, folder: Path) -> NodeInventory:
+def inventory(
+    node: str, folder: Path, dynamic: frozenset[int] = DYNAMIC, shared: frozenset[int] = SHARED
+) -> NodeInventory:
     backend = SimulatedBackend.from_topology(TOPOLOGY, node, state_path=folder / f"{node}.json")
-    devices = NodeDevices(backend, shared=SHARED, dynamic_mig=DYNAMIC)
+    devices = NodeDevices(backend, shared=shared, dynamic_mig=dynamic)
     gpus = sorted(devices.gpus(), key=lambda g: g.index)
-    return NodeInventory(gpus, devices.mig_profiles(min(DYNAMIC)), devices)
+    return NodeInventory(gpus, devices.mig_profiles(min(dynamic)), devices, dynamic, shared)
 
 
 def _rfc1123(name: str) -> str:
@@ -133,10 +137,10 @@ def nvidia_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
     bodies: list[dict[str, Any]] = []
     counter_sets = []
     for gpu in sorted(inv.gpus, key=lambda g: g.pci_bus_id):
-        if gpu.index in DYNAMIC:
+        if gpu.index in inv.dynamic:
             devices, counters = nvidia_gpu(gpu, inv.profiles)
             counter_sets.append(counters)
-        elif gpu.index in SHARED:
+        elif gpu.index in inv.shared:
             devices = [shared_gpu_device(gpu)]
         else:
             devices = [whole_gpu_device(gpu)]

@@ -97,7 +97,16 @@ class _Seen:
 
 
 def _cluster_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
-    """Every device of a usable pool that some node can see, once, in allocation order."""
+    """Every device of a usable pool that some node can see, once, in allocation order;
+    kept with the index for the same nodes."""
+    key = ("explain.cluster_devices", tuple(n.name for n in nodes))
+    known = index.derived.get(key)
+    if known is None:
+        known = index.derived[key] = _gather_devices(index, nodes)
+    return list(known)
+
+
+def _gather_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
     found: dict[DeviceId, _Seen] = {}
     for node in nodes:
         for pool in index.pools(node):

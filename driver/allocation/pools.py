@@ -8,9 +8,10 @@ ordered by driver and pool name, slices by name: with first-fit search, order is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from driver.allocation.model import Node, ResourceSlice
 from driver.allocation.nodes import node_matches
@@ -142,6 +143,8 @@ class SliceIndex:
             else:
                 self._anywhere.add(key)
         self._pools: dict[str, list[Pool]] = {}
+        # Results callers derive from this view alone, kept with it (explain's device list).
+        self.derived: dict[Hashable, Any] = {}
 
     def relevant(self, node_name: str) -> list[ResourceSlice]:
         """Every slice of every pool that has a slice the node might see."""
