@@ -30,7 +30,12 @@ from typing import Any, Final
 
 import kopf
 
-from driver.config_resolution import ConfigSource, DeviceType, validate_config_entries
+from driver.config_resolution import (
+    ConfigSource,
+    DeviceType,
+    request_device_counts,
+    validate_config_entries,
+)
 from driver.names import (
     CRD_GROUP,
     DRIVER_NAME,
@@ -115,6 +120,7 @@ def validate_claim_spec(spec: object, *, path: str = "spec") -> Problems:
         path=f"{path}.devices.config",
         source=ConfigSource.CLAIM,
         request_device_types=request_device_types(devices.get("requests")),
+        request_counts=request_device_counts(devices.get("requests")),
         driver=DRIVER_NAME,
     )
 

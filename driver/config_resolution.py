@@ -41,6 +41,7 @@ from enum import StrEnum
 from typing import Final, Literal, TypeAlias, get_args
 
 from driver.config_support import unsupported_on_device, unsupported_settings
+from driver.mps_limits import index_keys_beyond
 from driver.names import DRIVER_NAME
 from driver.opaque_config import (
     ROOT_ALLOWED,
@@ -201,6 +202,7 @@ def validate_config_entries(
     path: str,
     source: ConfigSource | None = ConfigSource.CLAIM,
     request_device_types: Mapping[str, DeviceType] | None = None,
+    request_counts: Mapping[str, int | None] | None = None,
     driver: str = DRIVER_NAME,
 ) -> list[str]:
     """The admission webhook's check of a ``config`` list; returns the problems, ``[]`` if none.
@@ -210,7 +212,10 @@ def validate_config_entries(
     ``request_device_types`` maps request references to the type their class selects, an
     entry that names a request and has the wrong kind for it is reported too, as prepare
     would refuse it, and so is the config prepare would pick for such a request (rules 2-4)
-    when it cannot be applied to that type of device (``unsupported_on_device``).
+    when it cannot be applied to that type of device (``unsupported_on_device``). When
+    ``request_counts`` (``request_device_counts``) gives how many devices each request asks
+    for, an MPS config's per-device index keys beyond the devices it will configure are
+    reported too (``driver.mps_limits``).
     """
     entries, problems = _parse_entries(configs, path, source, driver)
     types = request_device_types or {}
@@ -222,6 +227,7 @@ def validate_config_entries(
                     message = wrong_kind_message(entry.config, ref, device_type)
                     problems.append(f"{path}[{entry.index}]: {message}")
     ranked = sorted(entries, key=lambda e: (e.source is ConfigSource.CLAIM, e.index), reverse=True)
+    chosen_for: dict[str, ConfigEntry] = {}
     for ref, device_type in types.items():
         chosen = next(
             (
@@ -231,11 +237,65 @@ def validate_config_entries(
             ),
             None,
         )
-        unsupported = unsupported_on_device(chosen.config, device_type, ref) if chosen else []
-        if chosen is not None and unsupported:
+        if chosen is None:
+            continue
+        chosen_for[ref] = chosen
+        unsupported = unsupported_on_device(chosen.config, device_type, ref)
+        if unsupported:
             prefix = f"{path}[{chosen.index}].opaque.parameters"
             problems += OpaqueConfigError(unsupported).render(prefix)
+    if request_counts is not None:
+        for entry in entries:
+            count = _devices_configured(entry, chosen_for, request_counts)
+            mps = entry.config.effective_sharing.mpsConfig
+            if count is not None and mps is not None:
+                beyond = index_keys_beyond(mps, count)
+                prefix = f"{path}[{entry.index}].opaque.parameters"
+                problems += OpaqueConfigError(beyond).render(prefix) if beyond else []
     return problems
+
+
+def _devices_configured(
+    entry: ConfigEntry, chosen_for: Mapping[str, ConfigEntry], counts: Mapping[str, int | None]
+) -> int | None:
+    """The most devices ``entry`` can configure: per main request, the largest count among the
+    references it is chosen for (one ``firstAvailable`` subrequest is allocated, not all).
+    ``None`` when a count is unknown (allocation mode All)."""
+    per_main: dict[str, int] = {}
+    for ref, chosen in chosen_for.items():
+        if chosen is not entry:
+            continue
+        count = counts.get(ref)
+        if count is None:
+            return None
+        main = _main_request(ref)
+        per_main[main] = max(per_main.get(main, 0), count)
+    return sum(per_main.values()) if per_main else None
+
+
+def request_device_counts(requests: object) -> dict[str, int | None]:
+    """How many devices each request reference of ``spec.devices.requests`` (v1) asks for:
+    ``count`` in allocation mode ExactCount (default 1), ``None`` in mode All. Malformed
+    parts are skipped (the apiserver's validation reports them)."""
+    out: dict[str, int | None] = {}
+    for raw in requests if isinstance(requests, list | tuple) else ():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            continue
+        name = raw["name"]
+        if isinstance(raw.get("exactly"), Mapping):
+            out[name] = _count(raw["exactly"])
+        subrequests = raw.get("firstAvailable")
+        for sub in subrequests if isinstance(subrequests, list | tuple) else ():
+            if isinstance(sub, Mapping) and isinstance(sub.get("name"), str):
+                out[f"{name}/{sub['name']}"] = _count(sub)
+    return out
+
+
+def _count(request: Mapping[object, object]) -> int | None:
+    if request.get("allocationMode") == "All":
+        return None
+    count = request.get("count", 1)
+    return count if type(count) is int else None
 
 
 def _parse_entries(

@@ -3,7 +3,8 @@
 Users put these under ``opaque.parameters`` of a claim's or a DeviceClass's ``config`` with
 ``driver: gpu.flexgpu.dev``. The ``sharing`` block has the shape of NVIDIA's DRA driver
 (``resource.nvidia.com/v1beta1``), so a ``GpuConfig`` manifest migrates by changing only
-``driver`` and ``apiVersion``. NVIDIA's MIG kind is ``MigDeviceConfig``; ours is ``MigConfig``.
+``driver`` and ``apiVersion``. NVIDIA's MIG kind ``MigDeviceConfig`` is read as ``MigConfig``
+(the parsed config keeps the kind it was written with).
 
 ``parse_opaque_config`` is the one entry point: the admission webhook and the kubelet plugin's
 prepare both call it, so what admission accepts is exactly what prepare accepts. It does no I/O
@@ -75,6 +76,7 @@ __all__ = [
     "GPU_CONFIG_KIND",
     "MAX_PROBLEMS",
     "MIG_CONFIG_KIND",
+    "MIG_DEVICE_CONFIG_KIND",
     "ROOT_ALLOWED",
     "SHARING_ALLOWED",
     "SHARING_KEYS_ALLOWED",
@@ -99,6 +101,8 @@ __all__ = [
 
 GPU_CONFIG_KIND: Final = "GpuConfig"
 MIG_CONFIG_KIND: Final = "MigConfig"
+# NVIDIA's DRA driver names its MIG kind so; a migrated manifest keeps it.
+MIG_DEVICE_CONFIG_KIND: Final = "MigDeviceConfig"
 # JSON integers with more digits are not converted at all (see validation_messages.BigInt).
 _MAX_INT_DIGITS: Final = 64
 
@@ -194,10 +198,19 @@ class MpsConfig(StrictModel):
     defaultPerDevicePinnedMemoryLimit: dict[DeviceKey, MemoryLimit] | None = Field(
         default=None,
         description=(
-            "Per-device override of defaultPinnedDeviceMemoryLimit, keyed by device index "
-            "(0), device name (gpu-0) or UUID"
+            "Per-device override of defaultPinnedDeviceMemoryLimit, keyed as NVIDIA's DRA "
+            "driver keys it: the index of the device among the devices this config applies "
+            "to, ordered by UUID (0 is the first), or the device's UUID; a device name "
+            "(gpu-0) is accepted too. A key that matches none of them is refused"
         ),
         json_schema_extra={"propertyNames": {"pattern": f"^({_DEVICE_KEY.pattern})$"}},
+    )
+    multiUser: bool | None = Field(
+        default=None,
+        description=(
+            "Run the MPS control daemon in multi-user mode, so processes of different UIDs "
+            "share it (needs compute capability 7.0 or newer)"
+        ),
     )
 
 
@@ -281,7 +294,7 @@ class MigConfig(StrictModel):
     model_config = ConfigDict(json_schema_extra=_require_type_meta)
 
     apiVersion: Literal["gpu.flexgpu.dev/v1alpha1"] = "gpu.flexgpu.dev/v1alpha1"
-    kind: Literal["MigConfig"] = "MigConfig"
+    kind: Literal["MigConfig", "MigDeviceConfig"] = "MigConfig"
     sharing: MigSharing | None = None
 
     @property
@@ -296,6 +309,7 @@ OpaqueConfig: TypeAlias = GpuConfig | MigConfig
 CONFIG_MODELS: Final[dict[str, type[GpuConfig] | type[MigConfig]]] = {
     GPU_CONFIG_KIND: GpuConfig,
     MIG_CONFIG_KIND: MigConfig,
+    MIG_DEVICE_CONFIG_KIND: MigConfig,
 }
 
 
@@ -309,6 +323,8 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schema per kind, keyed by file name (checked in under driver/schemas/)."""
     out: dict[str, dict[str, Any]] = {}
     for kind, model in CONFIG_MODELS.items():
+        if model.model_fields["kind"].default != kind:
+            continue  # an alias of a kind that has its own schema
         schema = model.model_json_schema()
         out[f"{kind.lower()}.json"] = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -363,6 +379,7 @@ SHARING_ALLOWED: Final[dict[Pattern, str]] = {
     ("mpsConfig", "defaultPinnedDeviceMemoryLimit"): _QUANTITY_ALLOWED,
     ("mpsConfig", _PER_DEVICE): 'an object of device to quantity, e.g. {"0": "4Gi"}',
     ("mpsConfig", _PER_DEVICE, "*"): _QUANTITY_ALLOWED,
+    ("mpsConfig", "multiUser"): "true or false",
 }
 SHARING_KEYS_ALLOWED: Final[dict[Pattern, str]] = {
     ("mpsConfig", _PER_DEVICE): (

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from driver.config_resolution import ConfigResolutionError, resolve_configs
 from driver.config_support import unsupported_on_device
-from driver.gpu_model import MpsDaemon, TimeSliceInterval
+from driver.gpu_model import GpuInfo, MpsDaemon, TimeSliceInterval
+from driver.mps_limits import ConfiguredDevice, PinnedLimitError, pinned_memory_limits
 from driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
 from driver.quantity import QuantityError, parse_quantity
 from driver.user_text import shorten
@@ -50,6 +51,8 @@ def plan_sharing(
         raise SharingError(f"claim {_claim_name(claim)}: {err}") from None
     plan = SharingPlan()
     clients: list[MpsClient] = []
+    # Whole GPUs under MPS, per config: NVIDIA's per-device keys index the config's devices.
+    mps_groups: dict[int, list[tuple[GpuConfig, AllocatedDevice, GpuInfo]]] = {}
     for allocated in ours:
         gpu = devices.gpu(allocated.device)
         if gpu is None:
@@ -75,6 +78,7 @@ def plan_sharing(
             # (driver.config_support), exactly as admission does.
             continue
         sharing = config.effective_sharing
+        _check_multi_user(claim, config, gpu)
         if kind == "shared":
             clients.append(_share_client(allocated, config, gpu.index, gpu.memory_mib, plan))
         elif sharing.strategy == SharingStrategy.TIME_SLICING:
@@ -85,7 +89,9 @@ def plan_sharing(
             )
             plan.time_slices[gpu.index] = TimeSliceInterval(interval)
         elif sharing.strategy == SharingStrategy.MPS:
-            clients.append(_whole_gpu_client(config, allocated.device, gpu.index, gpu.uuid))
+            mps_groups.setdefault(id(config), []).append((config, allocated, gpu))
+    for group in mps_groups.values():
+        clients += _whole_gpu_clients(claim, group)
     gpus = sorted({c.gpu_index for c in clients})
     if len(gpus) > 1:
         names = ", ".join(f"gpu-{i}" for i in gpus)
@@ -128,16 +134,37 @@ def _share_client(
     return MpsClient(index, min(threads, 100), memory_mib)
 
 
-def _whole_gpu_client(config: GpuConfig, device: str, index: int, uuid: str) -> MpsClient:
-    mps = config.effective_sharing.mpsConfig
+def _whole_gpu_clients(
+    claim: ClaimView, group: Sequence[tuple[GpuConfig, AllocatedDevice, GpuInfo]]
+) -> list[MpsClient]:
+    mps = group[0][0].effective_sharing.mpsConfig
     if mps is None:
-        return MpsClient(index, None, None)
-    limit = mps.defaultPinnedDeviceMemoryLimit
-    for key, value in (mps.defaultPerDevicePinnedMemoryLimit or {}).items():
-        if key in (str(index), device, uuid):
-            limit = value
-    pinned = limit.ceil() // MIB if limit is not None else None
-    return MpsClient(index, mps.defaultActiveThreadPercentage, pinned)
+        return [MpsClient(gpu.index, None, None) for _, _, gpu in group]
+    devices = [ConfiguredDevice(a.device, gpu.uuid) for _, a, gpu in group]
+    try:
+        limits = pinned_memory_limits(mps, devices)
+    except PinnedLimitError as err:
+        raise SharingError(f"claim {_claim_name(claim)}: {err}") from None
+    clients = []
+    for _, allocated, gpu in group:
+        limit = limits[allocated.device]
+        pinned = limit.ceil() // MIB if limit is not None else None
+        clients.append(MpsClient(gpu.index, mps.defaultActiveThreadPercentage, pinned))
+    return clients
+
+
+def _check_multi_user(claim: ClaimView, config: GpuConfig, gpu: GpuInfo) -> None:
+    # As NVIDIA's driver: multi-user MPS needs Volta (compute capability 7.0) or newer.
+    mps = config.effective_sharing.mpsConfig
+    if mps is None or not mps.multiUser:
+        return
+    major = gpu.cuda_compute_capability.split(".", 1)[0]
+    if not major.isdigit() or int(major) < 7:
+        raise SharingError(
+            f"claim {_claim_name(claim)}: sharing.mpsConfig.multiUser: true is not supported "
+            f"on gpu-{gpu.index} (compute capability {gpu.cuda_compute_capability}); "
+            "allowed: false, or a GPU of compute capability 7.0 or newer"
+        )
 
 
 def _merge(clients: Sequence[MpsClient]) -> MpsClient:

@@ -107,7 +107,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         claim_spec(mps(defaultActiveThreadPercentag=50)),
         f"{PARAMS}.sharing.mpsConfig.defaultActiveThreadPercentag: unknown field; allowed: "
         "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
-        "defaultPerDevicePinnedMemoryLimit",
+        "defaultPerDevicePinnedMemoryLimit, multiUser",
     ),
     (
         "percentage-0",

@@ -36,7 +36,8 @@ def test_schemas_describe_the_manifest_contract() -> None:
         assert schema["required"] == ["apiVersion", "kind"]
         assert schema["additionalProperties"] is False
         assert schema["properties"]["apiVersion"]["const"] == "gpu.flexgpu.dev/v1alpha1"
-        assert schema["properties"]["kind"]["const"] == kind
+        kinds = schema["properties"]["kind"]
+        assert kinds.get("const") == kind or kinds["enum"] == [kind, "MigDeviceConfig"]
         assert schema["$defs"]["SharingStrategy"]["enum"] == ["Exclusive", "TimeSlicing", "MPS"]
         assert all(
             d.get("additionalProperties") is False

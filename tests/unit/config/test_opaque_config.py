@@ -32,7 +32,7 @@ ROOT = 'a JSON object with apiVersion "gpu.flexgpu.dev/v1alpha1" and kind GpuCon
 QTY = 'a Kubernetes quantity of whole bytes greater than 0, e.g. "10Gi"'
 MPS_FIELDS = (
     "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
-    "defaultPerDevicePinnedMemoryLimit"
+    "defaultPerDevicePinnedMemoryLimit, multiUser"
 )
 PCT = "sharing.mpsConfig.defaultActiveThreadPercentage"
 PIN = "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"
@@ -54,14 +54,14 @@ def mps(**settings_: Any) -> dict[str, Any]:
 BAD: list[tuple[str, object, list[str]]] = [
     # --- identity
     (
-        "wrong kind (NVIDIA's MIG kind)",
-        {"apiVersion": V, "kind": "MigDeviceConfig"},
-        ['kind: "MigDeviceConfig" is not allowed; allowed: GpuConfig, MigConfig'],
+        "wrong kind (NVIDIA's GPU kind is GpuConfig too; its VFIO kind is not ours)",
+        {"apiVersion": V, "kind": "VfioDeviceConfig"},
+        ['kind: "VfioDeviceConfig" is not allowed; allowed: GpuConfig, MigConfig, MigDeviceConfig'],
     ),
     (
         "kind not a string",
         {"apiVersion": V, "kind": 7},
-        ["kind: 7 is not allowed; allowed: GpuConfig, MigConfig"],
+        ["kind: 7 is not allowed; allowed: GpuConfig, MigConfig, MigDeviceConfig"],
     ),
     (
         "wrong apiVersion (NVIDIA's)",
@@ -73,7 +73,7 @@ BAD: list[tuple[str, object, list[str]]] = [
         {"apiVersion": "v1", "kind": "Pod"},
         [
             'apiVersion: "v1" is not allowed; allowed: ' + V,
-            'kind: "Pod" is not allowed; allowed: GpuConfig, MigConfig',
+            'kind: "Pod" is not allowed; allowed: GpuConfig, MigConfig, MigDeviceConfig',
         ],
     ),
     (
@@ -81,7 +81,7 @@ BAD: list[tuple[str, object, list[str]]] = [
         {},
         [
             "apiVersion: missing; allowed: " + V,
-            "kind: missing; allowed: GpuConfig, MigConfig",
+            "kind: missing; allowed: GpuConfig, MigConfig, MigDeviceConfig",
         ],
     ),
     (
@@ -423,6 +423,7 @@ def test_lone_surrogates_are_escaped() -> None:
 GOOD: list[dict[str, Any]] = [
     {"apiVersion": V, "kind": "GpuConfig"},
     {"apiVersion": V, "kind": "MigConfig"},
+    {"apiVersion": V, "kind": "MigDeviceConfig"},
     gpu(),
     gpu(strategy="Exclusive"),
     gpu(strategy="TimeSlicing"),
@@ -593,7 +594,7 @@ SHARING = obj(
 # Near-valid configs reach the deep validation paths that random JSON rarely does.
 NEAR_VALID = obj(
     apiVersion=field(st.just(V)),
-    kind=field(st.sampled_from(["GpuConfig", "MigConfig"])),
+    kind=field(st.sampled_from(["GpuConfig", "MigConfig", "MigDeviceConfig"])),
     sharing=field(SHARING),
 )
 
@@ -670,4 +671,27 @@ def test_deeply_nested_python_data_gives_an_opaque_config_error() -> None:
     shown = '{"a": ' * 9 + '{"a...'  # cut at 60 characters
     assert caught.value.problems == [
         f"sharing.strategy: {shown} is not allowed; allowed: Exclusive, TimeSlicing, MPS"
+    ]
+
+
+def test_nvidia_mig_kind_reads_as_mig_config_and_keeps_its_name() -> None:
+    """A manifest written for NVIDIA's driver says MigDeviceConfig: it configures MIG devices
+    exactly as MigConfig does, and round-trips under the kind it was written with."""
+    raw = {"apiVersion": V, "kind": "MigDeviceConfig", "sharing": {"strategy": "Exclusive"}}
+    config = parse_opaque_config(raw)
+    assert isinstance(config, MigConfig)
+    assert config.to_parameters() == raw
+    assert parse_opaque_config(config.to_parameters()) == config
+
+
+def test_multi_user_is_a_boolean_of_mps_config() -> None:
+    """NVIDIA's mpsConfig.multiUser is accepted; anything but a JSON boolean is refused."""
+    config = parse_opaque_config(gpu(strategy="MPS", mpsConfig={"multiUser": True}))
+    assert isinstance(config, GpuConfig)
+    mps = config.effective_sharing.mpsConfig
+    assert mps is not None and mps.multiUser is True
+    with pytest.raises(OpaqueConfigError) as caught:
+        parse_opaque_config(gpu(strategy="MPS", mpsConfig={"multiUser": "yes"}))
+    assert caught.value.problems == [
+        'sharing.mpsConfig.multiUser: "yes" is not allowed; allowed: true or false'
     ]

@@ -71,7 +71,7 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
         claim(mps(defaultActiveThreadPercentag=50)),
         f"{PARAMS}.sharing.mpsConfig.defaultActiveThreadPercentag: unknown field; allowed: "
         "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
-        "defaultPerDevicePinnedMemoryLimit",
+        "defaultPerDevicePinnedMemoryLimit, multiUser",
     ),
     (
         "percentage 0",
