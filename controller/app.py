@@ -13,6 +13,7 @@ from controller.active import ActiveWork
 from controller.cluster_state import ClusterState
 from controller.diagnostics import Diagnostics
 from controller.events import EventRecorder
+from controller.idle_events import IdleClaimNotifier
 from controller.leader import LeaseElector
 from controller.reflector import Reflector, start_reflectors
 
@@ -29,6 +30,11 @@ class ControllerConfig:
     reemit_s: float
     metrics_port: int | None
     metrics_address: str = "0.0.0.0"
+    # Kubelet plugins' metrics endpoints (controller/plugin_endpoints.py) and the idle
+    # window: with both, idle claims and their pods get an Event (controller/idle_events.py).
+    plugin_metrics: tuple[str, ...] = ()
+    idle_window_s: float | None = None
+    idle_check_s: float = 60.0
 
 
 class Controller:
@@ -53,6 +59,16 @@ class Controller:
             self.state, self.diagnostics, work_api, lambda: self.elector.is_leader
         )
         self._reflectors: list[Reflector] = []
+        self.idle: IdleClaimNotifier | None = None
+        if config.plugin_metrics and config.idle_window_s is not None:
+            self.idle = IdleClaimNotifier(
+                config.plugin_metrics,
+                EventRecorder(kube.clone(api), config.identity),
+                snapshot=self.state.snapshot,
+                is_leader=lambda: self.elector.is_leader,
+                window_s=config.idle_window_s,
+                interval_s=config.idle_check_s,
+            )
 
     def start(self) -> None:
         if self.config.metrics_port is not None:
@@ -60,6 +76,8 @@ class Controller:
         self._reflectors = start_reflectors(self.state, lambda: kube.clone(self.api))
         self.elector.start()
         self.work.start()
+        if self.idle is not None:
+            self.idle.start()
         log.info(
             "flexgpu-controller %s started (lease %s/%s, pending delay %.0fs)",
             self.config.identity,
@@ -71,6 +89,8 @@ class Controller:
     def stop(self) -> None:
         """Stops the active work first, then gives the lease up for a prompt takeover."""
         self.work.stop()
+        if self.idle is not None:
+            self.idle.stop()
         self.elector.stop(release=True)
         for reflector in self._reflectors:
             reflector.stop()

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from controller.cli_cluster import add_capacity, add_explain
+from controller.cli_usage import add_usage
 from driver.backend import GpuBackend
 from driver.backend_errors import BackendUnavailableError, GpuBackendError
 from driver.inventory import collect_inventory
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inventory(subparsers)
     add_explain(subparsers)
     add_capacity(subparsers)
+    add_usage(subparsers)
     return parser
 
 

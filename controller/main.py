@@ -29,6 +29,7 @@ from controller.admission_server import add_webhook_arguments, options_from_args
 from controller.app import Controller, ControllerConfig
 from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from controller.webhook_server import WebhookOptions, configure_webhook
+from driver.durations import parse_duration
 
 log = logging.getLogger("flexgpu.controller")
 
@@ -91,6 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="serve kopf's liveness probe on this port at /healthz (0: off)",
     )
+    parser.add_argument(
+        "--plugin-metrics",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="kubelet plugins' metrics endpoint (a name stands for all its addresses, e.g. the "
+        "chart's headless plugin metrics Service); repeatable",
+    )
+    parser.add_argument(
+        "--idle-window",
+        type=parse_duration,
+        metavar="DURATION",
+        help="record IdleGpuClaim Events for claims idle this long, e.g. 2h (needs "
+        "--plugin-metrics)",
+    )
+    parser.add_argument(
+        "--idle-check-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how often the leader reads the plugins for idle claims (default 60)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     parser.add_argument(
         "--no-webhook",
@@ -112,6 +135,9 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         reemit_s=args.reemit_interval,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
+        plugin_metrics=tuple(args.plugin_metrics),
+        idle_window_s=args.idle_window,
+        idle_check_s=args.idle_check_interval,
     )
 
 

@@ -13,7 +13,6 @@ usage sampler, the collectors and the /metrics endpoint.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.backend import GpuBackend
+from driver.durations import parse_duration
 from kubelet_plugin import metrics
 from kubelet_plugin.checkpoint import ClaimRecord
 from kubelet_plugin.claim_objects import ClaimObjects
@@ -33,22 +33,12 @@ from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
 
 log = logging.getLogger(__name__)
 
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 # A claim not in the plugin's cache is read again at most this often (its pods change).
 CLAIM_REREAD_S = 60.0
 
 
 class MetricsSettingError(ValueError):
     """A metrics variable has a value the plugin cannot use; the text names it."""
-
-
-def parse_duration(text: str) -> float:
-    """Seconds of a Prometheus duration (``1h30m``, ``90s``)."""
-    parts = _DURATION.findall(text)
-    if not text or "".join(n + u for n, u in parts) != text:
-        raise ValueError(text)
-    return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from driver.backend_errors import InUseError, NotFoundError
+from driver.durations import parse_duration
 from driver.sim_backend import SimulatedBackend
 from driver.sim_usage import USAGE_FILE_NAME
 from kubelet_plugin import metrics
 from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
 from kubelet_plugin.claims import ClaimRef, PrepareResult, UnprepareResult
-from kubelet_plugin.metrics_setup import MetricsSettingError, parse_duration, settings_from_env
+from kubelet_plugin.metrics_setup import MetricsSettingError, settings_from_env
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.observed_backend import ObservedBackend
 from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings

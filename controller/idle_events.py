@@ -1,0 +1,114 @@
+"""IdleGpuClaim Events on claims whose GPUs do nothing, and on the pods that hold them.
+
+The plugins measure (``flexgpu_claim_idle_seconds``: how long every device of the claim has
+been below the idle threshold); the leader reads their endpoints every interval and tells
+the claim and each pod using it once per idle stretch. The controller does this rather than
+the plugins because it already records Events on pods and claims cluster-wide and knows
+which pods use a claim, while a plugin may only record Events about its own Node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from controller.cluster_state import Snapshot
+from controller.events import EventSink, EventTarget
+from controller.plugin_endpoints import Scrape, scrape
+
+log = logging.getLogger(__name__)
+
+REASON = "IdleGpuClaim"
+IDLE_FAMILY = "flexgpu_claim_idle_seconds"
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+
+
+class IdleClaimNotifier:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        sink: EventSink,
+        *,
+        snapshot: Callable[[], Snapshot],
+        is_leader: Callable[[], bool],
+        window_s: float,
+        interval_s: float = 60.0,
+        read: Callable[[Sequence[str]], Scrape] = scrape,
+    ) -> None:
+        self._endpoints = list(endpoints)
+        self._sink = sink
+        self._snapshot = snapshot
+        self._is_leader = is_leader
+        self.window_s = window_s
+        self._interval_s = interval_s
+        self._read = read
+        self._told: set[str] = set()  # claim keys told in their current idle stretch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="idle-claims", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            if not self._is_leader():
+                self._told.clear()  # a later leadership starts afresh
+                continue
+            try:
+                self.check_once()
+            except Exception as err:  # never stop checking
+                log.warning("idle claim check failed: %s", err)
+
+    def check_once(self) -> list[str]:
+        """Tells newly idle claims and their pods; returns the keys told this time."""
+        idle: dict[str, tuple[float, set[str]]] = {}
+        for sample in self._read(self._endpoints).named(IDLE_FAMILY):
+            key = f"{sample.labels.get('namespace', '')}/{sample.labels.get('claim', '')}"
+            seconds, nodes = idle.get(key, (float("inf"), set()))
+            # Idle only if idle on every node that reports the claim.
+            idle[key] = (min(seconds, sample.value), nodes | {sample.labels.get("node", "")})
+        self._told &= {k for k, (s, _) in idle.items() if s >= self.window_s}
+        snapshot = self._snapshot()
+        told = []
+        for key, (seconds, nodes) in sorted(idle.items()):
+            if seconds < self.window_s or key in self._told:
+                continue
+            claim = snapshot.claims.get(key)
+            if claim is None:
+                continue
+            model = claim.model
+            message = (
+                f"GPU claim {key} has used less than the idle threshold of its devices' SM "
+                f"time for {_duration(seconds)} (on {', '.join(sorted(nodes))}); release it "
+                "if the workload no longer needs a GPU"
+            )
+            targets = [
+                EventTarget(
+                    "ResourceClaim", "resource.k8s.io/v1", model.namespace, model.name, model.uid
+                )
+            ]
+            for pod in snapshot.pods.values():
+                if key in pod.claim_keys():
+                    targets.append(EventTarget("Pod", "v1", pod.namespace, pod.name, pod.uid))
+            for target in targets:
+                self._sink.emit(target, REASON, message, repeat=True)
+            self._told.add(key)
+            told.append(key)
+            log.info(
+                "claim %s idle for %s: told it and %d pod(s)",
+                key,
+                _duration(seconds),
+                len(targets) - 1,
+            )
+        return told
