@@ -46,3 +46,10 @@ def test_an_empty_driver_root_leaves_the_driver_out(helm: Path) -> None:
     pod, container = _plugin(render(helm, "kubeletPlugin.nvidiaDriverRoot="))
     assert "FLEXGPU_DRIVER_ROOT" not in _env(container)
     assert "driver-root" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_a_host_hook_path_is_passed_to_the_plugin(helm: Path) -> None:
+    _, container = _plugin(render(helm))
+    assert "FLEXGPU_NVIDIA_CDI_HOOK" not in _env(container)  # the image's copy by default
+    _, container = _plugin(render(helm, "kubeletPlugin.nvidiaCdiHookPath=/usr/bin/nvidia-cdi-hook"))
+    assert _env(container)["FLEXGPU_NVIDIA_CDI_HOOK"] == "/usr/bin/nvidia-cdi-hook"
