@@ -15,6 +15,7 @@ SHARED_GPU_DEVICE_CLASS: Final = "shared-gpu.flexgpu.dev"
 # Standard attributes shared across drivers (KEP-4381 / k8s.io/dynamic-resource-allocation).
 PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
 
 CDI_VENDOR: Final = "gpu.flexgpu.dev"
 CDI_CLASS: Final = "claim"

@@ -13,6 +13,7 @@ from typing import Any
 from driver.gpu_model import GpuInfo
 from driver.names import (
     DRIVER_NAME,
+    NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     gpu_device_name,
@@ -64,7 +65,10 @@ def gpu_identity_attributes(gpu: GpuInfo) -> dict[str, dict[str, Any]]:
         PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
     }
     if gpu.numa_node is not None:
+        # Both: the standard name lets a claim align with CPU and NIC drivers' devices
+        # (matchAttribute), the driver's own keeps existing selectors working.
         attrs["numaNode"] = {"int": gpu.numa_node}
+        attrs[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
     if gpu.pcie_root is not None:
         attrs[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
     return attrs
@@ -94,15 +98,20 @@ def shared_gpu_device(gpu: GpuInfo) -> Device:
     """
     memory = f"{gpu.memory_mib}Mi"
     attrs = {"type": _string("shared"), **gpu_identity_attributes(gpu)}
+    capacity: dict[str, Any] = {}
     if gpu.multiprocessors is not None:
-        # An attribute, not a capacity: on a shared device every capacity is consumable and
-        # one without a request would take all of it.
-        attrs["multiprocessors"] = {"int": gpu.multiprocessors}
+        # A capacity as on whole GPUs and MIG devices, so one CEL selector serves all; on a
+        # shared device every capacity is consumable, so it may only be consumed as 0.
+        capacity["multiprocessors"] = {
+            "value": str(gpu.multiprocessors),
+            "requestPolicy": {"default": "0", "validValues": ["0"]},
+        }
     return {
         "name": gpu_device_name(gpu.index),
         "allowMultipleAllocations": True,
         "attributes": attrs,
-        "capacity": {
+        "capacity": capacity
+        | {
             "memory": {
                 "value": memory,
                 "requestPolicy": {
