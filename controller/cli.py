@@ -1,7 +1,8 @@
-"""``flexgpu``: the user-facing command line.
+"""``flexgpu`` (also ``kubectl flexgpu``): the user-facing command line.
 
-Each subcommand registers its own parser and handler, so new ones (``explain``, ``capacity``)
-slot in beside ``inventory`` without touching the others.
+Each subcommand module brings an ``add_<name>(subparsers)`` that registers its parser and
+handler; ``SUBCOMMANDS`` lists them, so a new one is one line here. Errors end the command
+with one line on stderr and an exit status from ``controller.cli_options.ExitCode``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 
-from controller.cli_cluster import add_capacity, add_explain
+from controller.cli_capacity import add_capacity
+from controller.cli_explain import add_explain
+from controller.cli_options import CliError, ExitCode
 from controller.cli_usage import add_usage
 from driver.backend import GpuBackend
 from driver.backend_errors import BackendUnavailableError, GpuBackendError
@@ -26,9 +30,9 @@ from driver.topology import TopologyError, builtin_topology_names
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = ExitCode.FAILED) -> int:
     print(f"flexgpu: {message}", file=sys.stderr)
-    return 1
+    return code
 
 
 def _inventory_backend(args: argparse.Namespace) -> GpuBackend:
@@ -92,20 +96,40 @@ def _add_inventory(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.set_defaults(handler=_run_inventory)
 
 
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+# In the order `flexgpu --help` lists them.
+SUBCOMMANDS: tuple[Registrar, ...] = (_add_inventory, add_explain, add_capacity, add_usage)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("flexgpu")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexgpu", description="flexgpu GPU driver tools")
+    parser.add_argument("--version", action="version", version=f"flexgpu {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_inventory(subparsers)
-    add_explain(subparsers)
-    add_capacity(subparsers)
-    add_usage(subparsers)
+    for register in SUBCOMMANDS:
+        register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return int(handler(args))
+    except CliError as err:
+        return _fail(err.message, err.code)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `flexgpu capacity | head`: the reader left; nothing to say.
+        sys.stderr.close()
+        return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def capacity_summary(
                 if device.allow_multiple_allocations:
                     used = state.consumed.get(did, {})
                     for name, capacity in device.capacity.items():
-                        if capacity.policy is not None and capacity.policy.valid_values == (0,):
+                        policy = capacity.policy
+                        if policy is not None and policy.valid_values == (Fraction(0),):
                             continue  # informational (multiprocessors): never consumed
                         remaining, total = row.shareable.get(name, (Fraction(0), Fraction(0)))
                         row.shareable[name] = (

@@ -445,17 +445,17 @@ def test_flexgpu_explain_and_capacity(cluster: ControlPlane, api: Any, world: Wo
     _claim(api, ns, "cli-taint", CASES["tainted"][0])
     _pod(api, ns, "cli-taint-pod", "cli-taint", _on(world, "a100"))
     by_pod = _cli(cluster, "explain", f"{ns}/cli-taint-pod")
-    assert by_pod.returncode == 0, by_pod.stderr
+    assert by_pod.returncode == 3, by_pod.stderr  # blocked: the documented exit status
     assert "tainted flexgpu.dev/maintenance=true:NoSchedule" in by_pod.stdout.replace("\n", " ")
     by_claim = _cli(cluster, "explain", f"{ns}/cli-taint")
-    assert by_claim.returncode == 0 and "not tolerated" in by_claim.stdout.replace("\n", " ")
+    assert by_claim.returncode == 3 and "not tolerated" in by_claim.stdout.replace("\n", " ")
     allocated = _cli(cluster, "explain", f"{ns}/hog")
     assert allocated.returncode == 0, allocated.stderr
     assert f"is allocated on {world.nodes['l4']}" in allocated.stdout.replace("\n", " ")
     missing = _cli(cluster, "explain", f"{ns}/nothing-here")
-    assert missing.returncode == 1 and "no ResourceClaim or pod" in missing.stderr
+    assert missing.returncode == 4 and "no ResourceClaim or pod" in missing.stderr
 
-    capacity = _cli(cluster, "capacity", "--json")
+    capacity = _cli(cluster, "capacity", "-o", "json")
     assert capacity.returncode == 0, capacity.stderr
     rows = {(r["type"], r["product"], r["profile"]): r for r in json.loads(capacity.stdout)}
     h100 = rows[("gpu", "NVIDIA H100 80GB HBM3", "")]

@@ -1,0 +1,391 @@
+"""``flexgpu explain [pod/|resourceclaim/]NAME``: why a pod's claims (or one claim) are not
+satisfied, or where they are.
+
+For each claim of the target it says one of: allocated (and, for a pod bound to a node,
+whether the node prepared it or why not: the plugin's message from the kubelet's
+``FailedPrepareDynamicResources`` Event), waiting to be created (or refused: a missing or
+rejected ResourceClaimTemplate, from the ``FailedResourceClaimCreation`` Event), cannot be
+allocated and why (the controller's own evaluation), or can be allocated. The exit status is
+``ExitCode.UNSATISFIED`` when any claim is blocked, so a script can tell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, Final
+
+from kubernetes import client
+
+from controller.cli_cluster import ClusterRead, read_cluster
+from controller.cli_options import (
+    CliError,
+    Connection,
+    ExitCode,
+    add_cluster_options,
+    call,
+    connect,
+    emit,
+)
+from controller.evaluation import evaluate
+from controller.messages import Lookup, claim_message, pod_message
+from controller.records import ClaimRecord, PodClaimRef, PodRecord, pod_record
+
+WIDTH: Final = 100
+_POD_WORDS: Final = frozenset({"pod", "pods", "po"})
+_CLAIM_WORDS: Final = frozenset(
+    {"resourceclaim", "resourceclaims", "claim", "claims", "resourceclaim.resource.k8s.io"}
+)
+
+
+@dataclass
+class Finding:
+    """What holds one claim of the target, in one paragraph."""
+
+    claim: str  # the ResourceClaim's name; "" when it does not exist
+    state: str
+    message: str
+    blocked: bool
+    entry: str = ""  # the pod's resourceClaims entry
+    nodes: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "pod", "claim" or "" (either: a claim first, then a pod)
+    namespace: str
+    name: str
+
+
+def parse_target(text: str, namespace: str) -> Target:
+    """``NAME``, ``pod/NAME``, ``resourceclaim/NAME`` (kubectl's forms), or the older
+    ``NAMESPACE/NAME``."""
+    head, sep, tail = text.partition("/")
+    if not sep:
+        return Target("", namespace, text)
+    if not head or not tail or "/" in tail:
+        raise CliError(
+            f"{text!r} is not a target; allowed: NAME, pod/NAME, resourceclaim/NAME",
+            ExitCode.USAGE,
+        )
+    lowered = head.lower()
+    if lowered in _POD_WORDS:
+        return Target("pod", namespace, tail)
+    if lowered in _CLAIM_WORDS:
+        return Target("claim", namespace, tail)
+    return Target("", head, tail)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _get(connection: Connection, what: str, function: Any, *args: Any) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = call(connection, what, function, *args)
+    except CliError as err:
+        if err.status == 404:
+            return None
+        raise
+    return found
+
+
+def _events(connection: Connection, namespace: str, kind: str, obj: dict[str, Any]) -> list[Any]:
+    """The object's Events, oldest first (only this incarnation of the name)."""
+    meta = obj.get("metadata") or {}
+    selector = f"involvedObject.kind={kind},involvedObject.name={meta.get('name')}"
+    core = client.CoreV1Api(connection.api)
+    try:
+        listed = call(
+            connection,
+            f"list Events in namespace {namespace}",
+            partial(core.list_namespaced_event, namespace),
+            field_selector=selector,
+        )
+    except CliError as err:
+        if err.forbidden:
+            return []  # explaining without them is still worth more than failing
+        raise
+    uid = meta.get("uid")
+    mine = [
+        e for e in listed.get("items") or [] if (e.get("involvedObject") or {}).get("uid") == uid
+    ]
+    return sorted(mine, key=_event_time)
+
+
+def _event_time(event: dict[str, Any]) -> str:
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def _last(events: list[Any], reason: str, needle: str = "") -> str:
+    for event in reversed(events):
+        message = str(event.get("message") or "")
+        if event.get("reason") == reason and needle in message:
+            return message
+    return ""
+
+
+# --- explaining -------------------------------------------------------------------------------
+
+
+def _allocated(claim: ClaimRecord) -> Finding:
+    devices = [f"{r.pool}/{r.device}" for r in claim.model.allocation or ()]
+    where = f" on {', '.join(claim.allocation_nodes)}" if claim.allocation_nodes else ""
+    users = f", reserved for {', '.join(claim.reserved_for)}" if claim.reserved_for else ""
+    return Finding(
+        claim=claim.model.name,
+        state="Allocated",
+        message=(
+            f"Claim {claim.model.key} is allocated{where}: {', '.join(devices) or 'no devices'}"
+            f"{users}."
+        ),
+        blocked=False,
+        nodes=list(claim.allocation_nodes),
+        devices=devices,
+    )
+
+
+def _evaluated(read: ClusterRead, claim: ClaimRecord, pod: PodRecord | None) -> Finding:
+    snapshot = read.snapshot
+    # Without node objects a pod's node selector cannot be checked: explain the claim alone.
+    ev = evaluate(snapshot, claim, pod if read.nodes_known else None)
+    if ev.satisfiable:
+        nodes = list(ev.explanation.allocatable_nodes)
+        who = f" for pod {pod.key}" if pod is not None else ""
+        return Finding(
+            claim=claim.model.name,
+            state="Allocatable",
+            message=(
+                f"Claim {claim.model.key} can be allocated{who} on {', '.join(nodes)}; if a pod "
+                "still waits, the reason is not its GPUs (see kubectl describe pod)."
+            ),
+            blocked=False,
+            nodes=nodes,
+        )
+    lookup = Lookup(snapshot)
+    text = pod_message(ev, lookup) if pod is not None else claim_message(ev, lookup)
+    state = "Error" if ev.explanation.outcome == "error" else "Unsatisfiable"
+    return Finding(claim=claim.model.name, state=state, message=text, blocked=True)
+
+
+def _on_node(finding: Finding, pod: PodRecord, raw_pod: dict[str, Any], events: list[Any]) -> None:
+    """An allocated claim of a pod bound to a node: prepared, being prepared, or failed."""
+    if pod.phase in ("Running", "Succeeded", "Failed"):
+        return
+    failure = _last(events, "FailedPrepareDynamicResources")
+    if failure:
+        finding.state = "PrepareFailed"
+        finding.blocked = True
+        finding.message += (
+            f" Node {pod.node_name} could not prepare the pod's devices; the kubelet retries. "
+            f"Its last message: {failure}"
+        )
+        return
+    statuses = (raw_pod.get("status") or {}).get("containerStatuses") or []
+    waiting = [
+        str((s.get("state") or {}).get("waiting", {}).get("reason") or "")
+        for s in statuses
+        if (s.get("state") or {}).get("waiting")
+    ]
+    finding.state = "Preparing"
+    finding.message += (
+        f" Pod {pod.key} is bound to {pod.node_name} and waits for its kubelet to prepare the "
+        f"devices and start the containers ({', '.join(sorted(set(waiting))) or 'Pending'})."
+    )
+
+
+def _missing(
+    connection: Connection,
+    pod: PodRecord,
+    raw_pod: dict[str, Any],
+    ref: PodClaimRef,
+    events: list[Any],
+) -> Finding:
+    """A pod's claim that does not exist: not made yet, or refused, or never to be made."""
+    entries = (raw_pod.get("spec") or {}).get("resourceClaims") or []
+    entry: dict[str, Any] = next((e for e in entries if e.get("name") == ref.name), {})
+    refused = _last(events, "FailedResourceClaimCreation", f"PodResourceClaim {ref.name}:")
+    template = entry.get("resourceClaimTemplateName")
+    if template:
+        resource = client.ResourceV1Api(connection.api)
+        exists = _get(
+            connection,
+            f"read ResourceClaimTemplate {template}",
+            resource.read_namespaced_resource_claim_template,
+            template,
+            pod.namespace,
+        )
+        if exists is None:
+            message = (
+                f"Claim {ref.name} of pod {pod.key} comes from ResourceClaimTemplate "
+                f"{template}, which does not exist in namespace {pod.namespace}; if applying it "
+                "failed, the apply printed why. The pod cannot start until the template exists."
+            )
+            return Finding("", "TemplateMissing", message, True, ref.name)
+        if refused:
+            message = (
+                f"Claim {ref.name} of pod {pod.key} could not be made from ResourceClaimTemplate "
+                f"{template}: {refused}"
+            )
+            return Finding("", "ClaimRefused", message, True, ref.name)
+        message = (
+            f"Claim {ref.name} of pod {pod.key} is not made yet from ResourceClaimTemplate "
+            f"{template}; the resource claim controller makes it shortly."
+        )
+        return Finding("", "ClaimPending", message, False, ref.name)
+    name = entry.get("resourceClaimName") or ref.name
+    message = (
+        f"Claim {name} of pod {pod.key} does not exist in namespace {pod.namespace}; the pod "
+        "waits until someone creates it."
+    )
+    if refused:
+        message += f" {refused}"
+    return Finding(str(name), "ClaimMissing", message, True, ref.name)
+
+
+def explain_pod(
+    connection: Connection, read: ClusterRead, raw_pod: dict[str, Any]
+) -> list[Finding]:
+    pod = pod_record(raw_pod)
+    meta = raw_pod.get("metadata") or {}
+    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    if pod is None:
+        raise CliError(f"pod {key} uses no ResourceClaim", ExitCode.NOT_FOUND)
+    events = _events(connection, pod.namespace, "Pod", raw_pod)
+    findings = []
+    for ref in pod.claims:
+        claim = read.snapshot.claims.get(f"{pod.namespace}/{ref.claim}") if ref.claim else None
+        if claim is None:
+            findings.append(_missing(connection, pod, raw_pod, ref, events))
+            continue
+        if claim.allocated:
+            finding = _allocated(claim)
+            if pod.node_name:
+                _on_node(finding, pod, raw_pod, events)
+        elif pod.node_name:
+            finding = Finding(
+                claim.model.name,
+                "NotScheduled",
+                f"Pod {pod.key} was bound to {pod.node_name} without the scheduler "
+                f"(spec.nodeName), so nothing allocates claim {claim.model.name}: the pod waits "
+                "on that node for ever. Let the scheduler place it: use a nodeSelector on "
+                "kubernetes.io/hostname instead.",
+                True,
+            )
+        else:
+            finding = _evaluated(read, claim, pod)
+            nominated = (raw_pod.get("status") or {}).get("nominatedNodeName")
+            if nominated:
+                finding.message += (
+                    f" The scheduler nominated node {nominated} and waits for pods there to "
+                    "end (preemption)."
+                )
+        finding.entry = ref.name
+        findings.append(finding)
+    return findings
+
+
+def explain_claim(read: ClusterRead, claim: ClaimRecord) -> list[Finding]:
+    if claim.allocated:
+        return [_allocated(claim)]
+    waiting = next(
+        (
+            p
+            for p in sorted(read.snapshot.pods.values(), key=lambda p: p.name)
+            if not p.node_name and claim.model.key in p.claim_keys()
+        ),
+        None,
+    )
+    return [_evaluated(read, claim, waiting)]
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _print(text: str) -> None:
+    print(textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False))
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    connection = connect(args)
+    target = parse_target(args.target, connection.namespace)
+    ns = target.namespace
+    core, resource = client.CoreV1Api(connection.api), client.ResourceV1Api(connection.api)
+    raw_claim = None
+    if target.kind in ("", "claim"):
+        raw_claim = _get(
+            connection,
+            f"read ResourceClaim {target.name} in namespace {ns}",
+            resource.read_namespaced_resource_claim,
+            target.name,
+            ns,
+        )
+    raw_pod = None
+    if raw_claim is None and target.kind in ("", "pod"):
+        raw_pod = _get(
+            connection,
+            f"read pod {target.name} in namespace {ns}",
+            core.read_namespaced_pod,
+            target.name,
+            ns,
+        )
+    if raw_claim is None and raw_pod is None:
+        what = {"pod": "pod", "claim": "ResourceClaim"}.get(target.kind, "ResourceClaim or pod")
+        raise CliError(f"no {what} {target.name} in namespace {ns}", ExitCode.NOT_FOUND)
+    read = read_cluster(connection, namespace=ns, pods=raw_claim is not None)
+    if raw_claim is not None:
+        claim = read.snapshot.claims.get(f"{ns}/{target.name}")
+        if claim is None:  # deleted between the two reads
+            raise CliError(f"no ResourceClaim {target.name} in namespace {ns}", ExitCode.NOT_FOUND)
+        kind, findings = "ResourceClaim", explain_claim(read, claim)
+    else:
+        assert raw_pod is not None
+        kind, findings = "Pod", explain_pod(connection, read, raw_pod)
+    blocked = any(f.blocked for f in findings)
+    if args.output:
+        emit(
+            {
+                "kind": kind,
+                "namespace": ns,
+                "name": target.name,
+                "satisfied": not blocked,
+                "claims": [asdict(f) for f in findings],
+                "notes": read.notes,
+            },
+            args.output,
+        )
+    else:
+        for i, finding in enumerate(findings):
+            if i:
+                print()
+            _print(finding.message)
+        for note in read.notes:
+            print()
+            _print(f"Note: {note}")
+    return ExitCode.UNSATISFIED if blocked else ExitCode.OK
+
+
+def add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="why a pod's claims (or a claim) are not satisfied, or where they are",
+        description="Explains a pod's ResourceClaims, or one ResourceClaim: where they are "
+        "allocated and whether the node prepared them, or why they cannot be allocated (the "
+        "controller's own check), or why they do not exist. Exit status: 0 satisfied or on "
+        "its way, 3 a claim is blocked, 4 no such object, 1 the cluster could not be read.",
+    )
+    parser.add_argument(
+        "target",
+        metavar="[pod/|resourceclaim/]NAME",
+        help="a pod or ResourceClaim (without a kind: a claim of that name, else a pod); "
+        "NAMESPACE/NAME is read as the namespace and name",
+    )
+    add_cluster_options(parser, outputs=("json", "yaml"), all_namespaces=False)
+    parser.set_defaults(handler=run_explain)
