@@ -41,6 +41,7 @@ CHECKPOINT_FILE: Final = "checkpoint.json"
 LOCK_FILE: Final = "prepare.lock"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 
@@ -81,6 +82,12 @@ class PluginConfig(BaseModel):
     cdi_generator: str = "flexgpu-cdi-common"
     # Host path of nvidia-cdi-hook; None: the image's copy is installed into the data dir.
     nvidia_cdi_hook: Path | None = None
+    # Namespace for MPS control daemon pods (mps_pods.py); None: the GPU backend runs them.
+    mps_namespace: str | None = None
+    # Image of those pods (the chart passes its own).
+    mps_image: str | None = None
+    # Host folder for MPS pipes, logs and shared memory, at the same path in this container.
+    mps_root: Path = Path("/run/flexgpu/mps")
 
     @field_validator("node_name")
     @classmethod
@@ -100,6 +107,7 @@ class PluginConfig(BaseModel):
         "driver_root",
         "host_driver_root",
         "nvidia_cdi_hook",
+        "mps_root",
     )
     @classmethod
     def _check_dir(cls, value: Path | None) -> Path | None:
@@ -151,6 +159,17 @@ class PluginConfig(BaseModel):
                 "host_driver_root is set without driver_root: set driver_root to where this "
                 "process sees the driver (the chart mounts it at /driver-root)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_mps_pods(self) -> PluginConfig:
+        if self.mps_namespace is not None and (self.driver_root is None or not self.mps_image):
+            raise ValueError(
+                "mps_namespace needs driver_root (the MPS programs come from the driver) and "
+                "mps_image (the daemon pods' image)"
+            )
+        if self.mps_namespace is not None and not _DNS_LABEL.match(self.mps_namespace):
+            raise ValueError("mps_namespace must be a namespace name (a DNS label)")
         return self
 
     @model_validator(mode="after")
@@ -346,6 +365,27 @@ _SETTINGS: Final = (
         "--nvidia-cdi-hook",
         "FLEXGPU_NVIDIA_CDI_HOOK",
         "host path of nvidia-cdi-hook (default: the image's copy, installed in the data dir)",
+        "path",
+    ),
+    _Setting(
+        "mps_namespace",
+        "--mps-namespace",
+        "FLEXGPU_MPS_NAMESPACE",
+        "run MPS control daemons as pods in this namespace (default: inside the plugin)",
+        "str",
+    ),
+    _Setting(
+        "mps_image",
+        "--mps-image",
+        "FLEXGPU_MPS_IMAGE",
+        "image of the MPS daemon pods",
+        "str",
+    ),
+    _Setting(
+        "mps_root",
+        "--mps-root",
+        "FLEXGPU_MPS_ROOT",
+        "host folder for MPS pipes, logs and shared memory (default /run/flexgpu/mps)",
         "path",
     ),
     _Setting(

@@ -22,7 +22,9 @@ from kubelet_plugin.startup_gate import StartupGate
 
 if TYPE_CHECKING:
     from driver.backend import GpuBackend
+    from kubelet_plugin.checkpoint import CheckpointStore
     from kubelet_plugin.kube_api import KubeApi
+    from kubelet_plugin.mps_pods import MpsDaemonPods
     from kubelet_plugin.node_devices import NodeDevices
     from kubelet_plugin.slice_publisher import SlicePublisher
 
@@ -73,7 +75,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     from kubelet_plugin.node_events import NodeEventRecorder
     from kubelet_plugin.observed_backend import ObservedBackend
     from kubelet_plugin.policy_agent import PolicyAgent
-    from kubelet_plugin.prepare_lock import PrepareLock
+    from kubelet_plugin.prepare_lock import PrepareLock, gpu_key
     from kubelet_plugin.preparer import ClaimPreparerImpl
     from kubelet_plugin.startup_reconcile import reconcile_at_start
 
@@ -118,6 +120,9 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         status=status,
         driver_edits=driver_edits,
     )
+    mps_pods = _mps_pods(config, api, backend, driver_edits, events)
+    if mps_pods is not None:
+        preparer.mps = mps_pods
     with lock:
         reconcile_at_start(preparer, store, claims, events)
 
@@ -138,6 +143,11 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     )
     preparer.on_unprepared = agent.poke
     agent.start()
+    if mps_pods is not None:
+        mps_pods.watch(
+            in_use=lambda: _mps_gpus(store),
+            locked=lambda index: lock.resources({gpu_key(index)}),
+        )
     stop_metrics = metrics_setup.observe_node(
         metric_settings,
         node_name=config.node_name,
@@ -153,6 +163,8 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         # Slices stay: the kubelet removes them 30 s after we disconnect, and a restarted
         # plugin takes them over without a window where nothing is published.
         stop_metrics()
+        if mps_pods is not None:
+            mps_pods.close()  # the daemon pods stay: their clients keep running
         agent.stop()
         health.stop()
         publisher.stop()
@@ -161,6 +173,47 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         backend.close()
 
     return stop
+
+
+def _mps_pods(
+    config: PluginConfig,
+    api: KubeApi,
+    backend: GpuBackend,
+    edits: dict[str, Any],
+    events: Callable[[str, str], None],
+) -> MpsDaemonPods | None:
+    """MPS control daemons as pods of their own (--mps-namespace), or None: the backend's."""
+    if config.mps_namespace is None or config.driver_root is None or config.mps_image is None:
+        return None
+    from kubelet_plugin.mps_pods import MpsDaemonPods
+
+    # The driver's libraries as this process (and the daemon pod) sees them.
+    libraries = [
+        str(config.driver_root / str(m["containerPath"]).lstrip("/"))
+        for m in edits.get("mounts") or []
+        if ".so" in str(m.get("containerPath", ""))
+    ]
+    return MpsDaemonPods(
+        api,
+        backend,
+        node_name=config.node_name,
+        namespace=config.mps_namespace,
+        image=config.mps_image,
+        mps_root=config.mps_root,
+        driver_root=config.driver_root,
+        host_driver_root=config.host_driver_root,
+        libraries=libraries,
+        events=events,
+    )
+
+
+def _mps_gpus(store: CheckpointStore) -> set[int]:
+    """GPUs whose MPS daemon a prepared share uses."""
+    return {
+        r.created.mps_share.gpu_index
+        for r in store.checkpoint().claims.values()
+        if r.created.mps_share is not None and r.created.mps_share.gpu_index is not None
+    }
 
 
 def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:

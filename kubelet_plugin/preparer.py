@@ -44,6 +44,7 @@ from kubelet_plugin.checkpoint import (
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
 from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
 from kubelet_plugin.claims import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.prepare_lock import PrepareLock, gpu_key
 from kubelet_plugin.sharing import (
@@ -83,6 +84,8 @@ class ClaimPreparerImpl:
         self.node_name = node_name
         # The edits every GPU container needs (driver_edits.py), merged into each claim's spec.
         self.driver_edits = dict(driver_edits or {})
+        # Who runs MPS control daemons; main.py may hand them to pods of their own.
+        self.mps: MpsDaemons = BackendMpsDaemons(devices.backend)
         self._status = status
         # Called after claims were unprepared (a GPU may have become free to reconfigure).
         self.on_unprepared: Callable[[], None] | None = None
@@ -411,7 +414,7 @@ class ClaimPreparerImpl:
         env: dict[str, str] = {}
         mounts: list[tuple[str, str]] = []
         if plan.mps is not None:
-            daemon = backend.start_mps_daemon(plan.mps.gpu_index)
+            daemon = self.mps.start(plan.mps.gpu_index)
             env, mounts = mps_env(daemon, plan.mps), mps_mounts(daemon)
         result = []
         for device in devices:
@@ -526,8 +529,8 @@ class ClaimPreparerImpl:
             r.created.mps_share and r.created.mps_share.gpu_index == share.gpu_index for r in others
         )
         if share is not None and share.gpu_index is not None and not gpu_in_use:
-            running = {d.gpu_index for d in backend.mps_daemons()}
-            if _ignore_lost_gpu(backend.stop_mps_daemon, share.gpu_index) and (
+            running = {d.gpu_index for d in self.mps.running()}
+            if _ignore_lost_gpu(self.mps.stop, share.gpu_index) and (
                 share.gpu_index in running
             ):
                 done.append(f"stopped the MPS daemon of gpu-{share.gpu_index}")

@@ -421,7 +421,7 @@ def _created_from_spec(
             )
     mps = None
     pipe = env.get(ENV_MPS_PIPE)
-    for daemon in preparer.devices.backend.mps_daemons() if pipe else []:
+    for daemon in preparer.mps.running() if pipe else []:
         if daemon.pipe_dir == pipe:
             mps = MpsShareRecord(
                 gpu_uuids=[daemon.gpu_uuid],
@@ -514,10 +514,9 @@ def _stop_unused_mps_daemons(
 ) -> None:
     """Daemons of prepared claims are adopted as they run; any other one is a leftover."""
     in_use = {r.created.mps_share.gpu_index for r in records if r.created.mps_share is not None}
-    backend = preparer.devices.backend
-    for daemon in backend.mps_daemons():
+    for daemon in preparer.mps.running():
         if daemon.gpu_index not in in_use and daemon.pipe_dir not in in_specs.mps_pipes:
-            backend.stop_mps_daemon(daemon.gpu_index)
+            preparer.mps.stop(daemon.gpu_index)
             report.mps_daemons_stopped.append(daemon.gpu_index)
 
 
