@@ -53,3 +53,15 @@ def test_a_host_hook_path_is_passed_to_the_plugin(helm: Path) -> None:
     assert "FLEXGPU_NVIDIA_CDI_HOOK" not in _env(container)  # the image's copy by default
     _, container = _plugin(render(helm, "kubeletPlugin.nvidiaCdiHookPath=/usr/bin/nvidia-cdi-hook"))
     assert _env(container)["FLEXGPU_NVIDIA_CDI_HOOK"] == "/usr/bin/nvidia-cdi-hook"
+
+
+def test_mps_daemon_pods_get_the_namespace_and_image_of_the_release(helm: Path) -> None:
+    _, container = _plugin(render(helm))
+    assert "FLEXGPU_MPS_NAMESPACE" not in _env(container)
+    assert _env(container)["FLEXGPU_MPS_ROOT"] == "/run/flexgpu/mps"
+    _, container = _plugin(render(helm, "kubeletPlugin.mpsDaemonPods=true"))
+    env = {e["name"]: e for e in container["env"]}
+    assert (
+        env["FLEXGPU_MPS_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    )
+    assert env["FLEXGPU_MPS_IMAGE"]["value"] == container["image"]
