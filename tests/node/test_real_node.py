@@ -12,7 +12,6 @@ from kubernetes import client
 from tests.conftest import wait_for
 from tests.node.conftest import DYNAMIC_MIG_GPUS, NODE, PLUGIN_NAMESPACE
 from tests.node.support import (
-    NODE_PATH,
     PREPARE_PATH,
     allocated,
     assert_control_nodes_usable,
@@ -91,10 +90,6 @@ def test_whole_gpu(api: Any, namespace: str, plugin: RealNode) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=NODE_PATH + "CDI specs of simulated GPUs name no /dev/nvidia<N> (no minor numbers)",
-)
 def test_whole_gpu_container_gets_only_its_gpu_device_node(
     api: Any, namespace: str, plugin: RealNode
 ) -> None:
@@ -106,7 +101,6 @@ def test_whole_gpu_container_gets_only_its_gpu_device_node(
     assert rep.devices[rep.gpu_nodes()[0]].cgroup_allows
 
 
-@pytest.mark.xfail(strict=False, reason=NODE_PATH + "CDI specs carry no driver libraries")
 def test_driver_libraries_are_mounted(api: Any, namespace: str, plugin: RealNode) -> None:
     create_claim(api, namespace, "libs", {"requests": [gpu_request()]})
     run_pod(api, namespace, one_claim_pod(plugin, "libs", "libs"))
@@ -164,9 +158,6 @@ def test_claim_shared_by_two_pods_and_two_containers(
     delete_pods(api, namespace, "duo", "solo")
 
 
-@pytest.mark.xfail(
-    strict=False, reason=NODE_PATH + "one CDI device per claim: every request's devices"
-)
 def test_container_naming_one_request_sees_only_that_requests_devices(
     api: Any, namespace: str, plugin: RealNode
 ) -> None:
@@ -179,15 +170,12 @@ def test_container_naming_one_request_sees_only_that_requests_devices(
     }
     run_pod(api, namespace, workload_pod(plugin, "split", containers, {"g": "multi"}))
     seen = {c: set(wait_report(plugin, namespace, "split", c).visible_devices) for c in containers}
+    expected = {request: claim_uuids(api, namespace, "multi", request) for request in containers}
     delete_pods(api, namespace, "split")
-    for request, devices in seen.items():
-        assert devices == claim_uuids(api, namespace, "multi", request), request
+    assert seen == expected
+    assert not seen["first"] & seen["second"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=NODE_PATH + "each claim's CDI device sets NVIDIA_VISIBLE_DEVICES; the last one wins",
-)
 def test_container_with_two_claims_sees_both(api: Any, namespace: str, plugin: RealNode) -> None:
     for name in ("x", "y"):
         create_claim(api, namespace, name, {"requests": [gpu_request()]})

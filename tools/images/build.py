@@ -3,7 +3,8 @@
 - the sandbox (pause) image: a small static program of our own;
 - the GPU workload image: busybox and a script that reports what the container received;
 - the flexgpu image: Debian's Python 3.11 runtime, flexgpu's dependencies as installed in
-  this environment, and the project's own packages from the source tree.
+  this environment, NVIDIA's CDI tools (tools/nvidia-ctk) and the project's own packages
+  from the source tree, as the Containerfile lays them out.
 
 Each layer is cached under a key of its inputs, so a warm build only re-tars what changed
 (the flexgpu packages). ``python -m tools.images.build`` prints the archives it wrote.
@@ -218,9 +219,42 @@ def _project(rootfs: Path) -> None:
         path.chmod(0o755)
 
 
+TOOLKIT_SCRIPT = REPO / "tools" / "nvidia-ctk" / "build.sh"
+TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "flexgpu-cdi-common")
+
+
+def _toolkit_dir() -> Path:
+    """NVIDIA's CDI tools as the Containerfile ships them, built by tools/nvidia-ctk."""
+    proc = subprocess.run(
+        ["bash", str(TOOLKIT_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
+    )
+    if proc.returncode != 0:
+        raise ImageBuildError(
+            f"{TOOLKIT_SCRIPT} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+        )
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _toolkit_layer() -> oci.Layer | None:
+    if not TOOLKIT_SCRIPT.exists():
+        return None
+    folder = _toolkit_dir()
+    programs = [folder / name for name in TOOLKIT_PROGRAMS if (folder / name).is_file()]
+
+    def populate(rootfs: Path) -> None:
+        bin_dir = rootfs / "usr" / "local" / "bin"
+        bin_dir.mkdir(parents=True)
+        for program in programs:
+            shutil.copy2(program, bin_dir / program.name)
+
+    # The tool cache names its folder after the tools' sources: that is the layer's key.
+    return _cached_layer("toolkit-" + _hash([folder.name.encode()]), populate)
+
+
 def flexgpu_image() -> BuiltImage:
     base = _cached_layer("python-" + _hash([d.encode() for d in PYTHON_DEBS]), _python_base)
     deps = _cached_layer("pydeps-" + _hash([python_env.dependency_key().encode()]), _dependencies)
+    toolkit = _toolkit_layer()
     sources = [REPO / "pyproject.toml"]
     app_key = _hash(
         [p.read_bytes() for p in sources]
@@ -228,7 +262,8 @@ def flexgpu_image() -> BuiltImage:
     )
     app = _cached_layer("flexgpu-" + app_key, _project)
     _prune(app.path.parent, "flexgpu-*.tar", keep=app.path)
-    tag = _hash([base.digest.encode(), deps.digest.encode(), app.digest.encode()])
+    layers = [base, deps, *([toolkit] if toolkit else []), app]
+    tag = _hash([layer.digest.encode() for layer in layers])
     name = f"{REGISTRY}/flexgpu:{tag}"
     config = oci.ImageConfig(
         cmd=("flexgpu-controller",),
@@ -238,7 +273,7 @@ def flexgpu_image() -> BuiltImage:
             "PYTHONUNBUFFERED": "1",
         },
     )
-    return BuiltImage(name, _archive(name, "flexgpu", [base, deps, app], config))
+    return BuiltImage(name, _archive(name, "flexgpu", layers, config))
 
 
 def build_all() -> dict[str, BuiltImage]:

@@ -17,6 +17,8 @@ from tools.node.node import RealNode
 CHART = REPO_ROOT / "charts" / "flexgpu"
 DRIVER = "gpu.flexgpu.dev"
 PLUGIN_LABELS = "app.kubernetes.io/component=kubelet-plugin"
+# A plugin that exits this often will not serve: say why at once instead of timing out.
+CRASH_LOOP_RESTARTS = 3
 
 
 class ChartError(RuntimeError):
@@ -41,6 +43,9 @@ def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
         "kubeletPlugin.runtimeClassName": "",
         "kubeletPlugin.healthIntervalSeconds": "2",
     }
+    if "nvidiaDriverRoot:" in (CHART / "values.yaml").read_text():
+        # The plugin mounts the node's driver root and runs NVIDIA's CDI generator over it.
+        values["kubeletPlugin.nvidiaDriverRoot"] = str(layout.driver_root)
     args: list[str] = []
     for key, value in values.items():
         args += ["--set-string" if key.endswith(("tag", "topology")) else "--set", f"{key}={value}"]
@@ -142,17 +147,21 @@ def wait_plugin_serving(
                 f"kubelet registered={registered}"
             )
         else:
-            phases = [
-                f"{p.metadata.name}:{p.status.phase}"
-                for p in plugin_pods(api, namespace, node.name)
-            ]
-            last = f"plugin pods {phases}"
+            found = plugin_pods(api, namespace, node.name)
+            last = f"plugin pods {[f'{p.metadata.name}:{p.status.phase}' for p in found]}"
+            restarts = max(
+                (s.restart_count for p in found for s in p.status.container_statuses or []),
+                default=0,
+            )
+            if restarts >= CRASH_LOOP_RESTARTS:
+                last = f"the plugin container restarted {restarts} times"
+                break
         time.sleep(0.5)
     logs = "\n".join(
         f"--- {name}:\n{node.container_log(namespace, name, 'plugin')[-3000:]}"
         for name in (p.metadata.name for p in plugin_pods(api, namespace, node.name))
     )
     raise ChartError(
-        f"the plugin is not serving on {node.name} after {timeout_s:.0f}s ({last})\n"
+        f"the plugin is not serving on {node.name} (waited up to {timeout_s:.0f}s: {last})\n"
         f"{logs}\n{node.log_tails()}"
     )

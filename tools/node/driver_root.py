@@ -36,8 +36,9 @@ PROGRAMS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
 CAPS = {"nvidia-cap1": 1, "nvidia-cap2": 2}
 
 MPS_CONTROL = """#!/bin/sh
-# MPS control daemon of the simulated driver: `-d` detaches, writes its pid where the plugin
-# looks, serves commands from the control pipe ("quit" stops it) and logs them.
+# MPS control daemon of the simulated driver: `-d` detaches (`-f` stays in the foreground, as
+# in a pod), writes its pid where the plugin looks, serves commands from the control pipe
+# ("quit" stops it) and logs them.
 pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
 logs=${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}
 mkdir -p "$pipe" "$logs"
@@ -45,7 +46,7 @@ if [ "$1" = "-d" ]; then
   "$0" serve >/dev/null 2>&1 </dev/null &
   exit 0
 fi
-if [ "$1" = "serve" ]; then
+if [ "$1" = "serve" ] || [ "$1" = "-f" ]; then
   echo $$ > "$pipe/nvidia-cuda-mps-control.pid"
   rm -f "$pipe/control"
   mkfifo "$pipe/control"
@@ -173,8 +174,35 @@ def create(root: Path, gpus: int, nvml_library: Path | None = None) -> DriverRoo
         _write(bins / program, PLACEHOLDER.format(name=program, version=DRIVER_VERSION), 0o755)
     _write(bins / "nvidia-cuda-mps-control", MPS_CONTROL, 0o755)
     _write(bins / "nvidia-cuda-mps-server", MPS_SERVER, 0o755)
-    (root / "proc-driver-nvidia").mkdir(exist_ok=True)
-    (root / "proc-driver-nvidia" / "version").write_text(
+    (root / "proc" / "driver" / "nvidia").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "driver" / "nvidia" / "version").write_text(
         f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER_VERSION}  (simulated)\n"
     )
     return driver
+
+
+def mig_minor(gpu: int, gi: int, ci: int | None = None) -> int:
+    """The nvidia-caps minor of a GPU instance's (or compute instance's) access file."""
+    return 3 + gpu * 32 + gi * 2 + (0 if ci is None else 1)
+
+
+def add_mig_capabilities(driver: DriverRoot) -> None:
+    """What the driver lists for MIG capabilities (proc/driver/nvidia-caps/mig-minors and the
+    caps major in proc/devices) with a device node per listed minor, so CDI specs of MIG
+    devices name nodes that exist. Separate from create(): a driver root without MIG lists
+    nothing."""
+    lines = [f"config {CAPS['nvidia-cap1']}", f"monitor {CAPS['nvidia-cap2']}"]
+    for gpu in range(driver.gpus):
+        for gi in range(15):
+            lines.append(f"gpu{gpu}/gi{gi}/access {mig_minor(gpu, gi)}")
+            lines.append(f"gpu{gpu}/gi{gi}/ci0/access {mig_minor(gpu, gi, 0)}")
+    caps = driver.root / "proc" / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    (caps / "mig-minors").write_text("\n".join(lines) + "\n")
+    (driver.root / "proc" / "devices").write_text(
+        f"Character devices:\n{NVIDIA_MAJOR} nvidia\n{UVM_MAJOR} nvidia-uvm\n"
+        f"{CAPS_MAJOR} nvidia-caps\n"
+    )
+    for line in lines:
+        minor = int(line.rsplit(" ", 1)[1])
+        _mknod(driver.dev / "nvidia-caps" / f"nvidia-cap{minor}", CAPS_MAJOR, minor)

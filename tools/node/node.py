@@ -118,6 +118,7 @@ class RealNode:
         for d in (layout.logs, layout.cni_conf_dir, layout.cdi_dir, layout.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         self.driver = driver_root.create(layout.driver_root, self.gpus, _nvml_mock_library())
+        driver_root.add_mig_capabilities(self.driver)
 
         layout.containerd_config.write_text(
             configs.containerd_config(layout, self.bin_dir, self.images["pause"].name)
