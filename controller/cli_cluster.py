@@ -23,7 +23,7 @@ from driver.names import DRIVER_NAME
 
 SLICE_RIGHTS = (
     "reading ResourceSlices and DeviceClasses needs the read rights the flexgpu chart "
-    "aggregates into the view ClusterRole, granted cluster-wide (docs/admin.md, CLI access)"
+    "aggregates into the view ClusterRole, granted cluster-wide (docs/cli.md, access)"
 )
 
 

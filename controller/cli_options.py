@@ -3,7 +3,7 @@
 Options: ``--kubeconfig``, ``--context``, ``-n/--namespace`` (default: the context's
 namespace, else ``default``), ``-A/--all-namespaces``, ``-o/--output``. Errors are one line
 on stderr, ``flexgpu: <what>``, and the exit status says what happened (``ExitCode``; listed in
-docs/admin.md), so scripts and ``kubectl flexgpu`` users can act on it without parsing text.
+docs/cli.md), so scripts and ``kubectl flexgpu`` users can act on it without parsing text.
 """
 
 from __future__ import annotations

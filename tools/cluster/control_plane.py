@@ -34,6 +34,8 @@ WANTED_CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "pod-garbage-collector-controller",
     "device-taint-eviction-controller",
+    # Folds ClusterRoles labelled aggregate-to-view/edit/admin into the built-in roles.
+    "clusterrole-aggregation-controller",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
