@@ -13,7 +13,7 @@ from controller.active import ActiveWork
 from controller.cluster_state import ClusterState
 from controller.diagnostics import Diagnostics
 from controller.events import EventRecorder
-from controller.idle_events import IdleClaimNotifier
+from controller.idle_events import IdleClaimNotifier, claim_reader
 from controller.leader import LeaseElector
 from controller.reflector import Reflector, start_reflectors
 
@@ -64,7 +64,7 @@ class Controller:
             self.idle = IdleClaimNotifier(
                 config.plugin_metrics,
                 EventRecorder(kube.clone(api), config.identity),
-                snapshot=self.state.snapshot,
+                read_claim=claim_reader(kube.clone(api)),
                 is_leader=lambda: self.elector.is_leader,
                 window_s=config.idle_window_s,
                 interval_s=config.idle_check_s,

@@ -4,16 +4,19 @@ The plugins measure (``flexgpu_claim_idle_seconds``: how long every device of th
 been below the idle threshold); the leader reads their endpoints every interval and tells
 the claim and each pod using it once per idle stretch. The controller does this rather than
 the plugins because it already records Events on pods and claims cluster-wide and knows
-which pods use a claim, while a plugin may only record Events about its own Node.
+which pods use a claim (the claim's ``status.reservedFor``, read when it turns idle), while a
+plugin may only record Events about its own Node.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from controller.cluster_state import Snapshot
+from kubernetes import client
+
 from controller.events import EventSink, EventTarget
 from controller.plugin_endpoints import Scrape, scrape
 
@@ -24,8 +27,27 @@ IDLE_FAMILY = "flexgpu_claim_idle_seconds"
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
     minutes = round(seconds / 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+
+
+def claim_reader(api: client.ApiClient) -> Callable[[str, str], Mapping[str, Any] | None]:
+    """Reads a ResourceClaim as plain JSON; None when it is gone."""
+    resource = client.ResourceV1Api(api)
+
+    def read(namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            obj = resource.read_namespaced_resource_claim(name, namespace)
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        result: Mapping[str, Any] = api.sanitize_for_serialization(obj)
+        return result
+
+    return read
 
 
 class IdleClaimNotifier:
@@ -34,7 +56,7 @@ class IdleClaimNotifier:
         endpoints: Sequence[str],
         sink: EventSink,
         *,
-        snapshot: Callable[[], Snapshot],
+        read_claim: Callable[[str, str], Mapping[str, Any] | None],
         is_leader: Callable[[], bool],
         window_s: float,
         interval_s: float = 60.0,
@@ -42,7 +64,7 @@ class IdleClaimNotifier:
     ) -> None:
         self._endpoints = list(endpoints)
         self._sink = sink
-        self._snapshot = snapshot
+        self._read_claim = read_claim
         self._is_leader = is_leader
         self.window_s = window_s
         self._interval_s = interval_s
@@ -79,28 +101,35 @@ class IdleClaimNotifier:
             # Idle only if idle on every node that reports the claim.
             idle[key] = (min(seconds, sample.value), nodes | {sample.labels.get("node", "")})
         self._told &= {k for k, (s, _) in idle.items() if s >= self.window_s}
-        snapshot = self._snapshot()
         told = []
         for key, (seconds, nodes) in sorted(idle.items()):
             if seconds < self.window_s or key in self._told:
                 continue
-            claim = snapshot.claims.get(key)
-            if claim is None:
+            namespace, _, name = key.partition("/")
+            try:
+                obj = self._read_claim(namespace, name)
+            except Exception as err:  # try again next round
+                log.warning("cannot read claim %s: %s", key, err)
                 continue
-            model = claim.model
+            if not obj:
+                continue  # deleted meanwhile
+            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            # Running pods are not in the controller's cache (it keeps pods waiting for a
+            # node); the claim's status names the pods using it.
+            targets = [
+                EventTarget(
+                    "ResourceClaim", "resource.k8s.io/v1", namespace, name, str(meta.get("uid", ""))
+                )
+            ] + [
+                EventTarget("Pod", "v1", namespace, str(r.get("name", "")), str(r.get("uid", "")))
+                for r in status.get("reservedFor") or []
+                if r.get("resource") == "pods"
+            ]
             message = (
                 f"GPU claim {key} has used less than the idle threshold of its devices' SM "
                 f"time for {_duration(seconds)} (on {', '.join(sorted(nodes))}); release it "
                 "if the workload no longer needs a GPU"
             )
-            targets = [
-                EventTarget(
-                    "ResourceClaim", "resource.k8s.io/v1", model.namespace, model.name, model.uid
-                )
-            ]
-            for pod in snapshot.pods.values():
-                if key in pod.claim_keys():
-                    targets.append(EventTarget("Pod", "v1", pod.namespace, pod.name, pod.uid))
             for target in targets:
                 self._sink.emit(target, REASON, message, repeat=True)
             self._told.add(key)

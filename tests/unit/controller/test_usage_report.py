@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import pytest
 import yaml
-from controller_builders import claim, pod, snapshot
 
 from controller.cli_usage import (
     UsageReport,
@@ -151,10 +150,12 @@ class Sink:
 
 
 def test_idle_claim_and_its_pods_get_one_event_per_idle_stretch() -> None:
-    snap = snapshot(
-        claims=[claim("nb", ns="ml"), claim("train", ns="ml")],
-        pods=[pod("notebook", "nb", ns="ml"), pod("trainer", "train", ns="ml")],
-    )
+    claims = {
+        ("ml", "nb"): {
+            "metadata": {"uid": "uid-nb"},
+            "status": {"reservedFor": [{"resource": "pods", "name": "notebook", "uid": "uid-pod"}]},
+        }
+    }
     text = [EXPOSITION]
 
     def read(endpoints: Sequence[str]) -> Scrape:
@@ -162,12 +163,17 @@ def test_idle_claim_and_its_pods_get_one_event_per_idle_stretch() -> None:
 
     sink = Sink()
     notifier = IdleClaimNotifier(
-        ["n1:1"], sink, snapshot=lambda: snap, is_leader=lambda: True, window_s=7200, read=read
+        ["n1:1"],
+        sink,
+        read_claim=lambda ns, name: claims.get((ns, name)),
+        is_leader=lambda: True,
+        window_s=7200,
+        read=read,
     )
     assert notifier.check_once() == ["ml/nb"]
-    assert [(t.kind, t.name) for t, _, _ in sink.events] == [
-        ("ResourceClaim", "nb"),
-        ("Pod", "notebook"),
+    assert [(t.kind, t.name, t.uid) for t, _, _ in sink.events] == [
+        ("ResourceClaim", "nb", "uid-nb"),
+        ("Pod", "notebook", "uid-pod"),
     ]
     assert all(reason == "IdleGpuClaim" for _, reason, _ in sink.events)
     assert "2h30m" in sink.events[0][2]
@@ -176,3 +182,8 @@ def test_idle_claim_and_its_pods_get_one_event_per_idle_stretch() -> None:
     assert notifier.check_once() == []
     text[0] = EXPOSITION  # idle again: a new stretch is told
     assert notifier.check_once() == ["ml/nb"]
+    del claims[("ml", "nb")]  # a claim deleted meanwhile gets nothing
+    text[0] = EXPOSITION.replace("9000", "10")
+    notifier.check_once()
+    text[0] = EXPOSITION
+    assert notifier.check_once() == []
