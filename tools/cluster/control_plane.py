@@ -36,6 +36,9 @@ WANTED_CONTROLLERS = (
     "device-taint-eviction-controller",
     # Folds ClusterRoles labelled aggregate-to-view/edit/admin into the built-in roles.
     "clusterrole-aggregation-controller",
+    # Deployments in manifests users bring (NVIDIA's quickstart ones, say) get their pods.
+    "deployment-controller",
+    "replicaset-controller",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 

@@ -67,7 +67,9 @@ class SimulatedGpuNode:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float = 60) -> None:
-        create_simulated_node(self.api, self.name, labels={"flexgpu.dev/topology": self.topology})
+        # A topology file is labelled by its name: a path is no label value.
+        label = Path(self.topology).stem if "/" in self.topology else self.topology
+        create_simulated_node(self.api, self.name, labels={"flexgpu.dev/topology": label})
         self.harness = Component(
             f"kubelet-harness[{self.name}]",
             [
