@@ -2,7 +2,7 @@
 requests of mixed sizes (1g to 7g and whole GPUs), replayed step by step through the real
 scheduler against flexgpu's publication and the NVIDIA-style one side by side:
 
-    python -m bench.packing_churn [--nodes 2] [--steps 40] [--seed 7]
+    python -m bench.packing_churn [--nodes 1] [--steps 40] [--seed 7] [--arrivals-per-gpu 0.3]
 
 Each publication gets its own ``--nodes`` hollow HGX H100 nodes with all 8 GPUs in dynamic MIG
 (``bench.scale_publications``); every request of the trace is made twice, once for each group
@@ -68,13 +68,18 @@ class Request:
     gone: set[str] = field(default_factory=set)
 
 
-def trace(steps: int, rate: float, seed: int) -> list[Request]:
+def trace(steps: int, per_gpu: float, gpus: int, seed: int) -> list[Request]:
+    """Arrivals per step drawn around ``per_gpu`` x ``gpus``: with the sizes above (3.1 memory
+    slices on average) and lifetimes of 3-12 steps, 0.3 per GPU keeps the GPUs about 90% full,
+    where placement decides what still fits."""
     rng = random.Random(seed)
     kinds = list(KINDS)
     weights = [KINDS[k][0] for k in kinds]
+    mean = per_gpu * gpus
     out: list[Request] = []
     for step in range(steps):
-        for _ in range(rng.choices((0, 1, 2, 3), (1, 2, 2, 1))[0] if rate else 0):
+        count = max(0, round(rng.gauss(mean, mean / 3)))
+        for _ in range(count):
             kind = rng.choices(kinds, weights)[0]
             out.append(Request(len(out), kind, step, rng.randint(3, 12)))
     return out
@@ -198,11 +203,12 @@ def report(requests: Sequence[Request], args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--arrivals-per-gpu", type=float, default=0.3)
     args = parser.parse_args(argv)
-    requests = trace(args.steps, 1.0, args.seed)
+    requests = trace(args.steps, args.arrivals_per_gpu, 8 * args.nodes, args.seed)
     every = frozenset(range(8))
     with ControlPlane() as plane:
         api = plane.api_client()
