@@ -33,8 +33,9 @@ from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
 
 log = logging.getLogger(__name__)
 
-# A claim not in the plugin's cache is read again at most this often (its pods change).
-CLAIM_REREAD_S = 60.0
+# A prepared claim is read again at most this often: pods may join a shared claim later.
+CLAIM_REREAD_S = 300.0
+CLAIM_RETRY_S = 30.0
 
 
 class MetricsSettingError(ValueError):
@@ -119,11 +120,14 @@ class ClaimReader:
                 read = None
             uid = ((read or {}).get("metadata") or {}).get("uid")
             obj = read if uid == record.uid else obj
+        # Nothing found: try again sooner than a claim that was read.
+        stamp = now if obj is not None else now - CLAIM_REREAD_S + CLAIM_RETRY_S
         with self._lock:
-            self._read_at[record.uid] = (now, obj)
-            live = {record.uid}
-            if len(self._read_at) > 4096:  # claims long gone
-                self._read_at = {k: v for k, v in self._read_at.items() if k in live}
+            self._read_at[record.uid] = (stamp, obj)
+            if len(self._read_at) > 1024:  # forget claims no longer asked about
+                self._read_at = {
+                    k: v for k, v in self._read_at.items() if now - v[0] < 2 * CLAIM_REREAD_S
+                }
         return obj
 
 

@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from driver.backend import GpuBackend
-from driver.gpu_model import GpuInfo, ProcessSample
+from driver.gpu_model import GpuInfo, MigProfile, ProcessSample
 from driver.names import mig_device_name
 from driver.quantity import QuantityError, parse_quantity
 from driver.usage import GpuUsage, summed_memory, summed_utilization
@@ -202,6 +202,7 @@ class UsageSampler:
         self._lock = threading.Lock()
         self._snapshot = UsageSnapshot(node_name)
         self._totals: dict[str, ClaimTotals] = {}
+        self._profiles: dict[int, dict[int, MigProfile]] = {}
         self._last: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -401,7 +402,9 @@ class UsageSampler:
         """(GPU instance id, profile name, multiprocessors) of the MIG device by its name."""
         try:
             instances = self._backend.list_mig_devices(index)
-            profiles = {p.profile_id: p for p in self._backend.mig_profiles(index)}
+            if index not in self._profiles:  # fixed per GPU model; NVML takes a while
+                self._profiles[index] = {p.profile_id: p for p in self._backend.mig_profiles(index)}
+            profiles = self._profiles[index]
         except Exception:
             return None
         for m in instances:
