@@ -9,6 +9,7 @@ import json
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -20,7 +21,12 @@ from driver.sim_usage import USAGE_FILE_NAME
 from kubelet_plugin import metrics
 from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
 from kubelet_plugin.claims import ClaimRef, PrepareResult, UnprepareResult
-from kubelet_plugin.metrics_setup import MetricsSettingError, settings_from_env
+from kubelet_plugin.metrics_setup import (
+    CLAIM_REREAD_S,
+    ClaimReader,
+    MetricsSettingError,
+    settings_from_env,
+)
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.observed_backend import ObservedBackend
 from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
@@ -235,3 +241,26 @@ def test_plugin_exposition_passes_promtool_and_is_served(tmp_path: Path) -> None
             assert b"flexgpu_claim_allocated_gpus{" in r.read()
     finally:
         server.stop()
+
+
+def test_claim_objects_come_from_the_cache_then_are_reread_now_and_then() -> None:
+    """The plugin's own copy first; a GET only every CLAIM_REREAD_S (pods join shared claims
+    later), and a GET that returns a re-created claim (another UID) is not taken."""
+    now = [0.0]
+    reads: list[str] = []
+    cached = {"u1": {"metadata": {"uid": "u1"}, "status": {"reservedFor": []}}}
+    fresh = {"metadata": {"uid": "u1"}, "status": {"reservedFor": [{"resource": "pods"}]}}
+
+    def read(namespace: str, name: str) -> dict[str, Any]:
+        reads.append(name)
+        return fresh if name == "a" else {"metadata": {"uid": "other"}}
+
+    reader = ClaimReader(cached.get, read, clock=lambda: now[0])
+    record = ClaimRecord(uid="u1", namespace="ns", name="a", state=ClaimState.PREPARED)
+    assert reader(record) is cached["u1"] and reads == []
+    now[0] += CLAIM_REREAD_S / 2
+    assert reader(record) is cached["u1"] and reads == []
+    now[0] += CLAIM_REREAD_S
+    assert reader(record) is fresh and reads == ["a"]
+    recreated = ClaimRecord(uid="u2", namespace="ns", name="b", state=ClaimState.PREPARED)
+    assert reader(recreated) is None and reads == ["a", "b"]
