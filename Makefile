@@ -48,7 +48,7 @@ node: venv control-plane
 	@bash tools/node/build.sh >/dev/null
 	@$(PY) -m tools.images.build >/dev/null
 
-# Regenerates the kubelet gRPC stubs from kubelet_plugin/proto (they are committed).
+# Regenerates the kubelet gRPC stubs from kubelet_plugin/kubeletplugin/proto (they are committed).
 protos: venv
 	@$(PY) tools/gen_protos.py
 

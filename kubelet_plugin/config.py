@@ -7,8 +7,6 @@ setting, the offending value and what is allowed.
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -25,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
+
 DRIVER_NAME: Final = "gpu.flexgpu.dev"
 DEFAULT_REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR: Final = Path("/var/lib/kubelet/plugins")
@@ -34,8 +34,6 @@ DEFAULT_HEALTH_INTERVAL_SECONDS: Final = 10.0
 # The kubelet marks a device Unknown when it has had no report for 30 s (its default
 # per-device timeout), so the full list must be re-sent more often than that.
 MAX_HEALTH_INTERVAL_SECONDS: Final = 30.0
-# gRPC's unix listener needs the path plus a terminating NUL in sun_path (108 bytes on Linux).
-MAX_SOCKET_PATH_BYTES: Final = 107
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 LOCK_FILE: Final = "prepare.lock"
@@ -201,20 +199,23 @@ class PluginConfig(BaseModel):
         """Directory of the DRA socket, as the kubelet expects it for this driver."""
         return self.plugins_dir / self.driver_name
 
+    def server_options(self) -> Options:
+        """How kubeletplugin serves this plugin (sockets, health stream interval)."""
+        return Options(
+            driver_name=self.driver_name,
+            plugin_data_dir=self.plugin_dir,
+            registrar_dir=self.registry_dir,
+            pod_uid=self.pod_uid,
+            health_interval_seconds=self.health_interval_seconds,
+        )
+
     @property
     def dra_socket(self) -> Path:
-        # Two instances during a rolling update must not share a socket: the kubelet refuses
-        # a second registration for the same endpoint.
-        suffix = f"-{self.pod_uid}" if self.pod_uid else ""
-        return self.plugin_dir / f"dra{suffix}.sock"
+        return self.server_options().dra_socket
 
     @property
     def registration_socket(self) -> Path:
-        if self.pod_uid is None:
-            return self.registry_dir / f"{self.driver_name}-reg.sock"
-        return self.registry_dir / rolling_update_socket_name(
-            self.registry_dir, self.driver_name, self.pod_uid
-        )
+        return self.server_options().registration_socket
 
     @property
     def checkpoint_path(self) -> Path:
@@ -231,29 +232,6 @@ def _indices(spec: str | None, gpu_count: int) -> frozenset[int]:
     if spec == "all":
         return frozenset(range(gpu_count))
     return frozenset(int(i) for i in spec.split(","))
-
-
-def rolling_update_socket_name(registry_dir: Path, driver_name: str, pod_uid: str) -> str:
-    """Registration socket name of one instance in a rolling update.
-
-    Prefers "<driver>-<pod UID>-reg.sock"; falls back to shorter hashed names (the same
-    scheme the kubelet plugin helper library uses) when the full path would be too long.
-    """
-    uid_hash = hashlib.sha256(pod_uid.encode()).digest()
-    pair_hash = hashlib.sha256(f"{driver_name}\x00{pod_uid}".encode()).digest()
-    candidates = [
-        f"{driver_name}-{pod_uid}-reg.sock",
-        f"{driver_name}-{_b64(uid_hash[:8])}-reg.sock",
-        f"dra-{_b64(pair_hash[:16])}-reg.sock",
-    ]
-    for name in candidates:
-        if len(os.fsencode(registry_dir / name)) <= MAX_SOCKET_PATH_BYTES:
-            return name
-    return candidates[-1]
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 @dataclass(frozen=True)

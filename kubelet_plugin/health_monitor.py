@@ -16,7 +16,7 @@ from driver.backend import GpuBackend
 from driver.gpu_model import HealthEvent, HealthEventKind, HealthState
 from driver.names import gpu_device_name
 from driver.xid import xid_marks_unhealthy
-from kubelet_plugin.health import DeviceHealth, HealthStatus
+from kubelet_plugin.kubeletplugin import DeviceHealth, HealthStatus
 from kubelet_plugin.node_devices import NodeDevices
 
 log = logging.getLogger(__name__)

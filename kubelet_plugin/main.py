@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubelet_plugin.config import ConfigError, PluginConfig, load_config
-from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.kubeletplugin import Server
 from kubelet_plugin.startup_gate import StartupGate
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
 
 def run(config: PluginConfig) -> int:
     gate = StartupGate()
-    server = PluginServer(config, gate, gate)
+    server = Server(gate, config.server_options(), gate)
     stops: list[Callable[[], None]] = []
 
     def after_start() -> None:

@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from driver.gpu_model import HealthEvent, HealthState
-from kubelet_plugin.claims import ClaimPreparer, ClaimRef, PrepareResult, UnprepareResult
+from kubelet_plugin.kubeletplugin import ClaimRef, DraDriver, PrepareResult, UnprepareResult
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +118,9 @@ def health_event(node: str, event: HealthEvent) -> None:
 
 
 class ObservedPreparer:
-    """A ClaimPreparer that times each call and counts failed claims by reason."""
+    """A DraDriver that times each call and counts failed claims by reason."""
 
-    def __init__(self, inner: ClaimPreparer, node_name: str) -> None:
+    def __init__(self, inner: DraDriver, node_name: str) -> None:
         self.inner = inner
         self._node = node_name
         # Series exist from the start (count 0), so rates read 0 rather than nothing.

@@ -43,7 +43,7 @@ from kubelet_plugin.checkpoint import (
 )
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
 from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
-from kubelet_plugin.claims import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from kubelet_plugin.kubeletplugin import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
 from kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.prepare_lock import PrepareLock, gpu_key
@@ -65,7 +65,7 @@ class PrepareError(Exception):
 
 
 class ClaimPreparerImpl:
-    """Implements the gRPC service's ClaimPreparer. Safe to call from many threads: claims on
+    """Implements the gRPC service's DraDriver. Safe to call from many threads: claims on
     different GPUs are prepared in parallel, work on one GPU is serial (see PrepareLock)."""
 
     def __init__(
@@ -100,7 +100,7 @@ class ClaimPreparerImpl:
         self._lock = lock
         self.cdi_dir = cdi_dir
 
-    # -- ClaimPreparer -------------------------------------------------------------------
+    # -- DraDriver -------------------------------------------------------------------
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         with self._operation():
@@ -530,9 +530,7 @@ class ClaimPreparerImpl:
         )
         if share is not None and share.gpu_index is not None and not gpu_in_use:
             running = {d.gpu_index for d in self.mps.running()}
-            if _ignore_lost_gpu(self.mps.stop, share.gpu_index) and (
-                share.gpu_index in running
-            ):
+            if _ignore_lost_gpu(self.mps.stop, share.gpu_index) and (share.gpu_index in running):
                 done.append(f"stopped the MPS daemon of gpu-{share.gpu_index}")
         return done
 

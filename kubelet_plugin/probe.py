@@ -1,8 +1,8 @@
 """Liveness probe for the plugin's container: ``python -m kubelet_plugin.probe``.
 
 Reads the same flags and FLEXGPU_* variables as the plugin, then asks the plugin what the
-kubelet would: GetInfo on the registration socket and an empty NodePrepareResources on the
-DRA socket. Exit 0 when both answer in time, 1 otherwise (with the reason on stderr).
+kubelet would (kubelet_plugin.kubeletplugin.probe). Exit 0 when both sockets answer in time,
+1 otherwise (with the reason on stderr).
 """
 
 from __future__ import annotations
@@ -10,16 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import grpc
-
 from kubelet_plugin.config import ConfigError, load_config
-from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from kubelet_plugin.proto.gen.pluginregistration.v1 import (
-    registration_pb2,
-    registration_pb2_grpc,
-)
-
-TIMEOUT_S = 5.0
+from kubelet_plugin.kubeletplugin import probe as sockets_probe
 
 
 def probe(argv: Sequence[str] | None = None) -> str | None:
@@ -28,18 +20,7 @@ def probe(argv: Sequence[str] | None = None) -> str | None:
         config = load_config(list(argv or []))
     except ConfigError as err:
         return str(err)
-    try:
-        with grpc.insecure_channel(f"unix://{config.registration_socket}") as channel:
-            info = registration_pb2_grpc.RegistrationStub(channel).GetInfo(
-                registration_pb2.InfoRequest(), timeout=TIMEOUT_S
-            )
-        with grpc.insecure_channel(f"unix://{info.endpoint}") as channel:
-            dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                dra_pb2.NodePrepareResourcesRequest(), timeout=TIMEOUT_S
-            )
-    except grpc.RpcError as err:
-        return f"plugin not answering: {err.code().name}: {err.details()}"
-    return None
+    return sockets_probe.probe(config.registration_socket)
 
 
 def main() -> int:

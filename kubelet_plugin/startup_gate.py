@@ -12,8 +12,14 @@ import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from kubelet_plugin.claims import ClaimPreparer, ClaimRef, PrepareResult, UnprepareResult
-from kubelet_plugin.health import DeviceHealth, HealthSource
+from kubelet_plugin.kubeletplugin import (
+    ClaimRef,
+    DeviceHealth,
+    DraDriver,
+    HealthSource,
+    PrepareResult,
+    UnprepareResult,
+)
 
 # Below the kubelet's own deadline for a DRA call, so the claim gets our reason, not a
 # timeout; the kubelet retries.
@@ -21,13 +27,13 @@ WAIT_S = 30.0
 
 
 class StartupGate:
-    """Implements ClaimPreparer and HealthSource by waiting for the real ones."""
+    """Implements DraDriver and HealthSource by waiting for the real ones."""
 
     def __init__(self, wait_s: float = WAIT_S) -> None:
         self._wait_s = wait_s
         self._ready = threading.Event()
         self._lock = threading.Lock()
-        self._preparer: ClaimPreparer | None = None
+        self._preparer: DraDriver | None = None
         self._health: HealthSource | None = None
         self._failure: str | None = None
         # Health listeners that subscribed before the source existed, with their handle on
@@ -36,7 +42,7 @@ class StartupGate:
         self._keys = itertools.count()
 
     # -- start-up --------------------------------------------------------------------------
-    def open(self, preparer: ClaimPreparer, health: HealthSource) -> None:
+    def open(self, preparer: DraDriver, health: HealthSource) -> None:
         with self._lock:
             self._preparer, self._health = preparer, health
             for key, (listener, _) in list(self._early.items()):
@@ -55,7 +61,7 @@ class StartupGate:
     def ready(self) -> bool:
         return self._ready.is_set() and self._preparer is not None
 
-    # -- ClaimPreparer ---------------------------------------------------------------------
+    # -- DraDriver ---------------------------------------------------------------------
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         preparer, why = self._await()
         if preparer is None:
@@ -68,7 +74,7 @@ class StartupGate:
             return {c.uid: UnprepareResult(error=why) for c in claims}
         return preparer.unprepare(claims)
 
-    def _await(self) -> tuple[ClaimPreparer | None, str]:
+    def _await(self) -> tuple[DraDriver | None, str]:
         if not self._ready.wait(self._wait_s):
             return None, (
                 f"the plugin is still starting (GPU discovery and checkpoint reconcile have "

@@ -28,8 +28,11 @@ from typing import Any
 import grpc
 
 from kubelet_plugin.kube_api import KubeApi, path_of
-from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from kubelet_plugin.proto.gen.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
+from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+    registration_pb2,
+    registration_pb2_grpc,
+)
 
 DRIVER = "gpu.flexgpu.dev"
 NODE = "startup-node"

@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from kubelet_plugin.kube_api import KubeApi
-from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.conftest import wait_for
 from tests.integration.test_crd import crd_installed  # noqa: F401 - fixture
 from tools.cluster import ControlPlane

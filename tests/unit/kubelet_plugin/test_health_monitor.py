@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.health import HealthStatus
 from kubelet_plugin.health_monitor import HealthMonitor
+from kubelet_plugin.kubeletplugin import HealthStatus
 from kubelet_plugin.node_devices import NodeDevices
 
 

@@ -11,7 +11,6 @@ from kubelet_plugin.config import (
     PluginConfig,
     load_config,
     make_config,
-    rolling_update_socket_name,
 )
 
 
@@ -84,16 +83,3 @@ def test_model_is_strict_and_frozen() -> None:
     config = make_config(node_name="n1")
     with pytest.raises(ValidationError):
         config.node_name = "other"  # type: ignore[misc]
-
-
-def test_long_registry_dir_falls_back_to_hashed_socket_names() -> None:
-    uid = "0b7f2c4e-94b5-4b8e-9a0e-5d2f7c1a3e6b"
-    medium = Path("/" + "r" * 50)
-    name = rolling_update_socket_name(medium, DRIVER_NAME, uid)
-    assert name.startswith("gpu.flexgpu.dev-") and uid not in name
-    long = Path("/" + "r" * 70)
-    name = rolling_update_socket_name(long, DRIVER_NAME, uid)
-    assert name.startswith("dra-") and len(str(long / name)) <= 107
-    # Stable across restarts of the same pod, distinct for another pod.
-    assert name == rolling_update_socket_name(long, DRIVER_NAME, uid)
-    assert name != rolling_update_socket_name(long, DRIVER_NAME, uid.replace("0", "1"))

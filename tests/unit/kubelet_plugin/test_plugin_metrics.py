@@ -20,7 +20,7 @@ from driver.sim_backend import SimulatedBackend
 from driver.sim_usage import USAGE_FILE_NAME
 from kubelet_plugin import metrics
 from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
-from kubelet_plugin.claims import ClaimRef, PrepareResult, UnprepareResult
+from kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult, UnprepareResult
 from kubelet_plugin.metrics_setup import (
     CLAIM_REREAD_S,
     ClaimReader,

@@ -14,7 +14,7 @@ import pytest
 from driver.names import CRD_GROUP
 from driver.sim_backend import SimulatedBackend
 from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.kubeletplugin import ClaimRef
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
 from kubelet_plugin.prepare_lock import PrepareLock

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kubelet_plugin.checkpoint import ClaimState
-from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.kubeletplugin import ClaimRef
 from kubelet_plugin.prepare_lock import PrepareLock
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.prepare_support import (

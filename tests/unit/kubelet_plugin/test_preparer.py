@@ -11,7 +11,7 @@ import pytest
 from driver.sim_backend import SimulatedBackend
 from kubelet_plugin.checkpoint import CheckpointStore, ClaimState
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
-from kubelet_plugin.claims import ClaimRef, UnprepareResult
+from kubelet_plugin.kubeletplugin import ClaimRef, UnprepareResult
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.prepare_lock import PrepareLock
 from kubelet_plugin.preparer import ClaimPreparerImpl

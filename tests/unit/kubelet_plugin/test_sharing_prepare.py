@@ -13,7 +13,7 @@ from driver.gpu_model import ComputeMode, TimeSliceInterval
 from driver.sim_backend import SimulatedBackend
 from kubelet_plugin.checkpoint import CheckpointStore
 from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
-from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.kubeletplugin import ClaimRef
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.prepare_lock import PrepareLock
 from kubelet_plugin.preparer import ClaimPreparerImpl

@@ -17,7 +17,7 @@ import pytest
 
 from driver.gpu_model import TimeSliceInterval
 from kubelet_plugin.checkpoint import ClaimRecord, canonical_json, checksum, marker_bytes
-from kubelet_plugin.claims import ClaimRef
+from kubelet_plugin.kubeletplugin import ClaimRef
 from kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (
     BOOT_B,

@@ -12,15 +12,13 @@ from concurrent import futures
 
 import grpc
 import pytest
-from plugin_fakes import MemoryHealth, MemoryPreparer
 
-from kubelet_plugin.claims import ClaimRef
 from kubelet_plugin.config import PluginConfig
-from kubelet_plugin.grpc_server import PluginServer
-from kubelet_plugin.health import DeviceHealth, HealthStatus
-from kubelet_plugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from kubelet_plugin.proto.gen.dra_health.v1 import health_pb2, health_pb2_grpc
+from kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Server
+from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2, health_pb2_grpc
 from kubelet_plugin.startup_gate import StartupGate
+from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
 TIMEOUT = 10
 GPU0 = DeviceHealth("node-a", "gpu-0", HealthStatus.HEALTHY, 1_700_000_000)
@@ -32,18 +30,16 @@ def gate() -> StartupGate:
 
 
 @pytest.fixture
-def server(plugin_config: PluginConfig, gate: StartupGate) -> Iterator[PluginServer]:
-    with PluginServer(plugin_config, gate, gate) as running:
+def server(plugin_config: PluginConfig, gate: StartupGate) -> Iterator[Server]:
+    with Server(gate, plugin_config.server_options(), gate) as running:
         yield running
 
 
-def test_early_prepare_waits_for_start_up_then_succeeds(
-    server: PluginServer, gate: StartupGate
-) -> None:
+def test_early_prepare_waits_for_start_up_then_succeeds(server: Server, gate: StartupGate) -> None:
     preparer = MemoryPreparer()
     claim = dra_pb2.Claim(namespace="ns", name="c", uid="u1")
     with (
-        grpc.insecure_channel(f"unix://{server.config.dra_socket}") as channel,
+        grpc.insecure_channel(f"unix://{server.options.dra_socket}") as channel,
         futures.ThreadPoolExecutor(1) as pool,
     ):
         stub = dra_pb2_grpc.DRAPluginStub(channel)
@@ -82,9 +78,9 @@ def test_start_up_that_takes_too_long_is_a_per_claim_error() -> None:
 
 
 def test_health_stream_opened_early_gets_the_devices_once_known(
-    server: PluginServer, gate: StartupGate
+    server: Server, gate: StartupGate
 ) -> None:
-    with grpc.insecure_channel(f"unix://{server.config.dra_socket}") as channel:
+    with grpc.insecure_channel(f"unix://{server.options.dra_socket}") as channel:
         stream = health_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
             health_pb2.NodeWatchResourcesRequest(), timeout=TIMEOUT
         )
@@ -100,7 +96,7 @@ def test_plugin_serves_its_sockets_before_start_up_work_runs(
     plugin_config: PluginConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kubelet_plugin import main
-    from kubelet_plugin.proto.gen.pluginregistration.v1 import (
+    from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
         registration_pb2,
         registration_pb2_grpc,
     )
