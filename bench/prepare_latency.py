@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -160,7 +161,12 @@ def rows(flex: Figures, ref: Figures) -> list[Row]:
     ]
 
 
-def explain(figures: dict[str, Figures], args: Any) -> None:
+def load_average() -> str:
+    """The 1-minute load average and the CPU count: other work shares the benchmark's cores."""
+    return f"{Path('/proc/loadavg').read_text().split()[0]} on {os.cpu_count()} CPUs"
+
+
+def explain(figures: dict[str, Figures], args: Any, load_before: str) -> None:
     flex, ref = figures["flexgpu"], figures["example"]
     print(
         f"\nMethod: {args.rounds} rounds; each round runs, per plugin in alternating order, "
@@ -176,6 +182,7 @@ def explain(figures: dict[str, Figures], args: Any) -> None:
         "counted with strace over "
         f"{TRACED_CYCLES} more 1-caller cycles after the rounds."
     )
+    print(f"Machine load average (1 min): {load_before} before, {load_average()} after.")
     print(
         f"Each plugin publishes {DEVICES} simulated GPUs on one node; the example driver runs "
         "with --kube-api-qps=1000 --kube-api-burst=1000. The benchmark's own gRPC callers share "
@@ -262,6 +269,7 @@ def main() -> int:
     args = parser.parse_args()
 
     binary = example_binary()
+    load_before = load_average()
     figures = {"flexgpu": Figures(), "example": Figures()}
     root = Path(tempfile.mkdtemp(prefix="fgcmp-", dir="/tmp"))
     # CDI specs on tmpfs as on a node (/var/run is tmpfs); checkpoints on disk, for both.
@@ -317,7 +325,7 @@ def main() -> int:
         f"{DEVICES} simulated GPUs each, one control plane, ratio = flexgpu / example\n"
     )
     print(render(rows(figures["flexgpu"], figures["example"])))
-    explain(figures, args)
+    explain(figures, args, load_before)
     return 0
 
 
