@@ -30,7 +30,7 @@ from driver.gpu_model import GpuInfo, MigProfile
 from driver.mig_catalog import MEMORY_SLICES
 from driver.mig_devices import mig_attributes
 from driver.names import DRIVER_NAME, mig_device_name
-from driver.resource_slice import Device, shared_gpu_device, slice_specs, whole_gpu_device
+from driver.resource_slice import SliceDevice, shared_gpu_device, slice_specs, whole_gpu_device
 from driver.sim_backend import SimulatedBackend
 from kubelet_plugin.node_devices import NodeDevices
 
@@ -92,7 +92,7 @@ def _nvidia_counters(capacities: dict[str, int], start: int, size: int) -> dict[
     return counters
 
 
-def nvidia_gpu(gpu: GpuInfo, profiles: Sequence[MigProfile]) -> tuple[list[Device], Any]:
+def nvidia_gpu(gpu: GpuInfo, profiles: Sequence[MigProfile]) -> tuple[list[SliceDevice], Any]:
     """A dynamic-MIG GPU's devices (in name order) and its counter set, NVIDIA-style."""
     most: dict[str, int] = {}
     for profile in profiles:

@@ -34,30 +34,13 @@ from typing import Any, TextIO
 import kopf
 
 from controller.admission import register_admission
+from controller.kopf_login import connection_info
 from controller.webhook_config import CONFIGURATION_NAME, ServiceRef
 from controller.webhook_server import WebhookOptions, configure_webhook
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def connection_info(configuration: Any) -> kopf.ConnectionInfo:
-    """kopf's credentials from a ``kubernetes.client.Configuration`` (kubeconfig loaded)."""
-    header = configuration.get_api_key_with_prefix(
-        "BearerToken"
-    ) or configuration.get_api_key_with_prefix("authorization")
-    parts = header.split(" ", 1) if header else []
-    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
-    return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        scheme=scheme,
-        token=token,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
-    )
 
 
 def _host_port(text: str) -> tuple[str, int]:

@@ -31,7 +31,7 @@ from controller.cli_options import (
 )
 from controller.evaluation import evaluate
 from controller.messages import Lookup, claim_message, pod_message
-from controller.records import ClaimRecord, PodClaimRef, PodRecord, pod_record
+from controller.records import CachedClaim, PodClaimRef, PodRecord, pod_record
 
 WIDTH: Final = 100
 _POD_WORDS: Final = frozenset({"pod", "pods", "po"})
@@ -135,7 +135,7 @@ def _last(events: list[Any], reason: str, needle: str = "") -> str:
 # --- explaining -------------------------------------------------------------------------------
 
 
-def _allocated(claim: ClaimRecord) -> Finding:
+def _allocated(claim: CachedClaim) -> Finding:
     devices = [f"{r.pool}/{r.device}" for r in claim.model.allocation or ()]
     where = f" on {', '.join(claim.allocation_nodes)}" if claim.allocation_nodes else ""
     users = f", reserved for {', '.join(claim.reserved_for)}" if claim.reserved_for else ""
@@ -152,7 +152,7 @@ def _allocated(claim: ClaimRecord) -> Finding:
     )
 
 
-def _evaluated(read: ClusterRead, claim: ClaimRecord, pod: PodRecord | None) -> Finding:
+def _evaluated(read: ClusterRead, claim: CachedClaim, pod: PodRecord | None) -> Finding:
     snapshot = read.snapshot
     # Without node objects a pod's node selector cannot be checked: explain the claim alone.
     ev = evaluate(snapshot, claim, pod if read.nodes_known else None)
@@ -292,7 +292,7 @@ def explain_pod(
     return findings
 
 
-def explain_claim(read: ClusterRead, claim: ClaimRecord) -> list[Finding]:
+def explain_claim(read: ClusterRead, claim: CachedClaim) -> list[Finding]:
     if claim.allocated:
         return [_allocated(claim)]
     waiting = next(

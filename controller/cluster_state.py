@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, Final, Literal
 
 from controller import records
-from controller.records import ClaimRecord, NodeRecord, PodRecord
+from controller.records import CachedClaim, NodeRecord, PodRecord
 from driver.allocation import DeviceClass, Node, ParseError, ResourceClaim, ResourceSlice
 from driver.allocation.pools import SliceIndex
 
@@ -44,7 +44,7 @@ class Snapshot:
 
     slices: Mapping[str, ResourceSlice]
     classes: Mapping[str, DeviceClass]
-    claims: Mapping[str, ClaimRecord]
+    claims: Mapping[str, CachedClaim]
     nodes: Mapping[str, NodeRecord]
     pods: Mapping[str, PodRecord]
     policies: Mapping[str, Mapping[str, Any]]

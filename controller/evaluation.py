@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from controller.cluster_state import Snapshot
 from controller.pod_nodes import NodeFit, node_fit
-from controller.records import ClaimRecord, PodRecord
+from controller.records import CachedClaim, PodRecord
 from driver.allocation import AllocatedState, Explanation, explain_claim
 from driver.allocation.allocator import SelectorCache
 from driver.allocation.explain import for_claim
@@ -14,7 +14,7 @@ from driver.allocation.explain import for_claim
 
 @dataclass(frozen=True)
 class Evaluation:
-    claim: ClaimRecord
+    claim: CachedClaim
     pod: PodRecord | None
     fit: NodeFit | None  # None without a pod: every node counts
     explanation: Explanation
@@ -49,13 +49,13 @@ def _pod_key(pod: PodRecord) -> str:
     return repr((sorted(pod.node_selector.items()), pod.affinity, pod.tolerations))
 
 
-def _claim_key(claim: ClaimRecord) -> str:
+def _claim_key(claim: CachedClaim) -> str:
     return repr((claim.model.requests, claim.model.constraints))
 
 
 def evaluate(
     snapshot: Snapshot,
-    claim: ClaimRecord,
+    claim: CachedClaim,
     pod: PodRecord | None = None,
     selectors: SelectorCache | None = None,
     state: AllocatedState | None = None,

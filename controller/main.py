@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import kopf
-from kubernetes import client
 
 from controller import kube
 from controller.admission import register_admission
 from controller.admission_server import add_webhook_arguments, options_from_args
 from controller.app import Controller, ControllerConfig
 from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
+from controller.kopf_login import connection_info
 from controller.webhook_server import WebhookOptions, configure_webhook
 from driver.durations import parse_duration
 
@@ -138,24 +138,6 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         plugin_metrics=tuple(args.plugin_metrics),
         idle_window_s=args.idle_window,
         idle_check_s=args.idle_check_interval,
-    )
-
-
-def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
-    """kopf's credentials from the kubernetes client's, so both talk to the same cluster as the
-    same user whichever way (--kubeconfig or in-cluster) they were loaded."""
-    header = configuration.get_api_key_with_prefix(
-        "BearerToken"
-    ) or configuration.get_api_key_with_prefix("authorization")
-    scheme, _, token = (header or "").rpartition(" ")
-    return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        scheme=scheme or ("Bearer" if token else None),
-        token=token or None,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
     )
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Final
 
 from controller.cluster_state import Snapshot
-from controller.records import ClaimRecord, PodRecord
+from controller.records import CachedClaim, PodRecord
 from driver.allocation import DeviceClass
 from driver.names import DRIVER_NAME, GPU_DEVICE_CLASS, MIG_DEVICE_CLASS, SHARED_GPU_DEVICE_CLASS
 
@@ -26,7 +26,7 @@ _DRIVER_LITERALS: Final = (f'"{DRIVER_NAME}"', f"'{DRIVER_NAME}'")
 @dataclass(frozen=True)
 class PendingClaim:
     pod: PodRecord
-    claim: ClaimRecord
+    claim: CachedClaim
     waiting_s: float
 
 

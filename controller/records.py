@@ -48,7 +48,9 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class ClaimRecord:
+class CachedClaim:
+    """A ResourceClaim in the controller's cache (not the plugin's checkpoint ClaimRecord)."""
+
     model: ResourceClaim
     created: datetime | None
     device_classes: frozenset[str]
@@ -96,7 +98,7 @@ class PodRecord:
         return [f"{self.namespace}/{ref.claim}" for ref in self.claims if ref.claim]
 
 
-def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
+def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
     model = parse_claim(obj)
     classes = {spec.device_class for request in model.requests for spec in request.alternatives()}
     status = obj.get("status") or {}
@@ -109,7 +111,7 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
     reserved = tuple(
         str(ref.get("name", "")) for ref in status.get("reservedFor") or [] if isinstance(ref, dict)
     )
-    return ClaimRecord(
+    return CachedClaim(
         model=model,
         created=parse_time(_meta(obj).get("creationTimestamp")),
         device_classes=frozenset(classes),

@@ -29,7 +29,7 @@ from typing import Any
 from driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
 from driver.mig_catalog import COMPUTE_SLICES, MEMORY_SLICES
 from driver.names import gpu_device_name, mig_device_name
-from driver.resource_slice import Device, gpu_identity_attributes, whole_gpu_device
+from driver.resource_slice import SliceDevice, gpu_identity_attributes, whole_gpu_device
 
 COMPUTE_COUNTER = "compute-slices"
 
@@ -139,7 +139,7 @@ def _mig_capacity(profile: MigProfile) -> dict[str, dict[str, str]]:
 
 def dynamic_mig_devices(
     gpu: GpuInfo, profiles: Sequence[MigProfile]
-) -> tuple[list[Device], dict[str, MigPartition]]:
+) -> tuple[list[SliceDevice], dict[str, MigPartition]]:
     """The GPU's partitionable devices (whole GPU first, then every placement of every
     profile, smallest profiles first, each profile's placements in ``placement_order``) and
     what each partition's name stands for."""
@@ -181,10 +181,10 @@ def dynamic_mig_devices(
 
 def static_mig_devices(
     gpu: GpuInfo, profiles: Sequence[MigProfile], instances: Sequence[MigDevice]
-) -> tuple[list[Device], dict[str, MigPartition]]:
+) -> tuple[list[SliceDevice], dict[str, MigPartition]]:
     """The instances that exist on a GPU with a static layout, by placement."""
     by_id = {p.profile_id: p for p in profiles}
-    devices: list[Device] = []
+    devices: list[SliceDevice] = []
     partitions: dict[str, MigPartition] = {}
     for instance in sorted(instances, key=lambda i: i.placement.start):
         profile = by_id.get(instance.profile_id)

@@ -26,7 +26,9 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_LENGTH = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
 
-Device = dict[str, Any]
+# One entry of a ResourceSlice's spec.devices, as JSON (not driver.allocation.model.Device,
+# the scheduler-side view of a published device).
+SliceDevice = dict[str, Any]
 
 
 def semver(version: str) -> str:
@@ -74,7 +76,7 @@ def gpu_identity_attributes(gpu: GpuInfo) -> dict[str, dict[str, Any]]:
     return attrs
 
 
-def whole_gpu_device(gpu: GpuInfo) -> Device:
+def whole_gpu_device(gpu: GpuInfo) -> SliceDevice:
     attrs = {"type": _string("gpu"), **gpu_identity_attributes(gpu)}
     capacity: dict[str, dict[str, str]] = {"memory": {"value": f"{gpu.memory_mib}Mi"}}
     if gpu.multiprocessors is not None:
@@ -87,7 +89,7 @@ def whole_gpu_device(gpu: GpuInfo) -> Device:
 MIN_SHARE_MEMORY = "1Gi"
 
 
-def shared_gpu_device(gpu: GpuInfo) -> Device:
+def shared_gpu_device(gpu: GpuInfo) -> SliceDevice:
     """A GPU handed out in fractions: several claims each consume part of its ``memory`` and
     ``compute`` (percent of its SMs), and the scheduler packs them (consumable capacity).
 
@@ -130,7 +132,7 @@ def shared_gpu_device(gpu: GpuInfo) -> Device:
     }
 
 
-def render_node_gpus(gpus: Sequence[GpuInfo], shared: Collection[int] = ()) -> list[Device]:
+def render_node_gpus(gpus: Sequence[GpuInfo], shared: Collection[int] = ()) -> list[SliceDevice]:
     """Every healthy GPU in index order: shared ones (by index) as fractions, the rest whole.
     Unhealthy GPUs are left out so nothing new lands on them; prepared claims stay."""
     return [
@@ -140,11 +142,11 @@ def render_node_gpus(gpus: Sequence[GpuInfo], shared: Collection[int] = ()) -> l
     ]
 
 
-def render_whole_gpus(gpus: Sequence[GpuInfo]) -> list[Device]:
+def render_whole_gpus(gpus: Sequence[GpuInfo]) -> list[SliceDevice]:
     return render_node_gpus(gpus)
 
 
-def check_device(device: Device) -> None:
+def check_device(device: SliceDevice) -> None:
     """Raises ValueError naming the device and limit when the API would reject it."""
     count = len(device.get("attributes", {})) + len(device.get("capacity", {}))
     if count > MAX_ATTRIBUTES_AND_CAPACITIES:
@@ -154,12 +156,12 @@ def check_device(device: Device) -> None:
         )
 
 
-def _string_attribute(device: Device, name: str) -> str:
+def _string_attribute(device: SliceDevice, name: str) -> str:
     value = device.get("attributes", {}).get(name, {})
     return str(value.get("string", "")) if isinstance(value, dict) else ""
 
 
-def allocation_order(devices: Sequence[Device]) -> list[Device]:
+def allocation_order(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
     """Devices in the order the scheduler should try them (it takes the first that fits):
     devices without shared counters as given (whole and shared GPUs), then the whole GPUs of
     dynamic-MIG GPUs, then the partitions profile by profile, each profile GPU by GPU.
@@ -176,7 +178,7 @@ def allocation_order(devices: Sequence[Device]) -> list[Device]:
         if "consumesCounters" in device and _string_attribute(device, "type") == "mig":
             rank.setdefault(_string_attribute(device, "profile"), len(rank))
 
-    def key(device: Device) -> tuple[int, int]:
+    def key(device: SliceDevice) -> tuple[int, int]:
         if "consumesCounters" not in device:
             return (0, 0)
         if _string_attribute(device, "type") != "mig":
@@ -186,7 +188,7 @@ def allocation_order(devices: Sequence[Device]) -> list[Device]:
     return sorted(devices, key=key)
 
 
-def chunk_devices(devices: Sequence[Device]) -> list[list[Device]]:
+def chunk_devices(devices: Sequence[SliceDevice]) -> list[list[SliceDevice]]:
     """Splits devices into slice-sized groups; an empty pool is still one empty slice."""
     limit = MAX_DEVICES_PER_SLICE
     if any("consumesCounters" in d or "taints" in d for d in devices):
@@ -198,7 +200,7 @@ def chunk_devices(devices: Sequence[Device]) -> list[list[Device]]:
 
 def slice_specs(
     node_name: str,
-    devices: Sequence[Device],
+    devices: Sequence[SliceDevice],
     generation: int,
     shared_counters: Sequence[dict[str, Any]] = (),
     *,
@@ -223,7 +225,7 @@ def slice_specs(
         rest = allocation_order(devices)
     else:
         rest = []
-        by_set: dict[str, list[Device]] = {c["name"]: [] for c in shared_counters}
+        by_set: dict[str, list[SliceDevice]] = {c["name"]: [] for c in shared_counters}
         for device in devices:
             sets = [c["counterSet"] for c in device.get("consumesCounters", [])]
             if sets and sets[0] in by_set:

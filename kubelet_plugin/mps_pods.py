@@ -29,6 +29,7 @@ from driver.backend import GpuBackend
 from driver.backend_errors import GpuBackendError
 from driver.gpu_model import ComputeMode, MpsDaemon
 from kubelet_plugin.kube_api import ApiError, KubeApi, path_of
+from kubelet_plugin.node_events import NodeEventSink
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ DEFAULT_RESOURCES: Mapping[str, Any] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
     "limits": {"memory": "256Mi"},
 }
-
-EventSink = Callable[[str, str], None]
 
 
 def pod_name(gpu_uuid: str) -> str:
@@ -63,7 +62,7 @@ class MpsDaemonPods:
         driver_root: Path,
         host_driver_root: Path | None = None,
         libraries: Sequence[str] = (),
-        events: EventSink | None = None,
+        events: NodeEventSink | None = None,
         resources: Mapping[str, Any] = DEFAULT_RESOURCES,
         ready_timeout_s: float = 60.0,
     ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from driver.backend import GpuBackend
 from driver.backend_errors import GpuBackendError
@@ -16,12 +16,12 @@ from driver.config_resolution import DeviceType
 from driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
 from driver.mig_devices import MigPartition, counter_set, dynamic_mig_devices, static_mig_devices
 from driver.names import gpu_device_name
-from driver.resource_slice import Device, shared_gpu_device, whole_gpu_device
+from driver.node_policy import GpuMode
+from driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
 from kubelet_plugin.device_nodes import DeviceNodes
 
 log = logging.getLogger(__name__)
 
-GpuMode = Literal["Whole", "Shared", "MIG", "DynamicMIG"]
 TAINT_KEY = "flexgpu.dev/reconfiguring"
 
 
@@ -36,11 +36,11 @@ class NodeDevices:
         # Where device nodes are found; main.py points it at the driver root.
         self.nodes = DeviceNodes()
         self._lock = threading.RLock()
-        self._modes: dict[int, GpuMode] = {i: "Shared" for i in shared}
-        self._modes.update({i: "DynamicMIG" for i in dynamic_mig})
+        self._modes: dict[int, GpuMode] = {i: GpuMode.SHARED for i in shared}
+        self._modes.update({i: GpuMode.DYNAMIC_MIG for i in dynamic_mig})
         self._gpus: dict[str, GpuInfo] = {}
         self._unhealthy: set[int] = set()
-        self._devices: list[Device] = []
+        self._devices: list[SliceDevice] = []
         self._counters: list[dict[str, Any]] = []
         self._partitions: dict[str, MigPartition] = {}  # dynamic: created on prepare
         self._static: dict[str, MigDevice] = {}  # static layout: exist already
@@ -55,7 +55,7 @@ class NodeDevices:
     # -- state ---------------------------------------------------------------------------
     def set_modes(self, modes: Mapping[int, GpuMode]) -> None:
         with self._lock:
-            self._modes = {i: m for i, m in modes.items() if m != "Whole"}
+            self._modes = {i: m for i, m in modes.items() if m != GpuMode.WHOLE}
         self.refresh()
 
     def set_taints(self, taints: Mapping[int, str]) -> None:
@@ -66,7 +66,7 @@ class NodeDevices:
 
     def mode(self, index: int) -> GpuMode:
         with self._lock:
-            return self._modes.get(index, "Whole")
+            return self._modes.get(index, GpuMode.WHOLE)
 
     def refresh(self) -> None:
         """Re-reads the GPUs (and their MIG state) and recomputes what is published."""
@@ -79,10 +79,10 @@ class NodeDevices:
                     gpus[name] = gone
                     self._unhealthy.add(gone.index)
             self._gpus = gpus
-            devices: list[Device] = []
+            devices: list[SliceDevice] = []
             # Published last: the scheduler fills devices first-fit in slice order, so a
             # whole-GPU claim takes an ordinary GPU before it carves up a dynamic-MIG one.
-            dynamic: list[Device] = []
+            dynamic: list[SliceDevice] = []
             counters: list[dict[str, Any]] = []
             partitions: dict[str, MigPartition] = {}
             static: dict[str, MigDevice] = {}
@@ -90,11 +90,11 @@ class NodeDevices:
             for gpu in sorted(self._current_gpus(), key=lambda g: g.index):
                 if gpu.health != HealthState.HEALTHY:
                     continue  # nothing new lands on it; prepared claims stay
-                mine: list[Device] = []
-                mode = self._modes.get(gpu.index, "Whole")
+                mine: list[SliceDevice] = []
+                mode = self._modes.get(gpu.index, GpuMode.WHOLE)
                 name = gpu_device_name(gpu.index)
-                switchable = mode == "DynamicMIG" and self._probe_switch(gpu)
-                is_dynamic = mode == "DynamicMIG" and (switchable or self._mig_ready(gpu))
+                switchable = mode == GpuMode.DYNAMIC_MIG and self._probe_switch(gpu)
+                is_dynamic = mode == GpuMode.DYNAMIC_MIG and (switchable or self._mig_ready(gpu))
                 if is_dynamic:
                     profiles = self._dynamic_profiles(gpu.index)
                     mine, parts = dynamic_mig_devices(gpu, profiles)
@@ -107,7 +107,7 @@ class NodeDevices:
                     counters.append(counter_set(gpu, profiles))
                     partitions.update(parts)
                     kinds.update({n: "mig" for n in parts})
-                elif mode == "MIG" and self._mig_ready(gpu):
+                elif mode == GpuMode.MIG and self._mig_ready(gpu):
                     profiles = self.backend.mig_profiles(gpu.index)
                     instances = self.backend.list_mig_devices(gpu.index)
                     mine, parts = static_mig_devices(gpu, profiles, instances)
@@ -115,7 +115,7 @@ class NodeDevices:
                     for device_name, part in parts.items():
                         static[device_name] = by_placement[(part.profile_id, part.placement.start)]
                         kinds[device_name] = "mig"
-                elif mode == "Shared":
+                elif mode == GpuMode.SHARED:
                     mine = [shared_gpu_device(gpu)]
                     kinds[name] = "shared"
                 else:
@@ -260,7 +260,7 @@ class NodeDevices:
             return list(self._profiles[index])
         return self.backend.mig_profiles(index)
 
-    def slice_devices(self) -> list[Device]:
+    def slice_devices(self) -> list[SliceDevice]:
         with self._lock:
             return list(self._devices)
 

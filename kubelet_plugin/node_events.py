@@ -5,11 +5,15 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kubelet_plugin.kube_api import KubeApi, path_of
 
 log = logging.getLogger(__name__)
+
+# What records a Warning Event on the Node: (reason, message). NodeEventRecorder is one.
+NodeEventSink = Callable[[str, str], None]
 
 
 class NodeEventRecorder:

@@ -27,7 +27,9 @@ from driver.names import CRD_GROUP
 from driver.node_policy import (
     APPLIED_CONDITION,
     PLURAL,
+    VERSION,
     ConditionStatus,
+    GpuMode,
     GpuModeSpec,
     GpuNodePolicy,
     GpuStatus,
@@ -43,13 +45,12 @@ from driver.node_policy import (
     set_condition,
 )
 from kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
-from kubelet_plugin.node_devices import GpuMode, NodeDevices
+from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.preparer import ClaimPreparerImpl
 from kubelet_plugin.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
 
-VERSION = "v1alpha1"
 # Nothing is read from the API on this beat: it re-applies the cached inputs, so a GPU whose
 # state changed underneath (a failed change, a reset) is put right without any event.
 RESYNC_S = 60.0
@@ -205,7 +206,7 @@ class PolicyAgent:
         taints: dict[int, str],
     ) -> tuple[PolicyReason, str]:
         plan: list[MigPlacementPlan] = []
-        if want.mode == "MIG":
+        if want.mode == GpuMode.MIG:
             try:
                 profiles = self._devices.mig_profiles(gpu.index) if gpu.mig_capable else []
                 plan = validate_layout(want.layout or {}, gpu, profiles)
@@ -213,10 +214,10 @@ class PolicyAgent:
                 reason = getattr(err, "reason", PolicyReason.UNSUPPORTED)
                 text = getattr(err, "message", str(err))
                 return PolicyReason(str(reason)), text
-        current_mode = modes.get(gpu.index, "Whole")
+        current_mode = modes.get(gpu.index, GpuMode.WHOLE)
         current_layout = self._current_layout(gpu)
         if current_mode == want.mode and (
-            want.mode != "MIG" or current_layout == dict(want.layout or {})
+            want.mode != GpuMode.MIG or current_layout == dict(want.layout or {})
         ):
             return PolicyReason.APPLIED, ""
         users = busy.get(gpu.index, [])
@@ -244,11 +245,11 @@ class PolicyAgent:
             # Idle GPU: any instance left is the old layout's (or a dynamic leftover).
             for instance in backend.list_mig_devices(gpu.index):
                 backend.destroy_mig_device(gpu.index, instance.gpu_instance_id)
-        if want.mode in ("MIG", "DynamicMIG") and not mig_on:
+        if want.mode in (GpuMode.MIG, GpuMode.DYNAMIC_MIG) and not mig_on:
             mode = backend.set_mig_mode(gpu.index, True)
             if not mode.current:
                 raise GpuBackendError("enabling MIG mode needs a GPU reset")
-        if want.mode in ("Whole", "Shared") and mig_on:
+        if want.mode in (GpuMode.WHOLE, GpuMode.SHARED) and mig_on:
             backend.set_mig_mode(gpu.index, False)
         for step in plan:
             backend.create_mig_device(gpu.index, step.profile_id, step.placement)
@@ -272,10 +273,10 @@ class PolicyAgent:
         return [p for p in parsed.values() if p is not None]
 
     def _wants(self, policy: GpuNodePolicy | None, gpus: list[GpuInfo]) -> dict[int, Want]:
-        wants = {g.index: Want(self._defaults.get(g.index, "Whole")) for g in gpus}
+        wants = {g.index: Want(self._defaults.get(g.index, GpuMode.WHOLE)) for g in gpus}
         if policy is not None:
             for index, spec in gpu_modes(policy, gpus).items():
-                wants[index] = Want(str(spec.mode), spec.mig_layout, spec)  # type: ignore[arg-type]
+                wants[index] = Want(spec.mode, spec.mig_layout, spec)
         return wants
 
     def _busy_gpus(self) -> dict[int, list[str]]:
@@ -327,7 +328,7 @@ class PolicyAgent:
 
 
 def _describe(want: Want) -> str:
-    if want.mode == "MIG":
+    if want.mode == GpuMode.MIG:
         layout = ", ".join(f"{n}x{c}" for n, c in sorted((want.layout or {}).items()))
         return f"MIG {layout}"
     return want.mode

@@ -29,7 +29,7 @@ from kubernetes import client, watch
 
 from driver.names import DRIVER_NAME
 from driver.quantity import QuantityError, parse_quantity
-from driver.resource_slice import Device, slice_specs
+from driver.resource_slice import SliceDevice, slice_specs
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class SlicePublisher:
         self.node_name = node_name
         self._resync_interval_s = resync_interval_s
         self._lock = threading.Lock()
-        self._devices: list[Device] = []
+        self._devices: list[SliceDevice] = []
         self._counters: list[dict[str, Any]] = []
         self._generation = 0
         self._content_key: str | None = None
@@ -141,7 +141,7 @@ class SlicePublisher:
 
     # -- public API --------------------------------------------------------------------
     def set_devices(
-        self, devices: Sequence[Device], shared_counters: Sequence[dict[str, Any]] = ()
+        self, devices: Sequence[SliceDevice], shared_counters: Sequence[dict[str, Any]] = ()
     ) -> None:
         """Replaces the desired content; the pool generation is bumped when it changed."""
         import json
@@ -324,7 +324,7 @@ class SlicePublisher:
     def _matches(
         self,
         existing: dict[str, dict[str, Any]],
-        devices: list[Device],
+        devices: list[SliceDevice],
         counters: list[dict[str, Any]],
     ) -> bool:
         if not existing:

@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,12 +60,12 @@ from kubelet_plugin.checkpoint import (
     ScanResult,
 )
 from kubelet_plugin.claim_source import ClaimSource
+from kubelet_plugin.node_events import NodeEventSink
 from kubelet_plugin.preparer import ClaimPreparerImpl, device_records
 
 log = logging.getLogger(__name__)
 
 # (reason, message) -> records a Warning Event on the node; never raises.
-EventSink = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def reconcile_at_start(
     preparer: ClaimPreparerImpl,
     store: CheckpointStore,
     claims: ClaimSource,
-    events: EventSink | None = None,
+    events: NodeEventSink | None = None,
 ) -> ReconcileReport:
     report = ReconcileReport()
     scan = store.scan()
@@ -236,7 +236,7 @@ def _reset_after_reboot(
     scan: ScanResult,
     records: dict[str, ClaimRecord],
     report: ReconcileReport,
-    events: EventSink | None,
+    events: NodeEventSink | None,
 ) -> None:
     """Pods of an earlier boot are gone, but settings may outlive a reboot (and the
     simulator's state does): undo what each record made, then drop it."""
@@ -268,7 +268,7 @@ def _rebuild(
     scan: ScanResult,
     records: dict[str, ClaimRecord],
     report: ReconcileReport,
-    events: EventSink | None,
+    events: NodeEventSink | None,
 ) -> None:
     # Copies of the corrupt files first; the files themselves go only once the records that
     # replace them are written: a crash before that finds them again and rebuilds again.
