@@ -139,7 +139,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     health.start()
     status.start()
     agent = PolicyAgent(
-        api, config.node_name, devices=devices, preparer=preparer, republish=republish
+        api, config.node_name, devices=devices, preparer=preparer, lock=lock, republish=republish
     )
     preparer.on_unprepared = agent.poke
     agent.start()

@@ -46,6 +46,7 @@ from driver.node_policy import (
 )
 from kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
 from kubelet_plugin.node_devices import NodeDevices
+from kubelet_plugin.prepare_lock import LockTimeout, PrepareLock, gpu_key
 from kubelet_plugin.preparer import ClaimPreparerImpl
 from kubelet_plugin.watched_objects import WatchedObjects
 
@@ -73,6 +74,7 @@ class PolicyAgent:
         *,
         devices: NodeDevices,
         preparer: ClaimPreparerImpl,
+        lock: PrepareLock,
         republish: Callable[[], None],
         interval_s: float = RESYNC_S,
     ) -> None:
@@ -99,6 +101,7 @@ class PolicyAgent:
         self._written: dict[str, tuple[str | None, NodeStatus]] = {}
         self._devices = devices
         self._preparer = preparer
+        self._lock = lock
         self._republish = republish
         self._interval_s = interval_s
         # What the plugin's flags say, for GPUs no policy covers.
@@ -221,17 +224,23 @@ class PolicyAgent:
         ):
             return PolicyReason.APPLIED, ""
         users = busy.get(gpu.index, [])
+        if not users:
+            try:
+                # The GPU's resource lock, as prepare holds it: a prepare that took it first
+                # has recorded its claim by the time we get it, so it is seen as a user.
+                with self._lock.resources({gpu_key(gpu.index)}):
+                    users = self._busy_gpus().get(gpu.index, [])
+                    if not users:
+                        self._change(gpu, current_mode, want, plan)
+            except (GpuBackendError, LockTimeout) as err:
+                taints[gpu.index] = "reconfiguring"
+                return PolicyReason.PENDING, f"changing to {_describe(want)} failed: {err}"
         if users:
             taints[gpu.index] = "reconfiguring"
             return PolicyReason.PENDING, (
                 f"waiting to change to {_describe(want)}: in use by claim(s) "
                 f"{', '.join(sorted(users))}; new claims are kept off it meanwhile"
             )
-        try:
-            self._change(gpu, current_mode, want, plan)
-        except GpuBackendError as err:
-            taints[gpu.index] = "reconfiguring"
-            return PolicyReason.PENDING, f"changing to {_describe(want)} failed: {err}"
         modes[gpu.index] = want.mode
         log.info("GPU %d is now %s", gpu.index, _describe(want))
         return PolicyReason.APPLIED, ""

@@ -69,13 +69,17 @@ def parts(tmp_path: Path) -> tuple[NodeDevices, ClaimPreparerImpl]:
 
 
 @pytest.fixture
-def agent(api: FakeKubeApi, parts: tuple[NodeDevices, ClaimPreparerImpl]) -> Iterator[PolicyAgent]:
+def agent(
+    api: FakeKubeApi, parts: tuple[NodeDevices, ClaimPreparerImpl], tmp_path: Path
+) -> Iterator[PolicyAgent]:
     devices, preparer = parts
     running = PolicyAgent(
         api,  # type: ignore[arg-type]
         NODE,
         devices=devices,
         preparer=preparer,
+        # Another instance on the preparer's lock files: they exclude each other by flock.
+        lock=PrepareLock(tmp_path / "data" / "lock"),
         republish=lambda: None,
     )
     preparer.on_unprepared = running.poke
