@@ -34,6 +34,10 @@ for sub in $(awk '$5 ~ "^/dev/[^/]+$" {{print $5}}' /proc/self/mountinfo | sort 
   mount --rbind "$sub" "{stage}${{sub#/dev}}"
 done
 mount --move {q(str(stage))} /dev
+# Shims put their sockets under /run/containerd/s whatever containerd's state folder is:
+# keep them in the node's own tmpfs, gone with it.
+mkdir -p /run/containerd
+mount -t tmpfs -o mode=0711 flexgpu-node-run /run/containerd
 # Mounts made by the node (pod volumes, Bidirectional propagation) stay inside it.
 mount --make-rshared /
 ip link set lo up
