@@ -85,7 +85,7 @@ def one_claim_pod(node: RealNode, name: str, claim: str) -> dict[str, Any]:
     return workload_pod(node, name, {"main": [{"name": "g"}]}, {"g": claim})
 
 
-def run_pod(api: Any, namespace: str, pod: dict[str, Any], timeout_s: float = 90) -> None:
+def run_pod(api: Any, namespace: str, pod: dict[str, Any], timeout_s: float = 180) -> None:
     core = client.CoreV1Api(api)
     core.create_namespaced_pod(namespace, pod)
     name = pod["metadata"]["name"]
@@ -110,7 +110,7 @@ def wait_report(
     pod: str,
     container: str = "main",
     after: int = 0,
-    timeout_s: float = 60,
+    timeout_s: float = 120,
 ) -> report.Report:
     """The first complete report numbered above ``after`` from the container's log."""
     deadline = time.monotonic() + timeout_s
