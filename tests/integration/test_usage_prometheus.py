@@ -36,6 +36,7 @@ from tests.integration.gpu_workloads import (
     make_pod,
     wait_phase,
 )
+from tests.promtool import check_metrics
 from tools.cluster import ControlPlane
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
 from tools.cluster.control_plane import free_port
@@ -229,6 +230,10 @@ def test_prometheus_scrapes_both_daemons(world: World) -> None:
         timeout_s=60,
         what="both targets up",
     )
+    # What the running daemons serve passes promtool as it is.
+    for port in (world.plugin_port, world.controller_port):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            check_metrics(r.read())
     ns = world.namespace
     claims = wait_for(
         lambda: (
