@@ -15,6 +15,8 @@ from kubernetes import client, dynamic
 HERE = Path(__file__).resolve().parent
 NAMESPACE = "flexgpu-demo"
 UNSATISFIABLE = "too-big"
+# What a share reserves (other capacities, such as multiprocessors, are consumed as 0).
+SHARE_KEYS = ("compute", "memory")
 LIMIT_KEYS = {
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "SMs%",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "mem",
@@ -126,7 +128,12 @@ def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE
                     details.append(data["migProfile"])
                 elif "granted" in data:
                     details.append(
-                        "share " + ",".join(f"{k}={v}" for k, v in sorted(data["granted"].items()))
+                        "share "
+                        + ",".join(
+                            f"{k}={v}"
+                            for k, v in sorted(data["granted"].items())
+                            if k in SHARE_KEYS
+                        )
                     )
                 elif "productName" in data:
                     details.append(data["productName"])

@@ -70,7 +70,10 @@ def test_sigkill_mid_prepare_converges_after_restart(
 
     node.plugin_env = None
     node.start_plugin()
-    assert "rolled back 1" in node.plugin.log_tail(100)
+    plugin = node.plugin
+    assert plugin is not None
+    # Registration comes before start-up reconcile: wait for its summary.
+    wait_for(lambda: "rolled back 1" in plugin.log_tail(100), what="reconcile summary")
     wait_phase(api, namespace, "p", {"Running"}, timeout_s=90)
     env = env_from_log(wait_container_output(node, namespace, "p", "DONE"))
     uid = granted_claim_uid(env)
