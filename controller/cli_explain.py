@@ -1,5 +1,6 @@
 """``flexgpu explain [pod/|resourceclaim/]NAME``: why a pod's claims (or one claim) are not
-satisfied, or where they are.
+satisfied, or where they are. Without a name: every waiting pod with claims in the namespace
+(``-A``: in every namespace).
 
 For each claim of the target it says one of: allocated (and, for a pod bound to a node,
 whether the node prepared it or why not: the plugin's message from the kubelet's
@@ -309,12 +310,75 @@ def explain_claim(read: ClusterRead, claim: CachedClaim) -> list[Finding]:
 # --- the command ------------------------------------------------------------------------------
 
 
+def _fill(text: str, width: int = WIDTH - 2) -> str:
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 def _print(text: str) -> None:
-    print(textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False))
+    print(_fill(text, WIDTH))
+
+
+def _waiting_pods(connection: Connection, namespace: str | None) -> list[dict[str, Any]]:
+    """Pods with ResourceClaims that are not running yet (nor being deleted)."""
+    core = client.CoreV1Api(connection.api)
+    if namespace is None:
+        listed = call(connection, "list pods", core.list_pod_for_all_namespaces)
+    else:
+        what = f"list pods in namespace {namespace}"
+        listed = call(connection, what, partial(core.list_namespaced_pod, namespace))
+    return [
+        p
+        for p in listed.get("items") or []
+        if (p.get("spec") or {}).get("resourceClaims")
+        and (p.get("status") or {}).get("phase", "Pending") == "Pending"
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+
+
+def _explain_waiting(connection: Connection, output: str | None) -> int:
+    """No target: every waiting pod with claims in the namespace, or in all with -A."""
+    namespace = None if connection.all_namespaces else connection.namespace
+    pods = _waiting_pods(connection, namespace)
+    read = read_cluster(connection, namespace=namespace)
+    reports = []
+    for raw in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+        meta = raw["metadata"]
+        reports.append((meta["namespace"], meta["name"], explain_pod(connection, read, raw)))
+    blocked = any(f.blocked for _, _, findings in reports for f in findings)
+    if output:
+        body = [
+            {
+                "kind": "Pod",
+                "namespace": ns,
+                "name": name,
+                "satisfied": not any(f.blocked for f in findings),
+                "claims": [asdict(f) for f in findings],
+            }
+            for ns, name, findings in reports
+        ]
+        emit({"pods": body, "notes": read.notes}, output)
+    elif not reports:
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        print(f"No pod with ResourceClaims is waiting in {where}.")
+    else:
+        for i, (ns, name, findings) in enumerate(reports):
+            if i:
+                print()
+            print(f"pod {ns}/{name}:")
+            for finding in findings:
+                print(textwrap.indent(_fill(finding.message), "  "))
+        for note in read.notes:
+            print()
+            _print(f"Note: {note}")
+    return ExitCode.UNSATISFIED if blocked else ExitCode.OK
 
 
 def run_explain(args: argparse.Namespace) -> int:
     connection = connect(args)
+    if args.target is None:
+        return _explain_waiting(connection, args.output)
+    if connection.all_namespaces:
+        raise CliError("-A explains every waiting pod: give no NAME with it", ExitCode.USAGE)
     target = parse_target(args.target, connection.namespace)
     ns = target.namespace
     core, resource = client.CoreV1Api(connection.api), client.ResourceV1Api(connection.api)
@@ -383,9 +447,11 @@ def add_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     parser.add_argument(
         "target",
+        nargs="?",
         metavar="[pod/|resourceclaim/]NAME",
         help="a pod or ResourceClaim (without a kind: a claim of that name, else a pod); "
-        "NAMESPACE/NAME is read as the namespace and name",
+        "NAMESPACE/NAME is read as the namespace and name; none: every pod with claims that "
+        "waits in the namespace (with -A: in every namespace)",
     )
-    add_cluster_options(parser, outputs=("json", "yaml"), all_namespaces=False)
+    add_cluster_options(parser, outputs=("json", "yaml"))
     parser.set_defaults(handler=run_explain)

@@ -154,6 +154,16 @@ def test_explain_names_what_holds_each_pod_and_exits_accordingly(
     assert bound.returncode == 3, bound.stderr
     assert yaml.safe_load(bound.stdout)["claims"][0]["state"] == "NotScheduled"
 
+    # No name: every waiting pod of the namespace; -A: of every namespace.
+    waiting = flexgpu(kc, "explain", "-n", ns)
+    assert waiting.returncode == 3, waiting.stderr
+    heads = [line for line in waiting.stdout.splitlines() if line.startswith("pod ")]
+    assert heads == [f"pod {ns}/{p}:" for p in ("bound", "no-template", "prep-fails", "too-many")]
+    everywhere = json.loads(flexgpu(kc, "explain", "-A", "-o", "json").stdout)["pods"]
+    mine = {p["name"]: p["satisfied"] for p in everywhere if p["namespace"] == ns}
+    assert mine == {"bound": False, "no-template": False, "prep-fails": False, "too-many": False}
+    assert flexgpu(kc, "explain", "-A", "pod/runs").returncode == 2
+
     nothing = flexgpu(kc, "explain", "pod/nothing-here", "-n", ns)
     assert nothing.returncode == 4
     assert nothing.stderr == f"flexgpu: no pod nothing-here in namespace {ns}\n"
