@@ -256,6 +256,11 @@ def test_a_namespace_user_with_the_aggregated_view_role_can_explain(
         assert capacity.returncode == 0, capacity.stderr
         rows = {(r["type"], r["product"]): r for r in json.loads(capacity.stdout)}
         assert rows[("gpu", "NVIDIA L4")]["total"] >= 2
+        wide = flexgpu(kubeconfig, "capacity", "-o", "wide")
+        assert wide.returncode == 0, wide.stderr
+        lines = wide.stdout.splitlines()
+        assert lines[0].split()[:2] == ["NODE", "TYPE"]
+        assert any(line.split()[:3] == [NODE, "gpu", "NVIDIA"] for line in lines)
     finally:
         rbac.delete_cluster_role_binding(crb)
 
