@@ -30,6 +30,7 @@ from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from controller.kopf_login import connection_info
 from controller.webhook_server import WebhookOptions, configure_webhook
 from driver.durations import parse_duration
+from driver.log_format import FORMATS, LEVELS, configure_logging
 
 log = logging.getLogger("flexgpu.controller")
 
@@ -114,7 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how often the leader reads the plugins for idle claims (default 60)",
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument(
+        "--log-level", type=str.lower, choices=LEVELS, default="info", help="default info"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json (one object per line) or text (default)",
+    )
     parser.add_argument(
         "--no-webhook",
         dest="webhook",
@@ -171,10 +180,7 @@ def build_registry(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         api = kube.api_client(args.kubeconfig)
     except kube.KubeConfigError as err:

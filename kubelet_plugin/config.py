@@ -86,6 +86,8 @@ class PluginConfig(BaseModel):
     mps_image: str | None = None
     # Host folder for MPS pipes, logs and shared memory, at the same path in this container.
     mps_root: Path = Path("/run/flexgpu/mps")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "text"
 
     @field_validator("node_name")
     @classmethod
@@ -365,6 +367,20 @@ _SETTINGS: Final = (
         "FLEXGPU_MPS_ROOT",
         "host folder for MPS pipes, logs and shared memory (default /run/flexgpu/mps)",
         "path",
+    ),
+    _Setting(
+        "log_level",
+        "--log-level",
+        "FLEXGPU_LOG_LEVEL",
+        "debug, info (default), warning or error",
+        "str",
+    ),
+    _Setting(
+        "log_format",
+        "--log-format",
+        "FLEXGPU_LOG_FORMAT",
+        "json (one object per line) or text (default)",
+        "str",
     ),
     _Setting(
         "kubeconfig",

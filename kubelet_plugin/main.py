@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from driver.log_format import configure_logging
 from kubelet_plugin.config import ConfigError, PluginConfig, load_config
 from kubelet_plugin.kubeletplugin import Server
 from kubelet_plugin.startup_gate import StartupGate
@@ -287,14 +288,12 @@ def run(config: PluginConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         config = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as err:
         print(f"flexgpu-kubelet-plugin: {err}", file=sys.stderr)
         return 2
+    configure_logging(config.log_level, config.log_format)
     return run(config)
 
 
