@@ -124,6 +124,9 @@ def connect(args: argparse.Namespace) -> Connection:
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
             namespace = namespace or _context_namespace(kubeconfig, context)
+        elif not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise CliError(f"no kubeconfig at {where} and not in a pod; pass --kubeconfig")
         else:
             config.load_incluster_config(client_configuration=configuration)
             if namespace is None and _SERVICE_ACCOUNT_NAMESPACE.exists():

@@ -128,3 +128,15 @@ def test_mig_rows_sit_under_their_gpu_and_say_they_overlap() -> None:
 def test_every_subcommand_registers_itself() -> None:
     names = set(cli.build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
     assert {"inventory", "explain", "capacity", "usage"} <= names
+
+
+def test_without_any_kubeconfig_the_error_says_what_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(CliError) as caught:
+        connect(argparse.Namespace(kubeconfig=None, context=None, namespace=None))
+    assert caught.value.message == (
+        f"no kubeconfig at {tmp_path / 'absent'} and not in a pod; pass --kubeconfig"
+    )
