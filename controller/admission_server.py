@@ -91,6 +91,12 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not create or update the ValidatingWebhookConfiguration",
     )
     group.add_argument(
+        "--webhook-ca-bundle-only",
+        action="store_true",
+        help="the configuration is installed by someone else (the Helm chart): only fill in "
+        "its caBundle, never create or rewrite it",
+    )
+    group.add_argument(
         "--webhook-resync-interval",
         type=float,
         default=3600.0,
@@ -128,6 +134,7 @@ def options_from_args(args: argparse.Namespace) -> WebhookOptions:
         secret_name=args.webhook_secret_name,
         configuration_name=args.webhook_configuration_name,
         manage_configuration=args.webhook_manage_configuration,
+        ca_bundle_only=args.webhook_ca_bundle_only,
         resync_interval_s=args.webhook_resync_interval,
     )
 

@@ -304,3 +304,42 @@ def apply_webhook_configuration(admission: Any, body: dict[str, Any]) -> None:
         logger.info("updated ValidatingWebhookConfiguration %s", name)
         return
     raise RuntimeError(f"ValidatingWebhookConfiguration {name} kept changing; gave up")
+
+
+def patch_ca_bundle(admission: Any, name: str, ca_bundle: bytes) -> None:
+    """Set ``caBundle`` in every webhook of the configuration ``name`` that someone else (the
+    Helm chart) installed, changing nothing else. A configuration that is not there is left
+    absent: it was uninstalled, or webhook.enabled turned off, and must not come back."""
+    from kubernetes.client.exceptions import ApiException
+
+    encoded = base64.b64encode(ca_bundle).decode("ascii")
+    for _ in range(_CONFLICT_RETRIES):
+        try:
+            existing = admission.read_validating_webhook_configuration(name)
+        except ApiException as error:
+            if error.status == 404:
+                logger.warning("ValidatingWebhookConfiguration %s is not installed", name)
+                return
+            raise
+        hooks = existing.webhooks or []
+        if all(h.client_config is not None and h.client_config.ca_bundle == encoded for h in hooks):
+            return
+        # Guarded by the resourceVersion read: another replica's concurrent write fails the
+        # test op (422) instead of being overwritten, and the loop reads again.
+        version = existing.metadata.resource_version
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+        ]
+        ops += [
+            {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
+            for i in range(len(hooks))
+        ]
+        try:
+            admission.patch_validating_webhook_configuration(name, ops)
+        except ApiException as error:
+            if error.status in (409, 422, 404):
+                continue
+            raise
+        logger.info("caBundle of ValidatingWebhookConfiguration %s updated", name)
+        return
+    raise RuntimeError(f"ValidatingWebhookConfiguration {name} kept changing; gave up")

@@ -48,6 +48,7 @@ from controller.webhook_config import (
     ServiceRef,
     apply_webhook_configuration,
     build_webhook_configuration,
+    patch_ca_bundle,
 )
 from controller.webhook_tls import (
     CertBundle,
@@ -81,6 +82,8 @@ class WebhookOptions:
     work_dir: Path | None = None  # where Secret-mode certs are written; a temp dir if None
     configuration_name: str = CONFIGURATION_NAME
     manage_configuration: bool = True
+    # The configuration is installed by the chart: only its caBundle is patched.
+    ca_bundle_only: bool = False
     namespace_selector: dict[str, Any] | None = field(
         default_factory=lambda: dict(DEFAULT_NAMESPACE_SELECTOR)
     )
@@ -162,6 +165,10 @@ class FlexgpuWebhookServer:
     def apply_configuration(self, ca_bundle: bytes | None) -> None:
         """Blocking: create or update the ValidatingWebhookConfiguration."""
         if not self.options.manage_configuration:
+            return
+        if self.options.ca_bundle_only:
+            if ca_bundle is not None:
+                patch_ca_bundle(self._admission, self.options.configuration_name, ca_bundle)
             return
         port = self.bound_port if self.bound_port is not None else self.options.port
         body = build_webhook_configuration(

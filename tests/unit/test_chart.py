@@ -99,6 +99,16 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
     role = find(docs, "ClusterRole", "kubelet-plugin")
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     assert "secrets" not in resources and "pods" not in resources
+    # Pods only in the release namespace, for MPS daemons (the admission policy limits them).
+    mps = find(docs, "Role", "kubelet-plugin-mps-pods")
+    assert mps["metadata"]["namespace"] == "flexgpu-system"
+    assert mps["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["create", "get", "list", "watch", "delete"],
+        }
+    ]
     writes = {
         r
         for rule in role["rules"]
@@ -119,7 +129,7 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
     } in env
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
-    for suffix in ("own-node-slices", "own-node-policy-status", "own-node-events"):
+    for suffix in ("own-node-slices", "own-node-policy-status", "own-node-events", "mps-pods"):
         policy = policies[f"t-flexgpu-kubelet-plugin-{suffix}"]
         assert "t-flexgpu-kubelet-plugin" in policy["spec"]["matchConditions"][0]["expression"]
         bindings = [
@@ -135,21 +145,190 @@ def test_controller_writes_only_its_own_webhook_configuration(helm: Path) -> Non
     docs = render(helm)
     role = find(docs, "ClusterRole", "controller")
     rules = [r for r in role["rules"] if "validatingwebhookconfigurations" in r["resources"]]
-    named = [r for r in rules if r.get("resourceNames")]
-    unnamed = [r for r in rules if not r.get("resourceNames")]
-    assert [r["resourceNames"] for r in named] == [["t-flexgpu-validation"]]
-    assert {v for r in named for v in r["verbs"]} == {"get", "update", "patch"}
-    # create cannot be limited by name in RBAC: the admission policy limits it.
-    assert [r["verbs"] for r in unnamed] == [["create"]]
+    # The chart installs the configuration; the controller may only update that one (its
+    # caBundle), and create nothing.
+    assert [r.get("resourceNames") for r in rules] == [["t-flexgpu-validation"]]
+    assert {v for r in rules for v in r["verbs"]} == {"get", "update", "patch"}
     policy = find(docs, "ValidatingAdmissionPolicy", "controller-own-webhook-configuration")
     assert "t-flexgpu-validation" in policy["spec"]["validations"][0]["expression"]
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--webhook-configuration-name=t-flexgpu-validation" in args
-    # Without the webhook, no right to any webhook configuration at all.
+    assert "--webhook-ca-bundle-only" in args
+    # Without the webhook, no configuration and no right to any webhook configuration at all.
     off = render(helm, "webhook.enabled=false")
+    assert not [d for d in off if d["kind"] == "ValidatingWebhookConfiguration"]
     role_off = find(off, "ClusterRole", "controller")
     assert not any("validatingwebhookconfigurations" in r["resources"] for r in role_off["rules"])
     assert not any(
         d["kind"] == "ValidatingAdmissionPolicy" and "controller" in d["metadata"]["name"]
         for d in off
     )
+
+
+def test_webhook_configuration_is_the_controllers_own(helm: Path) -> None:
+    """The chart's ValidatingWebhookConfiguration has exactly the webhooks the controller
+    builds (controller/webhook_config.py), reached through the controller's Service, with no
+    caBundle (the controller fills it in; an upgrade leaves it)."""
+    from controller.webhook_config import ServiceRef, build_webhook_configuration
+
+    rendered = find(render(helm), "ValidatingWebhookConfiguration")
+    assert rendered["metadata"]["name"] == "t-flexgpu-validation"
+    built = build_webhook_configuration(
+        ServiceRef("flexgpu-system", "t-flexgpu-controller", 443), None, name="unused"
+    )
+    assert rendered["webhooks"] == built["webhooks"]
+    assert all("caBundle" not in w["clientConfig"] for w in rendered["webhooks"])
+    policies = [w for w in rendered["webhooks"] if w["name"] == "gpunodepolicies.flexgpu.dev"]
+    assert [w["failurePolicy"] for w in policies] == ["Fail"]
+
+
+def test_mps_daemon_pod_policy_names_the_release_image_and_paths(helm: Path) -> None:
+    docs = render(helm, "image.tag=1.2.3", "kubeletPlugin.mpsRoot=/srv/mps/")
+    policy = find(docs, "ValidatingAdmissionPolicy", "mps-pods")["spec"]
+    text = str(policy["validations"])
+    assert '"ghcr.io/flexgpu/flexgpu:1.2.3"' in text
+    assert '"/srv/mps"' in text and '"/srv/mps/"' in text
+    assert policy["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == "
+        '"system:serviceaccount:flexgpu-system:t-flexgpu-kubelet-plugin"'
+    )
+    for off in ("kubeletPlugin.mpsDaemonPods=false", "kubeletPlugin.nvidiaDriverRoot="):
+        names = {d["metadata"]["name"] for d in render(helm, off)}
+        assert not {n for n in names if n.endswith("mps-pods")}, off
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def _pod_templates(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["kind"]: d["spec"]["template"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")
+    }
+
+
+def test_names_follow_the_overrides(helm: Path) -> None:
+    names = {d["metadata"]["name"] for d in render(helm, "fullnameOverride=gpu")}
+    assert {"gpu-kubelet-plugin", "gpu-controller", "gpu-validation"} <= names
+    names = {d["metadata"]["name"] for d in render(helm, "nameOverride=acc")}
+    assert {"t-acc-kubelet-plugin", "t-acc-controller"} <= names
+    labels = find(render(helm, "nameOverride=acc"), "DaemonSet")["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "acc"
+
+
+def test_existing_service_accounts_get_the_roles_and_policies(helm: Path) -> None:
+    docs = render(
+        helm,
+        "kubeletPlugin.serviceAccount.create=false",
+        "kubeletPlugin.serviceAccount.name=gpu-plugin",
+        "controller.serviceAccount.create=false",
+        "controller.serviceAccount.name=gpu-ctl",
+    )
+    assert not [d for d in docs if d["kind"] == "ServiceAccount"]
+    templates = _pod_templates(docs)
+    assert templates["DaemonSet"]["spec"]["serviceAccountName"] == "gpu-plugin"
+    assert templates["Deployment"]["spec"]["serviceAccountName"] == "gpu-ctl"
+    subjects = {
+        s["name"]
+        for d in docs
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        for s in d["subjects"]
+    }
+    assert subjects == {"gpu-plugin", "gpu-ctl"}
+    for policy in (d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"):
+        expression = policy["spec"]["matchConditions"][0]["expression"]
+        assert expression.endswith((':gpu-plugin"', ':gpu-ctl"')), expression
+    annotated = render(helm, "controller.serviceAccount.annotations.team=ml")
+    assert find(annotated, "ServiceAccount", "controller")["metadata"]["annotations"] == {
+        "team": "ml"
+    }
+    result = subprocess.run(
+        [str(helm), "template", "t", str(CHART), "--set", "controller.serviceAccount.create=false"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "controller.serviceAccount.name is required" in result.stderr
+
+
+def test_pods_carry_recommended_labels_annotations_and_security_contexts(helm: Path) -> None:
+    docs = render(
+        helm,
+        "controller.podLabels.team=ml",
+        "kubeletPlugin.podAnnotations.scrape=yes",
+        "controller.podSecurityContext.runAsUser=1000",
+        "controller.securityContext.readOnlyRootFilesystem=false",
+        "kubeletPlugin.podSecurityContext.fsGroup=7",
+    )
+    templates = _pod_templates(docs)
+    for kind, component in (("DaemonSet", "kubelet-plugin"), ("Deployment", "controller")):
+        labels = templates[kind]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "flexgpu"
+        assert labels["app.kubernetes.io/instance"] == "t"
+        assert labels["app.kubernetes.io/component"] == component
+        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        # The selectors stay what the first release had: they cannot change on upgrade.
+        workload = find(docs, kind)
+        assert workload["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/instance": "t",
+            "app.kubernetes.io/component": component,
+        }
+    assert templates["Deployment"]["metadata"]["labels"]["team"] == "ml"
+    assert templates["DaemonSet"]["metadata"]["annotations"] == {"scrape": "yes"}
+    controller = templates["Deployment"]["spec"]
+    assert controller["securityContext"]["runAsUser"] == 1000
+    assert controller["securityContext"]["runAsNonRoot"] is True
+    container = controller["containers"][0]["securityContext"]
+    assert container["readOnlyRootFilesystem"] is False
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    plugin = templates["DaemonSet"]["spec"]
+    assert plugin["securityContext"] == {"fsGroup": 7}
+    assert plugin["containers"][0]["securityContext"] == {"privileged": True}
+
+
+def test_log_settings_reach_both_daemons_as_they_parse_them(helm: Path) -> None:
+    from controller.main import build_parser
+    from kubelet_plugin.config import load_config
+
+    templates = _pod_templates(render(helm, "logLevel=debug", "logFormat=text"))
+    plugin_args = templates["DaemonSet"]["spec"]["containers"][0]["args"]
+    assert plugin_args == ["--log-level=debug", "--log-format=text"]
+    config = load_config([*plugin_args, "--node-name=n"], environ={})
+    assert (config.log_level, config.log_format) == ("debug", "text")
+    controller_args = templates["Deployment"]["spec"]["containers"][0]["args"]
+    parsed = build_parser().parse_args(controller_args)
+    assert (parsed.log_level, parsed.log_format) == ("debug", "text")
+    defaults = _pod_templates(render(helm))
+    assert "--log-format=json" in defaults["Deployment"]["spec"]["containers"][0]["args"]
+
+
+def test_controller_is_ready_when_serving_protected_and_prioritised(helm: Path) -> None:
+    docs = render(helm)
+    spec = _pod_templates(docs)["Deployment"]["spec"]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["containers"][0]["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    pdb = find(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == find(docs, "Deployment")["spec"]["selector"]
+    plugin = _pod_templates(docs)["DaemonSet"]["spec"]
+    assert plugin["priorityClassName"] == "system-node-critical"
+    off = render(helm, "webhook.enabled=false", "controller.podDisruptionBudget.enabled=false")
+    probe = _pod_templates(off)["Deployment"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert not [d for d in off if d["kind"] == "PodDisruptionBudget"]
+
+
+def test_schema_accepts_global_and_still_rejects_typos(helm: Path) -> None:
+    assert render(helm, "global.imageRegistry=registry.example")
+    for typo in (
+        "controller.podLabel.team=ml",
+        "logLevel=verbose",
+        "kubeletPlugin.serviceAcount.create=false",
+    ):
+        result = subprocess.run(
+            [str(helm), "template", "t", str(CHART), "--set", typo],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode != 0, typo

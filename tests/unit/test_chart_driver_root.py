@@ -56,10 +56,12 @@ def test_a_host_hook_path_is_passed_to_the_plugin(helm: Path) -> None:
 
 
 def test_mps_daemon_pods_get_the_namespace_and_image_of_the_release(helm: Path) -> None:
-    _, container = _plugin(render(helm))
-    assert "FLEXGPU_MPS_NAMESPACE" not in _env(container)
-    assert _env(container)["FLEXGPU_MPS_ROOT"] == "/run/flexgpu/mps"
-    _, container = _plugin(render(helm, "kubeletPlugin.mpsDaemonPods=true"))
+    # Off, or without a driver root (the daemon's program comes from it): inside the plugin.
+    for off in ("kubeletPlugin.mpsDaemonPods=false", "kubeletPlugin.nvidiaDriverRoot="):
+        _, container = _plugin(render(helm, off))
+        assert "FLEXGPU_MPS_NAMESPACE" not in _env(container)
+        assert _env(container)["FLEXGPU_MPS_ROOT"] == "/run/flexgpu/mps"
+    _, container = _plugin(render(helm))  # on by default
     env = {e["name"]: e for e in container["env"]}
     assert (
         env["FLEXGPU_MPS_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"

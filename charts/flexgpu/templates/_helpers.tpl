@@ -1,17 +1,41 @@
 {{/* Common names and labels. */}}
-{{- define "flexgpu.name" -}}flexgpu{{- end -}}
+{{- define "flexgpu.name" -}}
+{{- default "flexgpu" .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 
+{{/* Object names get suffixes (-kubelet-plugin-own-node-policy-status): 50 leaves room. */}}
 {{- define "flexgpu.fullname" -}}
-{{- if contains "flexgpu" .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}
-{{- else -}}{{ printf "%s-flexgpu" .Release.Name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "flexgpu.name" . -}}
+{{- if contains $name .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else -}}{{ printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that never change across upgrades (selectors are immutable, so the workloads'
+selectors keep instance + component only, as the first charts had them). */}}
+{{- define "flexgpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flexgpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "flexgpu.labels" -}}
-app.kubernetes.io/name: flexgpu
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "flexgpu.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: flexgpu
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* A pod template's labels: the recommended labels, the component and the user's podLabels
+(which may add labels; ours win, as the selectors use them). Call with
+(dict "top" $ "component" "controller" "extra" .Values.controller.podLabels). */}}
+{{- define "flexgpu.podLabels" -}}
+{{- $ours := fromYaml (include "flexgpu.labels" .top) -}}
+{{- $_ := set $ours "app.kubernetes.io/component" .component -}}
+{{- toYaml (merge $ours (.extra | default dict)) -}}
 {{- end -}}
 
 {{- define "flexgpu.image" -}}
@@ -22,3 +46,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "flexgpu.controllerName" -}}{{ include "flexgpu.fullname" . }}-controller{{- end -}}
 {{- define "flexgpu.webhookSecret" -}}{{ include "flexgpu.fullname" . }}-webhook-tls{{- end -}}
 {{- define "flexgpu.webhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-validation{{- end -}}
+
+{{/* ServiceAccounts: the chart's own, or one the admin made (serviceAccount.create=false). */}}
+{{- define "flexgpu.pluginServiceAccount" -}}
+{{- $sa := .Values.kubeletPlugin.serviceAccount -}}
+{{- if $sa.create -}}{{ default (include "flexgpu.pluginName" .) $sa.name }}
+{{- else -}}{{ required "kubeletPlugin.serviceAccount.name is required when kubeletPlugin.serviceAccount.create is false" $sa.name }}{{- end -}}
+{{- end -}}
+{{- define "flexgpu.controllerServiceAccount" -}}
+{{- $sa := .Values.controller.serviceAccount -}}
+{{- if $sa.create -}}{{ default (include "flexgpu.controllerName" .) $sa.name }}
+{{- else -}}{{ required "controller.serviceAccount.name is required when controller.serviceAccount.create is false" $sa.name }}{{- end -}}
+{{- end -}}
+
+{{/* The username the apiserver gives each ServiceAccount (admission policies match on it). */}}
+{{- define "flexgpu.pluginUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "flexgpu.pluginServiceAccount" . }}
+{{- end -}}
+{{- define "flexgpu.controllerUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "flexgpu.controllerServiceAccount" . }}
+{{- end -}}
+
+{{/* MPS daemons as pods need the driver root (their program comes from it). */}}
+{{- define "flexgpu.mpsDaemonPods" -}}
+{{- if and .Values.kubeletPlugin.mpsDaemonPods .Values.kubeletPlugin.nvidiaDriverRoot -}}true{{- end -}}
+{{- end -}}
