@@ -208,8 +208,8 @@ class MpsConfig(StrictModel):
     multiUser: bool | None = Field(
         default=None,
         description=(
-            "Run the MPS control daemon in multi-user mode, so processes of different UIDs "
-            "share it (needs compute capability 7.0 or newer)"
+            "NVIDIA's multi-user MPS setting: accepted on GPUs of compute capability 7.0 or "
+            "newer, refused on older ones; it does not yet change how the daemon is started"
         ),
     )
 
