@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes import client
 
 from driver.sim_backend import SimulatedBackend
+from kubelet_plugin.kube_api import KubeApi
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.slice_publisher import SlicePublisher
 from tools.cluster import ControlPlane, create_simulated_node
@@ -31,7 +32,7 @@ CLASSES = {
 }
 
 
-def publish_nodes(api: Any, count: int, folder: Path) -> list[str]:
+def publish_nodes(api: Any, kube: KubeApi, count: int, folder: Path) -> list[str]:
     names = []
     for i in range(count):
         name = f"bench-mig-{i}"
@@ -40,7 +41,7 @@ def publish_nodes(api: Any, count: int, folder: Path) -> list[str]:
             "hgx-h100-8", name, state_path=folder / f"{name}.json"
         )
         devices = NodeDevices(backend, dynamic_mig=set(range(8)))
-        publisher = SlicePublisher(api, name)
+        publisher = SlicePublisher(kube, name)
         publisher.set_devices(devices.slice_devices(), devices.counter_sets())
         publisher.reconcile_once()
         names.append(name)
@@ -143,7 +144,8 @@ def main() -> int:
     with ControlPlane() as plane:
         api = plane.api_client()
         ensure_classes(api)
-        publish_nodes(api, args.nodes, Path(tempfile.mkdtemp(prefix="fg-bench-")))
+        kube = KubeApi.from_kubeconfig(plane.kubeconfig)
+        publish_nodes(api, kube, args.nodes, Path(tempfile.mkdtemp(prefix="fg-bench-")))
         core: Any = client.CoreV1Api(api)
         for round_ in range(args.rounds):
             for kind in ("whole", "mig") if round_ % 2 == 0 else ("mig", "whole"):

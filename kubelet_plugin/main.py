@@ -243,24 +243,9 @@ def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
 
 
 def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
-    # The slice publisher works with the official client; it is built only now, so its
-    # import is not paid before the sockets are served.
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    from kubelet_plugin.kube_api import path_of
     from kubelet_plugin.slice_publisher import SlicePublisher
 
-    if config.kubeconfig is not None:
-        official = kube_config.new_client_from_config(config_file=str(config.kubeconfig))
-    else:
-        kube_config.load_incluster_config()
-        official = client.ApiClient()
-
-    def node_uid() -> str:
-        return str(api.get(path_of("api", "v1", "nodes", config.node_name))["metadata"]["uid"])
-
-    return SlicePublisher(official, config.node_name, read_node_uid=node_uid)
+    return SlicePublisher(api, config.node_name)
 
 
 def run(config: PluginConfig) -> int:

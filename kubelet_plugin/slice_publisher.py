@@ -11,25 +11,29 @@ retry every 2 s at most (jittered, so a fleet of nodes does not reconnect in ste
 nobody watched is repaired within seconds of the server answering again. Errors the server
 answers with (a refused write) back off to 30 s. Every call has a client-side timeout, so no
 dead connection can stall either loop.
+
+It talks to the server through kubelet_plugin.kube_api (plain dicts), not the official client,
+whose import alone costs the plugin about 7 MiB.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import random
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import urllib3
-from kubernetes import client, watch
-
+from driver.backoff import Backoff
 from driver.names import DRIVER_NAME
 from driver.quantity import QuantityError, parse_quantity
 from driver.resource_slice import SliceDevice, slice_specs
+from kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream, path_of
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +45,9 @@ MAX_BACKOFF_S = 30.0
 # While the server cannot be reached: retry soon, so slices are back seconds after it is.
 FIRST_RETRY_S = 0.2
 UNREACHABLE_RETRY_CAP_S = 2.0
-# (connect, read) seconds for every call: a dead connection fails instead of hanging.
-API_TIMEOUT = (3.0, 20.0)
-# Server-side watch length; the read timeout adds a margin so only a dead stream trips it.
+# Server-side watch length; KubeApi's read timeout adds a margin so only a dead stream trips it.
 WATCH_TIMEOUT_S = 20
+SLICES = path_of("apis", "resource.k8s.io", "v1", "resourceslices")
 
 
 # Fields holding quantities: the server writes them back in canonical form ("40960Mi" comes
@@ -82,47 +85,27 @@ def _same_quantity(a: str, b: str) -> bool:
 def unreachable(err: BaseException) -> bool:
     """True when the error says the server could not be reached or is not serving yet (so
     retrying soon is right), False when it answered and refused (back off)."""
-    if isinstance(err, client.ApiException):
-        return err.status in (0, None, 408, 429) or err.status >= 500
-    return isinstance(err, urllib3.exceptions.HTTPError | OSError)
+    if isinstance(err, ApiError):
+        return err.status in (408, 429) or err.status >= 500
+    return isinstance(err, OSError | http.client.HTTPException)
 
 
-class Backoff:
-    """Delays between retries: doubling from ``FIRST_RETRY_S``, capped at
-    ``UNREACHABLE_RETRY_CAP_S`` while the server is unreachable and at ``MAX_BACKOFF_S``
-    otherwise, each jittered down by up to half."""
+def new_backoff(rng: random.Random | None = None) -> Backoff:
+    """Doubling from ``FIRST_RETRY_S`` up to ``MAX_BACKOFF_S``, jittered (see retry_delay)."""
+    return Backoff(FIRST_RETRY_S, MAX_BACKOFF_S, rng)
 
-    def __init__(self, rng: random.Random | None = None) -> None:
-        self._rng = rng or random.Random()
-        self._delay = FIRST_RETRY_S
-        self.failures = 0
 
-    def reset(self) -> None:
-        self._delay = FIRST_RETRY_S
-        self.failures = 0
-
-    def next(self, err: BaseException) -> float:
-        cap = UNREACHABLE_RETRY_CAP_S if unreachable(err) else MAX_BACKOFF_S
-        delay = min(self._delay, cap)
-        self._delay = min(self._delay * 2, MAX_BACKOFF_S)
-        self.failures += 1
-        return delay * self._rng.uniform(0.5, 1.0)
+def retry_delay(backoff: Backoff, err: BaseException) -> float:
+    """The next delay, capped at ``UNREACHABLE_RETRY_CAP_S`` while the server is unreachable
+    (so slices are back seconds after it is) and at ``MAX_BACKOFF_S`` when it refused."""
+    return backoff.next(UNREACHABLE_RETRY_CAP_S if unreachable(err) else None)
 
 
 class SlicePublisher:
     """Publishes one pool (named after the node) of driver ``gpu.flexgpu.dev`` devices."""
 
-    def __init__(
-        self,
-        api: Any,
-        node_name: str,
-        resync_interval_s: float = RESYNC_INTERVAL_S,
-        read_node_uid: Callable[[], str] | None = None,
-    ):
+    def __init__(self, api: KubeApi, node_name: str, resync_interval_s: float = RESYNC_INTERVAL_S):
         self._api = api
-        # The plugin passes a plain-JSON read: the client's CoreV1Api alone holds ~20 MiB.
-        self._read_node_uid = read_node_uid
-        self._resource = client.ResourceV1Api(api)
         self.node_name = node_name
         self._resync_interval_s = resync_interval_s
         self._lock = threading.Lock()
@@ -133,6 +116,7 @@ class SlicePublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._stream: WatchStream | None = None
         self._node_uid: str | None = None
         self._own_counter_slices: bool | None = None
         self.reconciles = 0  # count of reconcile passes that wrote something, for tests
@@ -144,8 +128,6 @@ class SlicePublisher:
         self, devices: Sequence[SliceDevice], shared_counters: Sequence[dict[str, Any]] = ()
     ) -> None:
         """Replaces the desired content; the pool generation is bumped when it changed."""
-        import json
-
         key = json.dumps([list(devices), list(shared_counters)], sort_keys=True)
         with self._lock:
             if key == self._content_key:
@@ -169,6 +151,9 @@ class SlicePublisher:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()  # ends a watch now instead of at its timeout
         for thread in self._threads:
             thread.join(timeout=5)
         self._threads.clear()
@@ -180,7 +165,7 @@ class SlicePublisher:
 
     # -- reconcile ---------------------------------------------------------------------
     def _reconcile_loop(self) -> None:
-        backoff = Backoff()
+        backoff = new_backoff()
         writes: deque[float] = deque(maxlen=RAPID_WRITES)
         while not self._stop.is_set():
             self._wake.wait(timeout=self._resync_interval_s)
@@ -208,7 +193,7 @@ class SlicePublisher:
             except Exception as err:  # API or network errors: retry, never die
                 self.last_error = str(err)
                 self.failures += 1
-                delay = backoff.next(err)
+                delay = retry_delay(backoff, err)
                 log.warning("publishing slices failed, retrying in %.1fs: %s", delay, err)
                 if self._stop.wait(delay):
                     return
@@ -217,8 +202,8 @@ class SlicePublisher:
     def _counters_in_own_slice(self) -> bool:
         """Kubernetes 1.35 moved shared counters into slices of their own; ask once."""
         if self._own_counter_slices is None:
-            version: Any = client.VersionApi(self._api).get_code(_request_timeout=API_TIMEOUT)
-            minor = re.match(r"\d+", str(version.minor))
+            version = self._api.get("/version")
+            minor = re.match(r"\d+", str(version.get("minor", "")))
             self._own_counter_slices = minor is None or int(minor.group()) >= 35
         return self._own_counter_slices
 
@@ -226,13 +211,9 @@ class SlicePublisher:
         return f"{self.node_name}-{DRIVER_NAME}-{i}"
 
     def _owner(self) -> dict[str, Any]:
-        if self._node_uid is None and self._read_node_uid is not None:
-            self._node_uid = self._read_node_uid()
         if self._node_uid is None:
-            node: Any = client.CoreV1Api(self._api).read_node(
-                self.node_name, _request_timeout=API_TIMEOUT
-            )
-            self._node_uid = str(node.metadata.uid)
+            node = self._api.get(path_of("api", "v1", "nodes", self.node_name))
+            self._node_uid = str(node["metadata"]["uid"])
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -244,21 +225,17 @@ class SlicePublisher:
     def _selector(self) -> str:
         return f"spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}"
 
-    def _list_raw(self) -> Any:
-        return self._resource.list_resource_slice(
-            field_selector=self._selector(), _request_timeout=API_TIMEOUT
-        )
+    def _list_raw(self) -> dict[str, Any]:
+        return self._api.get(SLICES, {"fieldSelector": self._selector()})
 
     def _list(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self._api.sanitize_for_serialization(self._list_raw())[
-            "items"
-        ]
+        items: list[dict[str, Any]] = self._list_raw().get("items") or []
         return items
 
     def _delete(self, name: str) -> None:
         try:
-            self._resource.delete_resource_slice(name, _request_timeout=API_TIMEOUT)
-        except client.ApiException as err:
+            self._api.request("DELETE", f"{SLICES}/{path_of(name)[1:]}")
+        except ApiError as err:
             if err.status != 404:
                 raise
 
@@ -303,10 +280,10 @@ class SlicePublisher:
                 "spec": spec,
             }
             if current is None:
-                self._resource.create_resource_slice(body, _request_timeout=API_TIMEOUT)
+                self._api.request("POST", SLICES, body=body)
             else:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                self._resource.replace_resource_slice(name, body, _request_timeout=API_TIMEOUT)
+                self._api.request("PUT", f"{SLICES}/{path_of(name)[1:]}", body=body)
             wrote = True
         for name in existing.keys() - wanted.keys():
             self._delete(name)
@@ -344,12 +321,13 @@ class SlicePublisher:
 
     # -- watch -------------------------------------------------------------------------
     def _watch_loop(self) -> None:
-        backoff = Backoff()
+        backoff = new_backoff()
         version: str | None = None  # None: list first (start, or after any failure)
         while not self._stop.is_set():
             try:
                 if version is None:
-                    version = str(self._list_raw().metadata.resource_version)
+                    listed = self._list_raw()
+                    version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
                     # Resync: what changed while nobody watched (slices deleted during an
                     # apiserver restart) produces no event on the new watch.
                     self._wake.set()
@@ -359,9 +337,11 @@ class SlicePublisher:
                 version = self._watch_from(version)
             except Exception as err:
                 version = None
-                if isinstance(err, client.ApiException) and err.status == 410:
+                if self._stop.is_set():
+                    return
+                if isinstance(err, ApiError) and err.status == 410:
                     continue  # the version expired (compaction): an ordinary relist
-                delay = backoff.next(err)
+                delay = retry_delay(backoff, err)
                 if backoff.failures == 1:
                     log.warning("slice watch failed, retrying in %.1fs: %s", delay, err)
                 else:
@@ -371,25 +351,28 @@ class SlicePublisher:
 
     def _watch_from(self, version: str) -> str | None:
         """Streams events after ``version`` until the server ends the watch; returns where
-        to resume, or ``None`` to list again. Raises on connection and API errors."""
-        watcher = watch.Watch()
+        to resume, or ``None`` to list again. Raises on connection and API errors (an
+        expired version is an ApiError 410)."""
+        query = {
+            "fieldSelector": self._selector(),
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+        }
+        stream = self._api.watch(SLICES, query, timeout_s=WATCH_TIMEOUT_S)
+        self._stream = stream
+        resume: str | None = version
         try:
-            for event in watcher.stream(
-                self._resource.list_resource_slice,
-                field_selector=self._selector(),
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_TIMEOUT_S,
-                _request_timeout=(API_TIMEOUT[0], WATCH_TIMEOUT_S + 10),
-            ):
-                if event.get("type") == "ERROR":
-                    return None
-                if event.get("type") != "BOOKMARK":
+            if self._stop.is_set():
+                return None
+            for kind, obj in stream:
+                resume = (obj.get("metadata") or {}).get("resourceVersion") or resume
+                if kind != "BOOKMARK":
                     # Any change to our slices (including our own writes) triggers a cheap
                     # compare; only a real difference leads to a write.
                     self._wake.set()
                 if self._stop.is_set():
                     break
         finally:
-            watcher.stop()
-        return str(watcher.resource_version) if watcher.resource_version else None
+            self._stream = None
+            stream.close()
+        return resume

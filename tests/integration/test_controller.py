@@ -28,6 +28,7 @@ from driver import node_policy
 from driver.names import CRD_GROUP, DRIVER_NAME
 from driver.sim_backend import SimulatedBackend
 from driver.topology import load_topology
+from kubelet_plugin.kube_api import KubeApi
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.slice_publisher import SlicePublisher
 from tests.conftest import wait_for
@@ -56,6 +57,7 @@ PAIRS_TOPOLOGY = {
 class World:
     run: str
     namespace: str
+    kube: KubeApi  # what the publishers write with
     nodes: dict[str, str] = field(default_factory=dict)  # role -> node name
     publishers: list[SlicePublisher] = field(default_factory=list)
 
@@ -72,7 +74,7 @@ def _publish(api: Any, world: World, role: str, topology: Any, tmp: Path, **opti
     devices = _node_devices(topology, node, tmp, options.get("shared", set())).slice_devices()
     if options.get("tainted"):
         devices = [{**d, "taints": [TAINT]} for d in devices]
-    publisher = SlicePublisher(api, node, resync_interval_s=30)
+    publisher = SlicePublisher(world.kube, node, resync_interval_s=30)
     publisher.set_devices(devices)
     publisher.reconcile_once()
     world.nodes[role] = node
@@ -135,7 +137,9 @@ def _events(api: Any, ns: str, kind: str, name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def world(api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(
+    api: Any, cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
     ensure_device_classes(api)
     _install_policy_crd(api)
     tmp = tmp_path_factory.mktemp("ctl")
@@ -144,7 +148,7 @@ def world(api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ns}})
     wait_for(lambda: _has_default_account(core, ns), what=f"default ServiceAccount in {ns}")
-    w = World(run, ns)
+    w = World(run, ns, KubeApi.from_kubeconfig(cluster.kubeconfig))
     pairs = tmp / "pairs.yaml"
     pairs.write_text(yaml.safe_dump(PAIRS_TOPOLOGY))
     _publish(api, w, "l4", load_topology("l4-2-pcie"), tmp)
