@@ -106,6 +106,38 @@ def _cluster_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
     return list(known)
 
 
+def _in_class(
+    index: SliceIndex,
+    nodes: Sequence[Node],
+    devices: Sequence[_Seen],
+    device_class: DeviceClass,
+    selectors: SelectorCache,
+) -> list[_Seen]:
+    """The devices a class selects, or whose class selectors fail on them (those count as in
+    the class, with a selector error); kept with the index, as class selectors read only the
+    device. Every other device is out of the explanation anyway."""
+    key = (
+        "explain.in_class",
+        tuple(n.name for n in nodes),
+        device_class.name,
+        tuple(device_class.selectors),
+    )
+    known = index.derived.get(key)
+    if known is None:
+        known = []
+        for seen in devices:
+            try:
+                if not selectors.matches(
+                    device_class.selectors, seen.slice.driver, seen.device, "class"
+                ):
+                    continue
+            except SelectorError:
+                pass
+            known.append(seen)
+        index.derived[key] = known
+    return list(known)
+
+
 def _gather_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
     found: dict[DeviceId, _Seen] = {}
     for node in nodes:
@@ -146,20 +178,32 @@ class _Usable:
         return [n.name for n in self.nodes if _reachable(seen, n)]
 
 
-def _counters_spent(seen: _Seen, state: AllocatedState) -> bool:
+_FreeCounters = dict[tuple[str, str], dict[str, dict[str, Fraction]]]
+
+
+def _counters_spent(seen: _Seen, state: AllocatedState, pools: _FreeCounters) -> bool:
+    """Whether allocated devices spent counters this device needs; ``pools`` keeps each
+    pool's free counters for one state (a pool has many partitions to ask about)."""
     if not seen.device.consumes_counters:
         return False
-    free = {name: dict(c) for name, c in seen.pool.counter_sets.items()}
-    for slc in seen.pool.all_device_slices:
-        for device in slc.devices:
-            if state.is_allocated((seen.pool.driver, seen.pool.name, device.name)):
-                for set_name, counters in device.consumes_counters:
-                    cap.add_amounts(free.setdefault(set_name, {}), counters, -1)
+    free = pools.get(seen.pool.key)
+    if free is None:
+        free = pools[seen.pool.key] = _free_counters(seen.pool, state)
     return any(
         free.get(set_name, {}).get(counter, Fraction(0)) < amount
         for set_name, counters in seen.device.consumes_counters
         for counter, amount in counters.items()
     )
+
+
+def _free_counters(pool: Pool, state: AllocatedState) -> dict[str, dict[str, Fraction]]:
+    free = {name: dict(c) for name, c in pool.counter_sets.items()}
+    for slc in pool.all_device_slices:
+        for device in slc.devices:
+            if state.is_allocated((pool.driver, pool.name, device.name)):
+                for set_name, counters in device.consumes_counters:
+                    cap.add_amounts(free.setdefault(set_name, {}), counters, -1)
+    return free
 
 
 def _reason(
@@ -170,6 +214,7 @@ def _reason(
     state: AllocatedState,
     usable_nodes: _Usable,
     selectors: SelectorCache,
+    counters: _FreeCounters,
 ) -> str | None:
     """Why the device cannot serve the request (a REASONS entry), None if in the class and free;
     raises LookupError when the device is not in the class at all."""
@@ -193,7 +238,7 @@ def _reason(
     if not cap.fits(spec.capacity_requests, device.capacity, state.consumed.get(did, {})):
         return "capacity_used"
     if not (shared and (did in state.shared or did in state.consumed)) and _counters_spent(
-        seen, state
+        seen, state, counters
     ):
         return "counters_spent"
     return None
@@ -218,6 +263,7 @@ def diagnose_request(
     room: dict[str, float] = {}
     error = ""
     usable = _Usable(usable_nodes, frozenset(n.name for n in usable_nodes))
+    counters: _FreeCounters = {}
     for seen in devices:
         try:
             reason = _reason(
@@ -227,6 +273,7 @@ def diagnose_request(
                 state=state,
                 usable_nodes=usable,
                 selectors=selectors,
+                counters=counters,
             )
         except LookupError:
             continue
@@ -369,7 +416,7 @@ def explain_claim(
                     name,
                     spec=spec,
                     device_class=device_class,
-                    devices=devices,
+                    devices=_in_class(index, nodes, devices, device_class, selectors),
                     state=state,
                     usable_nodes=usable,
                     selectors=selectors,
