@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 from controller.cli_capacity import add_capacity
 from controller.cli_explain import add_explain
@@ -26,6 +25,7 @@ from driver.readonly_backend import ReadOnlyBackend
 from driver.sim_backend import SimulatedBackend
 from driver.sim_state import SimulatedStateError
 from driver.topology import TopologyError, builtin_topology_names
+from driver.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -102,10 +102,9 @@ SUBCOMMANDS: tuple[Registrar, ...] = (_add_inventory, add_explain, add_capacity,
 
 
 def _version() -> str:
-    try:
-        return metadata.version("flexgpu")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    # The source's own version, not the installed metadata's: an editable install keeps the
+    # version it was installed with, the source is what runs.
+    return VERSION
 
 
 def build_parser() -> argparse.ArgumentParser:

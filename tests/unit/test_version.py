@@ -1,0 +1,74 @@
+"""The version is written once and stamped into every place that shows it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tools import stamp_version
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_place_agrees_today() -> None:
+    found = stamp_version.current()
+    assert len(set(found.values())) == 1, found
+
+
+def test_stamp_rewrites_the_package_and_the_chart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version_file = tmp_path / "version.py"
+    chart = tmp_path / "Chart.yaml"
+    shutil.copy(stamp_version.VERSION_FILE, version_file)
+    shutil.copy(stamp_version.CHART_FILE, chart)
+    monkeypatch.setattr(stamp_version, "VERSION_FILE", version_file)
+    monkeypatch.setattr(stamp_version, "CHART_FILE", chart)
+    assert stamp_version.main(["2.3.4-rc.1"]) == 0
+    assert set(stamp_version.current().values()) == {"2.3.4-rc.1"}
+    assert stamp_version.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("bad", ["v1.2.3", "1.2", "1.2.3.4", "01.2.3", "1.2.3 "])
+def test_stamp_refuses_what_is_not_a_semantic_version(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = stamp_version.current()
+    assert stamp_version.main([bad]) == 2
+    err = capsys.readouterr().err
+    assert repr(bad) in err and "allowed: a semantic version" in err
+    assert stamp_version.current() == before
+
+
+def test_the_cli_reports_the_source_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == f"flexgpu {stamp_version.current()['driver/version.py']}"
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("flexgpu-*.whl")
+    version = stamp_version.current()["driver/version.py"]
+    assert wheel.name.startswith(f"flexgpu-{version}-")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        text = archive.read(metadata).decode()
+    assert "License-Expression: Apache-2.0" in text
+    assert any(n.endswith("licenses/LICENSE") for n in names)
