@@ -1,4 +1,4 @@
-"""Validating admission for flexgpu: the checks (pure functions) and their kopf handlers.
+"""Validating admission for flexgpu: the checks (pure functions) and the AdmissionReview answer.
 
 What is checked, with the same code the kubelet plugin's prepare runs, so admission accepts
 exactly what prepare accepts:
@@ -19,16 +19,14 @@ Updates are checked only when the checked part changed (a claim's spec is immuta
 finalizer edit must never be refused because an older object fails a newer rule, or deletion
 could hang). Objects being deleted are always allowed.
 
-``register_admission(registry)`` adds the handlers to a ``kopf.OperatorRegistry``; the webhook
-server, TLS and the ValidatingWebhookConfiguration are in ``controller.webhook_server``.
+``answer_admission_review(review)`` answers one AdmissionReview; the webhook server, TLS and
+the ValidatingWebhookConfiguration are in ``controller.webhook_server``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
-
-import kopf
 
 from driver.config_resolution import (
     ConfigSource,
@@ -204,35 +202,6 @@ def review(
     return validator(new)
 
 
-# --------------------------------------------------------------------------- kopf handlers
-
-
-def _plain(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    # kopf passes read-only views; the checks want the raw JSON values underneath.
-    return None if body is None else {key: body[key] for key in body}
-
-
-def _handler(validator: Validator, part: Part, kind: str) -> Callable[..., None]:
-    def handle(
-        operation: str | None,
-        new: Mapping[str, Any] | None,
-        old: Mapping[str, Any] | None,
-        **_: Any,
-    ) -> None:
-        from controller.metrics import WEBHOOK_DECISIONS, WEBHOOK_ERRORS
-
-        try:
-            problems = review(validator, part, operation, _plain(new), _plain(old))
-        except Exception:
-            WEBHOOK_ERRORS.labels(kind=kind).inc()
-            raise
-        WEBHOOK_DECISIONS.labels(kind=kind, allowed=str(not problems).lower()).inc()
-        if problems:
-            raise kopf.AdmissionError(rejection_message(problems), code=REJECTION_CODE)
-
-    return handle
-
-
 # (handler id, group, version, plural, validator, checked part)
 ADMISSION_TARGETS: Final[tuple[tuple[str, str, str, str, Validator, Part], ...]] = (
     (
@@ -271,24 +240,29 @@ ADMISSION_TARGETS: Final[tuple[tuple[str, str, str, str, Validator, Part], ...]]
 
 
 def answer_admission_review(admission_review: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The AdmissionReview response for ``review`` without kopf, or ``None`` when it is not
-    for one of our resources. kopf answers 404 for a resource its discovery has not seen yet
-    (a CRD created after the operator started can be missed); the webhook server falls back
-    to this so such requests get the same checks."""
+    """The AdmissionReview response for ``admission_review``, or ``None`` when it is not for
+    one of our resources (no subresources). Counts the decision, or the error, per kind."""
+    from controller.metrics import WEBHOOK_DECISIONS, WEBHOOK_ERRORS
+
     request = _mapping(admission_review.get("request")) or {}
     resource = _mapping(request.get("resource")) or {}
     key = (resource.get("group"), resource.get("version"), resource.get("resource"))
     target = next((t for t in ADMISSION_TARGETS if t[1:4] == key), None)
     if target is None or request.get("subResource"):
         return None
-    validator, part = target[4], target[5]
-    problems = review(
-        validator,
-        part,
-        request.get("operation"),
-        _mapping(request.get("object")),
-        _mapping(request.get("oldObject")),
-    )
+    kind, validator, part = target[3], target[4], target[5]
+    try:
+        problems = review(
+            validator,
+            part,
+            request.get("operation"),
+            _mapping(request.get("object")),
+            _mapping(request.get("oldObject")),
+        )
+    except Exception:
+        WEBHOOK_ERRORS.labels(kind=kind).inc()
+        raise
+    WEBHOOK_DECISIONS.labels(kind=kind, allowed=str(not problems).lower()).inc()
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": not problems}
     if problems:
         response["status"] = {"message": rejection_message(problems), "code": REJECTION_CODE}
@@ -297,17 +271,3 @@ def answer_admission_review(admission_review: Mapping[str, Any]) -> dict[str, An
         "kind": admission_review.get("kind", "AdmissionReview"),
         "response": response,
     }
-
-
-def register_admission(registry: kopf.OperatorRegistry) -> None:
-    """Register the validating handlers on ``registry`` (one per resource; the handler id is
-    the webhook's URL path segment, see ``controller.webhook_config``)."""
-    for handler_id, group, version, plural, validator, part in ADMISSION_TARGETS:
-        kopf.on.validate(
-            group=group,
-            version=version,
-            plural=plural,
-            id=handler_id,
-            operations=["CREATE", "UPDATE"],
-            registry=registry,
-        )(_handler(validator, part, plural))

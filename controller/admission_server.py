@@ -33,7 +33,6 @@ from typing import Any, TextIO
 
 import kopf
 
-from controller.admission import register_admission
 from controller.kopf_login import connection_info
 from controller.webhook_config import CONFIGURATION_NAME, ServiceRef
 from controller.webhook_server import WebhookOptions, configure_webhook
@@ -156,7 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_client = client.ApiClient(configuration)
 
     registry = kopf.OperatorRegistry()
-    register_admission(registry)
 
     if args.kubeconfig:
 

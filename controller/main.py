@@ -23,7 +23,6 @@ from typing import Any
 import kopf
 
 from controller import kube
-from controller.admission import register_admission
 from controller.admission_server import add_webhook_arguments, options_from_args
 from controller.app import Controller, ControllerConfig
 from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
@@ -154,7 +153,7 @@ def build_registry(
     controller: Controller, webhook: WebhookOptions | None = None
 ) -> kopf.OperatorRegistry:
     """kopf's registry: login, start/stop of the controller and, with ``webhook`` options, the
-    admission handlers (every replica serves them; only the lease holder does active work)."""
+    admission webhook server (every replica serves it; only the lease holder does active work)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -173,8 +172,6 @@ def build_registry(
     async def cleanup(**_: Any) -> None:
         await asyncio.to_thread(controller.stop)
 
-    if webhook is not None:
-        register_admission(registry)
     return registry
 
 

@@ -1,15 +1,15 @@
-"""The admission webhook server for kopf: certificates, the HTTPS endpoint and the
+"""The admission webhook server: certificates, the HTTPS endpoint and the
 ValidatingWebhookConfiguration, with no manual steps.
 
 ``configure_webhook(settings, options, api_client)`` (call it from a ``@kopf.on.startup``
-handler, next to ``controller.admission.register_admission(registry)``) sets
-``settings.admission.server`` to a ``FlexgpuWebhookServer``. When kopf starts it, the server:
+handler) sets ``settings.admission.server`` to a ``FlexgpuWebhookServer``. When kopf starts
+it, the server:
 
 1. gets its certificate: from ``options.cert_dir`` as is (cert-manager), or from the Secret
    ``options.secret_namespace/options.secret_name``, created or renewed as needed
    (``controller.webhook_tls``) and written to a private folder;
-2. serves HTTPS with ``kopf.WebhookServer`` on ``options.listen_addr:options.port`` (one path
-   per handler id);
+2. serves HTTPS (``AdmissionHttpsServer``) on ``options.listen_addr:options.port``, one path per
+   handler id, answering with ``controller.admission.answer_admission_review``;
 3. applies the ValidatingWebhookConfiguration (``controller.webhook_config``) with the CA
    bundle and a Service reference (in-cluster) or a URL (local process);
 4. every ``options.resync_interval_s`` re-checks the Secret (renewal, or another replica's
@@ -19,25 +19,34 @@ handler, next to ``controller.admission.register_admission(registry)``) sets
 Every replica runs the server (the Service spreads requests over all of them); the Secret and
 the configuration converge because every write is conditional and every replica writes the
 same content once the Secret is settled.
+
+What kopf is used for here: running the server for as long as the operator runs, through its
+public ``settings.admission.server`` hook (``kopf.WebhookServerProtocol``). Nothing else:
+kopf's admission engine would route each review to a registered handler that calls the same
+pure checks ``answer_admission_review`` calls, after its own discovery of the resources (which
+misses a CRD created after start, answering 404), and its HTTPS server answers malformed
+bodies with ``allowed: true``; neither is reachable through kopf's public API without its
+private modules. So the server here parses, routes and answers reviews itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
+import socket
+import ssl
 import tempfile
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp.web
 import kopf
-from kopf._cogs.structs.reviews import Request, Response
-from kopf._core.engines.admission import UnknownResourceError, WebhookError
 
 from controller.admission import answer_admission_review
 from controller.admission_review import Refusal, parse_review
@@ -205,25 +214,27 @@ class FlexgpuWebhookServer:
     # -- the kopf server protocol ---------------------------------------------------------
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        """kopf's server protocol. ``fn`` (kopf's admission engine) is not used: reviews are
+        answered by ``answer_admission_review`` (see the module docstring)."""
         files = await asyncio.to_thread(self.load_certificates)
-        inner = GuardedWebhookServer(
+        inner = AdmissionHttpsServer(
             addr=self.options.listen_addr or None,
             port=self.options.port,
             host=self.options.reach_host,
-            certfile=str(files.certfile),
-            pkeyfile=str(files.keyfile),
+            certfile=files.certfile,
+            keyfile=files.keyfile,
             cadata=files.ca_bundle,
-            file_check_interval=self.options.file_check_interval_s,
+            file_check_interval_s=self.options.file_check_interval_s,
         )
         resync: asyncio.Task[None] | None = None
         if self.options.cert_dir is None:
             resync = asyncio.create_task(self._resync_forever())
         try:
-            async for client_config in inner(with_discovery_fallback(fn)):
-                # kopf's URL carries the port it bound (a free one when options.port is 0).
+            async for client_config in inner():
+                # The URL carries the port bound (a free one when options.port is 0).
                 self.bound_port = urllib.parse.urlsplit(client_config["url"]).port
                 if self.options.cert_dir is not None:
-                    # Mounted certs were renewed (kopf restarted on the change): re-read ca.crt.
+                    # Mounted certs were renewed (the server reloaded them): re-read ca.crt.
                     files = await asyncio.to_thread(read_cert_dir, self.options.cert_dir)
                 ca_bundle = self._bundle.ca_bundle if self._bundle else files.ca_bundle
                 await asyncio.to_thread(self.apply_configuration, ca_bundle)
@@ -248,14 +259,93 @@ def _refuse(refusal: Refusal) -> aiohttp.web.Response:
     return aiohttp.web.Response(status=refusal.status, text=refusal.reason + "\n")
 
 
-class GuardedWebhookServer(kopf.WebhookServer):
-    """kopf's HTTPS webhook server, answering only well-formed AdmissionReviews at the paths
-    of our handlers (``controller.admission_review``): anything else gets a 4xx with a
-    one-line reason, an unknown path 404, never a default ``allowed: true``; an unexpected
-    failure inside a handler a 500 with a short text (the traceback goes to the log only)."""
+Answer = Callable[[Mapping[str, Any]], "dict[str, Any] | None"]
 
-    @staticmethod
-    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+
+class AdmissionHttpsServer:
+    """The HTTPS endpoint (aiohttp), answering only well-formed AdmissionReviews
+    (``controller.admission_review``) for our resources: anything else gets a 4xx with a
+    one-line reason, a review of a resource we do not check 404, never a default
+    ``allowed: true``; an unexpected failure in ``answer`` a 500 with a short text (the
+    traceback goes to the log only).
+
+    Iterating ``server()`` starts it and yields the client config (URL and CA bundle) to put in
+    the webhook configuration; it yields again after the certificate files changed (checked
+    every ``file_check_interval_s``; new connections get the new certificate). ``certfile``
+    None serves plain HTTP (tests). Stops when the iteration is closed or cancelled.
+    """
+
+    def __init__(
+        self,
+        *,
+        addr: str | None,
+        port: int,
+        host: str,
+        certfile: Path | None = None,
+        keyfile: Path | None = None,
+        cadata: bytes | None = None,
+        file_check_interval_s: float = 10.0,
+        answer: Answer = answer_admission_review,
+    ) -> None:
+        self.addr, self.port, self.host = addr, port, host
+        self.certfile, self.keyfile, self.cadata = certfile, keyfile, cadata
+        self.file_check_interval_s = file_check_interval_s
+        self.answer = answer
+
+    async def __call__(self) -> AsyncIterator[kopf.WebhookClientConfig]:
+        context = self._ssl_context()
+        app = aiohttp.web.Application()
+        app.add_routes([aiohttp.web.post("/{id:.*}", self._serve)])
+        runner = aiohttp.web.AppRunner(app, handle_signals=False)
+        await runner.setup()
+        try:
+            # Our own socket: with port 0 the port actually bound is read from it.
+            family = socket.AF_INET6 if ":" in (self.addr or "") else socket.AF_INET
+            sock = socket.create_server((self.addr or "", self.port), family=family)
+            site = aiohttp.web.SockSite(runner, sock, ssl_context=context)
+            await site.start()
+            port = int(sock.getsockname()[1])
+            shown = f"[{self.host}]" if ":" in self.host else self.host
+            config = kopf.WebhookClientConfig(
+                url=f"{'https' if context else 'http'}://{shown}:{port}/"
+            )
+            if self.cadata is not None:
+                config["caBundle"] = base64.b64encode(self.cadata).decode("ascii")
+            stamp = self._stamp()
+            yield config
+            if context is None:
+                await asyncio.Event().wait()  # plain HTTP: no certificate to follow
+            while True:
+                while self._stamp() == stamp:
+                    await asyncio.sleep(self.file_check_interval_s)
+                stamp = self._stamp()
+                assert context is not None and self.certfile and self.keyfile
+                try:
+                    context.load_cert_chain(self.certfile, self.keyfile)
+                except (ssl.SSLError, OSError) as err:
+                    # Caught between writing the key and the certificate: the next change
+                    # completes the pair; until then the loaded one is served.
+                    logger.warning("webhook certificate files not usable yet: %s", err)
+                    continue
+                logger.info("webhook certificate files changed; serving the new certificate")
+                yield config
+        finally:
+            await runner.cleanup()
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.certfile is None or self.keyfile is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.certfile, self.keyfile)
+        return context
+
+    def _stamp(self) -> tuple[float, ...]:
+        files = [f for f in (self.certfile, self.keyfile) if f is not None]
+        with contextlib.suppress(OSError):
+            return tuple(f.stat().st_mtime for f in files)
+        return ()
+
+    async def _serve(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         handler_id = request.match_info.get("id", "")
         try:
             raw = await request.read()  # 413 past aiohttp's body limit (1 MiB)
@@ -264,63 +354,17 @@ class GuardedWebhookServer(kopf.WebhookServer):
         body, refusal = parse_review(raw, handler_id)
         if refusal is not None or body is None:
             return _refuse(refusal or Refusal(400, "no AdmissionReview"))
-        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         try:
-            response = await fn(
-                cast(Request, body),
-                webhook=handler_id,
-                headers=dict(request.headers),
-                sslpeer=sslpeer,
-            )
-        except UnknownResourceError as error:
-            return _refuse(Refusal(404, shorten(str(error))))
-        except WebhookError as error:
-            return _refuse(Refusal(400, shorten(str(error))))
+            answer = await asyncio.to_thread(self.answer, body)
         except Exception:
             logger.exception("admission request %s failed", body["request"]["uid"][:64])
             return _refuse(Refusal(500, "internal error in the admission webhook"))
-        return aiohttp.web.json_response(response, dumps=json.dumps)
-
-
-def with_discovery_fallback(fn: kopf.WebhookFn) -> kopf.WebhookFn:
-    """``fn``, but a request for one of our resources that kopf does not know yet (its
-    discovery missed a CRD created after start) is answered by the same checks directly
-    instead of failing with 404 (which a ``Fail`` webhook would turn into a refusal)."""
-
-    async def serve(
-        request: Request,
-        *,
-        webhook: str | None = None,
-        headers: kopf.Headers | None = None,
-        sslpeer: kopf.SSLPeer | None = None,
-    ) -> Response:
-        try:
-            return await fn(request, webhook=webhook, headers=headers, sslpeer=sslpeer)
-        except UnknownResourceError:
-            answer = answer_admission_review(request)
-            if answer is None:
-                raise
-            return cast(Response, answer)
-
-    return serve
-
-
-class _RejectionsAreNotErrors(logging.Filter):
-    """kopf logs every handler exception at ERROR; a rejected object is routine, so its
-    record goes out at INFO."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if (
-            record.levelno == logging.ERROR
-            and message.startswith("Webhook ")
-            and ("failed permanently" in message)
-        ):
-            record.levelno, record.levelname = logging.INFO, "INFO"
-        return True
-
-
-_REJECTION_FILTER = _RejectionsAreNotErrors()
+        if answer is None:
+            resource = body["request"].get("resource")
+            return _refuse(Refusal(404, shorten(f"not a resource this webhook checks: {resource}")))
+        if not answer["response"]["allowed"]:
+            logger.info("refused %s: %s", handler_id, answer["response"]["status"]["message"])
+        return aiohttp.web.json_response(answer, dumps=json.dumps)
 
 
 def configure_webhook(
@@ -329,7 +373,6 @@ def configure_webhook(
     """Serve the admission webhook from this operator (kopf does not manage the configuration;
     ``FlexgpuWebhookServer`` does). ``api_client`` is a ``kubernetes.client.ApiClient``."""
     server = FlexgpuWebhookServer(options, api_client)
-    logging.getLogger("kopf.objects").addFilter(_REJECTION_FILTER)  # idempotent
     settings.admission.server = server
     settings.admission.managed = None
     return server

@@ -1,18 +1,17 @@
-"""controller.admission: the pure checks, the review rules and the kopf registration."""
+"""controller.admission: the pure checks, the review rules and the AdmissionReview answer."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import kopf
 import pytest
+from prometheus_client import REGISTRY
 
 from controller.admission import (
     ADMISSION_TARGETS,
     MAX_LISTED_PROBLEMS,
     REJECTION_CODE,
     answer_admission_review,
-    register_admission,
     rejection_message,
     request_device_types,
     validate_device_class,
@@ -317,25 +316,25 @@ def test_updates_are_checked_only_when_the_checked_part_changed() -> None:
     assert not allowed(review)
 
 
-def test_register_admission_adds_one_validating_handler_per_resource() -> None:
-    registry = kopf.OperatorRegistry()
-    register_admission(registry)
-    handlers = registry._webhooks.get_all_handlers()
-    assert [h.id for h in handlers] == [target[0] for target in ADMISSION_TARGETS]
-    assert {h.selector.plural for h in handlers if h.selector} == {
-        "resourceclaims",
-        "resourceclaimtemplates",
-        "deviceclasses",
-        "gpunodepolicies",
-    }
-    assert all(set(h.operations or ()) == {"CREATE", "UPDATE"} for h in handlers)
-    claims = handlers[0]
-    claims.fn(operation="CREATE", new=claim(GPU), old=None)  # type: ignore[call-arg]
-    with pytest.raises(kopf.AdmissionError) as caught:
-        claims.fn(operation="CREATE", new=BAD, old=None)  # type: ignore[call-arg]
-    assert str(caught.value) == validate_resource_claim(BAD)[0]
-    assert caught.value.code == REJECTION_CODE
-    # The default registry is left alone.
-    assert not any(
-        h.id == "resourceclaims" for h in kopf.get_default_registry()._webhooks.get_all_handlers()
-    )
+def test_every_resource_is_answered_and_others_are_not_ours() -> None:
+    """One answer per checked resource (the webhook's paths), counted per kind; a review of
+    anything else, or of a subresource, is not ours to answer."""
+    for handler_id, group, version, plural, _, _ in ADMISSION_TARGETS:
+        body = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": handler_id,
+                "operation": "DELETE",
+                "resource": {"group": group, "version": version, "resource": plural},
+            },
+        }
+        labels = {"kind": plural, "allowed": "true"}
+        before = REGISTRY.get_sample_value("flexgpu_webhook_decisions_total", labels) or 0
+        answer = answer_admission_review(body)
+        assert answer is not None and answer["response"] == {"uid": handler_id, "allowed": True}
+        assert REGISTRY.get_sample_value("flexgpu_webhook_decisions_total", labels) == before + 1
+        status = {**body, "request": {**body["request"], "subResource": "status"}}
+        assert answer_admission_review(status) is None
+    pods = {"request": {"resource": {"group": "", "version": "v1", "resource": "pods"}}}
+    assert answer_admission_review(pods) is None

@@ -4,6 +4,7 @@ never a traceback and never ``allowed: true``; unknown paths get 404."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -17,9 +18,8 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from controller.admission import answer_admission_review
 from controller.admission_review import SERVED
-from controller.webhook_server import FlexgpuWebhookServer, GuardedWebhookServer, WebhookOptions
+from controller.webhook_server import AdmissionHttpsServer, FlexgpuWebhookServer, WebhookOptions
 from controller.webhook_tls import plan_bundle
 
 CLAIMS = {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}
@@ -37,20 +37,19 @@ def review(**request: Any) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
 
 
-async def checks_only(request: Any, **_: Any) -> Any:
-    """The handlers' checks without kopf's registry (what the server hands well-formed
-    reviews to)."""
-    return answer_admission_review(request)
-
-
-async def broken(request: Any, **_: Any) -> Any:
+def broken(request: Any) -> Any:
     raise KeyError("a bug")
+
+
+async def kopf_engine(request: Any, **_: Any) -> Any:
+    """What kopf hands its server: never called, reviews are answered without it."""
+    raise AssertionError("kopf's admission engine was called")
 
 
 @pytest.fixture
 async def url() -> AsyncIterator[str]:
-    server = GuardedWebhookServer(addr="127.0.0.1", port=0, host="127.0.0.1", insecure=True)
-    async for client_config in server(checks_only):
+    server = AdmissionHttpsServer(addr="127.0.0.1", port=0, host="127.0.0.1")
+    async for client_config in server():
         yield str(client_config["url"]).rstrip("/")
         break
 
@@ -147,8 +146,8 @@ async def test_a_well_formed_review_is_answered(url: str) -> None:
 
 
 async def test_a_failing_handler_is_a_500_without_a_traceback() -> None:
-    server = GuardedWebhookServer(addr="127.0.0.1", port=0, host="127.0.0.1", insecure=True)
-    async for client_config in server(broken):
+    server = AdmissionHttpsServer(addr="127.0.0.1", port=0, host="127.0.0.1", answer=broken)
+    async for client_config in server():
         status, text = await post(
             str(client_config["url"]).rstrip("/"), "/resourceclaims", dumps(review())
         )
@@ -175,7 +174,7 @@ async def test_port_zero_publishes_the_port_actually_listened_on(tmp_path: Path)
         ),
         create_validating_webhook_configuration=created.append,
     )
-    async for _config in server(checks_only):
+    async for _config in server(kopf_engine):
         break
     urls = {hook["clientConfig"]["url"] for hook in created[0]["webhooks"]}
     port = server.bound_port
@@ -189,3 +188,44 @@ async def test_port_zero_publishes_the_port_actually_listened_on(tmp_path: Path)
         ) as r,
     ):
         assert r.status == 200
+
+
+async def test_renewed_certificate_files_are_served_without_a_restart(tmp_path: Path) -> None:
+    """cert-manager replaces the mounted files: the server yields again (so the configuration's
+    CA bundle is re-applied) and new connections get the new certificate."""
+    now = datetime.now(UTC)
+    first = plan_bundle(None, ["127.0.0.1"], now).bundle
+    certfile, keyfile = tmp_path / "tls.crt", tmp_path / "tls.key"
+    certfile.write_bytes(first.cert)
+    keyfile.write_bytes(first.key)
+    server = AdmissionHttpsServer(
+        addr="127.0.0.1",
+        port=0,
+        host="127.0.0.1",
+        certfile=certfile,
+        keyfile=keyfile,
+        file_check_interval_s=0.05,
+    )
+    configs = server()
+    url = str((await anext(configs))["url"]).rstrip("/")
+
+    async def status_with(ca: bytes) -> int:
+        context = ssl.create_default_context(cadata=ca.decode())
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url + "/resourceclaims", data=dumps(review()), ssl=context) as r,
+        ):
+            return r.status
+
+    try:
+        assert await status_with(first.ca_bundle) == 200
+        second = plan_bundle(None, ["127.0.0.1"], now).bundle  # a new CA, as a fresh issue
+        assert second.ca_bundle != first.ca_bundle
+        keyfile.write_bytes(second.key)
+        certfile.write_bytes(second.cert)
+        await asyncio.wait_for(anext(configs), timeout=10)
+        assert await status_with(second.ca_bundle) == 200
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await status_with(first.ca_bundle)
+    finally:
+        await configs.aclose()
