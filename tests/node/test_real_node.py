@@ -26,7 +26,7 @@ from tests.node.support import (
     wait_report,
     workload_pod,
 )
-from tools.node import configs
+from tools.node import chart, configs
 from tools.node.node import RealNode
 
 pytestmark = pytest.mark.integration
@@ -54,11 +54,8 @@ def test_node_joins_with_its_own_credentials_and_runs_a_plain_pod(
 
 
 def test_plugin_runs_as_the_charts_daemonset_pod(api: Any, plugin: RealNode) -> None:
-    pods = (
-        client.CoreV1Api(api)
-        .list_namespaced_pod(PLUGIN_NAMESPACE, field_selector=f"spec.nodeName={NODE}")
-        .items
-    )
+    pods = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)
+    assert len(pods) == 1
     owners = {ref.kind for p in pods for ref in p.metadata.owner_references or []}
     assert owners == {"DaemonSet"}
     assert pods[0].spec.containers[0].image == plugin.images["flexgpu"].name

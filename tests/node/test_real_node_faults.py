@@ -5,6 +5,7 @@ fault) and new claims are served."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tests.node.support import (
     sharing_config,
     wait_report,
 )
+from tools.images.build import build_all
 from tools.node import chart, report
 from tools.node.node import RealNode
 
@@ -145,10 +147,12 @@ def test_helm_upgrade_rolls_the_plugin_while_gpu_pods_run(
     cid = container_id(api, namespace, "u1")
     before_uid = claim_uid(api, namespace, "u1")
     (old,) = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)
-    current = plugin.images["flexgpu"].name
-    # A new release of the same build under another tag: the DaemonSet's template changes.
-    upgraded = current.rpartition(":")[0] + ":upgrade"
-    plugin.ctr("images", "tag", "--force", current, upgraded)
+    # The release as built now (the chart and the code of one tree), under a tag of its
+    # own so the DaemonSet's template changes even when the build is the same.
+    image = build_all()["flexgpu"]
+    plugin.import_image(image)
+    upgraded = image.name.rpartition(":")[0] + f":upgrade-{uuid.uuid4().hex[:6]}"
+    plugin.ctr("images", "tag", "--force", image.name, upgraded)
 
     install_plugin(plugin, upgraded)
     wait_for(

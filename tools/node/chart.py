@@ -42,6 +42,9 @@ def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
         # containerd's default runtime injects nothing; CDI does.
         "kubeletPlugin.runtimeClassName": "",
         "kubeletPlugin.healthIntervalSeconds": "2",
+        # The controller is tested on its own; here it would only crash-loop without a
+        # reachable webhook Service. A selector no node matches keeps it unscheduled.
+        "controller.nodeSelector.flexgpu-real-node-test": "no-node",
     }
     if "nvidiaDriverRoot:" in (CHART / "values.yaml").read_text():
         # The plugin mounts the node's driver root and runs NVIDIA's CDI generator over it.

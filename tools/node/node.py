@@ -169,7 +169,7 @@ class RealNode:
         )
         self.start_containerd(timeout_s)
         for image in self.images.values():
-            self.ctr("images", "import", "--platform", "linux/amd64", str(image.archive))
+            self.import_image(image)
         self.start_kubelet(timeout_s)
         self.start_daemonset_controller(timeout_s)
 
@@ -236,6 +236,9 @@ class RealNode:
                 f"containerd log {self.layout.logs / 'containerd.log'}, last lines:\n{tail}"
             )
         return proc.stdout
+
+    def import_image(self, image: BuiltImage) -> None:
+        self.ctr("images", "import", "--platform", "linux/amd64", str(image.archive))
 
     def _kubelet_gates(self) -> dict[str, bool]:
         """The control plane's gates that the kubelet also knows (it refuses unknown ones)."""
