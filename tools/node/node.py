@@ -285,6 +285,11 @@ class RealNode:
     def start_daemonset_controller(self, timeout_s: float = 60.0) -> None:
         """The DaemonSet controller (the shared control plane leaves it out: its simulated
         nodes run no DaemonSet pods), as a controller manager of its own for this node."""
+        shared = next(
+            (c for c in self.cluster.components if c.name == "kube-controller-manager"), None
+        )
+        if shared is not None and any("daemonset-controller" in arg for arg in shared.argv):
+            return  # the control plane runs one already; two would fight over the pods
         kcm = control_plane_dir() / "kube-controller-manager"
         gates = self.cluster.feature_gates
         self.daemonsets = Component(
