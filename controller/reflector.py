@@ -22,11 +22,13 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from controller.cluster_state import KINDS, ClusterState, Kind
 from driver import node_policy
+from driver.backoff import Backoff
 from driver.names import CRD_GROUP, DRIVER_NAME
 
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S: Final = 300
+FIRST_RETRY_S: Final = 1.0
 MAX_BACKOFF_S: Final = 30.0
 HTTP_GONE: Final = 410
 
@@ -84,22 +86,22 @@ class Reflector:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        backoff = 1.0
+        backoff = Backoff(FIRST_RETRY_S, MAX_BACKOFF_S)
         while not self._stop.is_set():
             try:
                 version: str | None = self._list()
-                backoff = 1.0
+                backoff.reset()
                 while not self._stop.is_set() and version is not None:
                     version = self._watch(version)
             except Exception as err:  # the loop must outlive any one failure
                 if self._stop.is_set():
                     return
+                delay = backoff.next()
                 quiet = isinstance(err, client.ApiException) and err.status == 404
                 (log.debug if quiet else log.warning)(
-                    "watching %s failed (%s); retrying in %.0fs", self.source.kind, err, backoff
+                    "watching %s failed (%s); retrying in %.1fs", self.source.kind, err, delay
                 )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                self._stop.wait(delay)
 
     def _list(self) -> str:
         response = self.source.list_function(_preload_content=False)

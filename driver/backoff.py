@@ -11,6 +11,15 @@ from __future__ import annotations
 import random
 
 
+def jittered(step_s: float, rng: random.Random | None = None) -> float:
+    """A delay drawn uniformly from [half, all] of ``step_s``: for a caller that keeps its own
+    failure count (one per queued item) and so needs no Backoff object."""
+    return step_s * (rng or _RNG).uniform(0.5, 1.0)
+
+
+_RNG = random.Random()
+
+
 class Backoff:
     """``next()`` gives the delay before the next retry: ``first_s``, doubling up to
     ``cap_s``, each drawn uniformly from [half, all] of that step; ``reset()`` after a
@@ -34,4 +43,4 @@ class Backoff:
         delay = min(self._step, self.cap_s if cap_s is None else cap_s)
         self._step = min(self._step * 2, self.cap_s)
         self.failures += 1
-        return delay * self._rng.uniform(0.5, 1.0)
+        return jittered(delay, self._rng)

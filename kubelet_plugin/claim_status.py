@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.backoff import jittered
 from driver.names import DRIVER_NAME
 from kubelet_plugin.claim_objects import ClaimObjects
 from kubelet_plugin.claim_source import claim_path
@@ -184,7 +185,7 @@ class ClaimStatusWriter:
                 err,
             )
             return
-        backoff = min(self._coalesce_s * 2**pending.failures, MAX_BACKOFF_S)
+        backoff = jittered(min(self._coalesce_s * 2**pending.failures, MAX_BACKOFF_S))
         log.info(
             "claim %s/%s status: %s; retrying in %.1fs",
             pending.namespace,

@@ -13,10 +13,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from driver.backoff import Backoff
 from kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream
 
 log = logging.getLogger(__name__)
 
+FIRST_RETRY_S = 0.5
 MAX_BACKOFF_S = 30.0
 ABSENT_RECHECK_S = 60.0
 WATCH_TIMEOUT_S = 300
@@ -80,14 +82,14 @@ class WatchedObjects:
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(FIRST_RETRY_S, MAX_BACKOFF_S)
         version: str | None = None
         while not self._stop.is_set():
             try:
                 if version is None:
                     version = self._list()
                 version = self._watch(version)
-                backoff = 0.5
+                backoff.reset()
                 self.last_error = None
             except ApiError as err:
                 if err.status == 410:  # our version is too old: list again
@@ -99,20 +101,20 @@ class WatchedObjects:
                     if self._stop.wait(ABSENT_RECHECK_S):
                         return
                     continue
-                backoff = self._failed(err, backoff)
+                self._failed(err, backoff)
                 version = None if err.status >= 500 else version
             except Exception as err:  # connection trouble: retry, never die
-                backoff = self._failed(err, backoff)
+                self._failed(err, backoff)
             if self._stop.is_set():
                 return
 
-    def _failed(self, err: Exception, backoff: float) -> float:
+    def _failed(self, err: Exception, backoff: Backoff) -> None:
         if self._stop.is_set():
-            return backoff
+            return
         self.last_error = str(err)
-        log.warning("watch of %s failed, retrying in %.1fs: %s", self.name, backoff, err)
-        self._stop.wait(backoff)
-        return min(backoff * 2, MAX_BACKOFF_S)
+        delay = backoff.next()
+        log.warning("watch of %s failed, retrying in %.1fs: %s", self.name, delay, err)
+        self._stop.wait(delay)
 
     def _list(self) -> str:
         listed = self._api.get(self._path, self._query)

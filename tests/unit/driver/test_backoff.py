@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from driver.backoff import Backoff
+from driver.backoff import Backoff, jittered
 
 
 def test_delays_double_up_to_the_cap_within_half_and_all_of_each_step() -> None:
@@ -43,3 +43,10 @@ def test_first_delay_must_be_positive_and_within_the_cap() -> None:
         Backoff(0, 1.0)
     with pytest.raises(ValueError, match="need 0 < first_s <= cap_s"):
         Backoff(2.0, 1.0)
+
+
+def test_a_single_jittered_delay_lies_within_half_and_all_of_its_step() -> None:
+    rng = random.Random(6)
+    delays = [jittered(4.0, rng) for _ in range(200)]
+    assert all(2.0 <= d <= 4.0 for d in delays)
+    assert max(delays) - min(delays) > 1.0
