@@ -8,16 +8,21 @@ minimal (a plugin cannot write another node's slices or read Secrets)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import yaml
 from kubernetes import client, config
 
+from driver.backend import GpuBackend
+from kubelet_plugin.kube_api import KubeApi
+from kubelet_plugin.mps_pods import MpsDaemonPods
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import (
     create_claim,
@@ -57,9 +62,15 @@ def run(*argv: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _mps_root(cluster: ControlPlane) -> Path:
+    return cluster.workdir / "chart-mps"
+
+
 @pytest.fixture(scope="module")
 def installed(cluster: ControlPlane) -> Iterator[Path]:
     tools = helm_tools_dir()
+    # The MPS root is a chart value the MPS pod admission policy names; a folder of the test's.
+    mps_root = f"kubeletPlugin.mpsRoot={_mps_root(cluster)}"
     rendered = run(
         str(tools / "helm"),
         "template",
@@ -68,6 +79,8 @@ def installed(cluster: ControlPlane) -> Iterator[Path]:
         "--namespace",
         NS,
         "--include-crds",
+        "--set",
+        mps_root,
         kubeconfig=cluster.kubeconfig,
     )
     assert rendered.returncode == 0, rendered.stderr
@@ -94,6 +107,8 @@ def installed(cluster: ControlPlane) -> Iterator[Path]:
         NS,
         "--take-ownership",
         "--wait=false",
+        "--set",
+        mps_root,
         kubeconfig=cluster.kubeconfig,
     )
     assert install.returncode == 0, install.stderr
@@ -199,6 +214,9 @@ def test_controller_as_its_service_account_leads_and_serves(
             "--webhook-url-host=127.0.0.1",
             f"--webhook-secret-namespace={NS}",
             "--webhook-configuration-name=flexgpu-validation",
+            # As the chart runs it: the configuration is the chart's, the controller fills in
+            # the caBundle only.
+            "--webhook-ca-bundle-only",
         ],
         cluster.workdir / "logs" / "chart-controller.log",
     )
@@ -213,18 +231,20 @@ def test_controller_as_its_service_account_leads_and_serves(
         wait_for(
             lambda: _webhook(admission),
             timeout_s=60,
-            what="webhook configuration written with the controller's credentials",
+            what="caBundle written into the chart's configuration with the controller's "
+            "credentials",
         )
-        secret = client.CoreV1Api(api).read_namespaced_secret("flexgpu-webhook-tls", NS)
+        secret: Any = client.CoreV1Api(api).read_namespaced_secret("flexgpu-webhook-tls", NS)
         assert "tls.crt" in secret.data
+        stored = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        assert {h.client_config.ca_bundle for h in stored.webhooks} == {secret.data["ca.crt"]}
+        # Nothing else changed: still the chart's Service, and still the chart's object.
+        assert {h.client_config.service.name for h in stored.webhooks} == {CONTROLLER_SA}
+        assert stored.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
         assert controller.running(), controller.log_tail()
         assert "Forbidden" not in controller.log_tail(400)
     finally:
         controller.stop()
-        with contextlib.suppress(client.ApiException):
-            client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(
-                WEBHOOK_CONFIGURATION
-            )
 
 
 def _lease(coordination: Any) -> Any:
@@ -237,10 +257,10 @@ def _lease(coordination: Any) -> Any:
 
 def _webhook(admission: Any) -> bool:
     try:
-        admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        stored = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
     except client.ApiException:
         return False
-    return True
+    return all(h.client_config.ca_bundle for h in stored.webhooks)
 
 
 # --------------------------------------------------------------------------- what is denied
@@ -323,17 +343,27 @@ def test_controller_may_write_only_its_own_webhook_configuration(
         assert admin.read_validating_webhook_configuration(other).webhooks[0].failure_policy == (
             "Fail"
         )
-        # Create is not limited by RBAC: the chart's admission policy limits it to one name...
+        # The chart installs its configuration: the controller may create none at all...
         foreign = _webhook_configuration("not-flexgpu", "resource.k8s.io")
-        _policies_loaded(as_controller.create_validating_webhook_configuration, foreign)
-        message = _denial(as_controller.create_validating_webhook_configuration, foreign)
-        assert "may only write the ValidatingWebhookConfiguration flexgpu-validation" in message
-        # ... and to webhooks on flexgpu's API groups.
-        pods = _webhook_configuration(WEBHOOK_CONFIGURATION, "")
-        message = _denial(as_controller.create_validating_webhook_configuration, pods)
-        assert "may only validate resources of the API groups" in message
+        assert _denial(as_controller.create_validating_webhook_configuration, foreign)
         ours = _webhook_configuration(WEBHOOK_CONFIGURATION, "resource.k8s.io")
-        as_controller.create_validating_webhook_configuration(ours, dry_run="All")
+        assert _denial(as_controller.create_validating_webhook_configuration, ours)
+        # ... and may change its own only within flexgpu's API groups.
+        own = admin.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        widened = _webhook_configuration(WEBHOOK_CONFIGURATION, "")
+        widened["metadata"]["resourceVersion"] = own.metadata.resource_version
+        _policies_loaded(
+            as_controller.replace_validating_webhook_configuration, WEBHOOK_CONFIGURATION, widened
+        )
+        message = _denial(
+            as_controller.replace_validating_webhook_configuration, WEBHOOK_CONFIGURATION, widened
+        )
+        assert "may only validate resources of the API groups" in message
+        as_controller.patch_validating_webhook_configuration(
+            WEBHOOK_CONFIGURATION,
+            [{"op": "test", "path": "/metadata/name", "value": WEBHOOK_CONFIGURATION}],
+            dry_run="All",
+        )
     finally:
         admin.delete_validating_webhook_configuration(other)
 
@@ -383,7 +413,8 @@ def test_plugin_may_write_only_its_own_node_and_driver(
             "gpus": [{"selector": {"all": True}, "mode": "Whole"}],
         },
     }
-    wait_for(lambda: _create_policy(objects, policy), what="GpuNodePolicy CRD served")
+    with _policy_webhook_ignored(api):
+        wait_for(lambda: _create_policy(objects, policy), what="GpuNodePolicy CRD served")
     plugin_objects: Any = client.CustomObjectsApi(as_plugin)
     try:
 
@@ -430,6 +461,27 @@ def test_plugin_may_write_only_its_own_node_and_driver(
     core.create_namespaced_event("default", event("default", "Node", NODE_A), dry_run="All")
 
 
+@contextlib.contextmanager
+def _policy_webhook_ignored(api: Any) -> Iterator[None]:
+    """No controller pod serves the chart's webhook in this test world (no kubelet runs the
+    Deployment), and GpuNodePolicy writes fail without it: ignore its failure meanwhile."""
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    hooks = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION).webhooks
+    index = next(i for i, h in enumerate(hooks) if h.name == "gpunodepolicies.flexgpu.dev")
+    path = f"/webhooks/{index}/failurePolicy"
+
+    def set_policy(value: str) -> None:
+        admission.patch_validating_webhook_configuration(
+            WEBHOOK_CONFIGURATION, [{"op": "replace", "path": path, "value": value}]
+        )
+
+    set_policy("Ignore")
+    try:
+        yield
+    finally:
+        set_policy("Fail")
+
+
 def _create_policy(objects: Any, body: dict[str, Any]) -> bool:
     try:
         objects.create_cluster_custom_object(*POLICIES, body)
@@ -448,3 +500,92 @@ def _refused_dry_run(patch: Any, status: dict[str, Any]) -> bool:
     except client.ApiException as error:
         return error.status in (403, 422)
     return False
+
+
+# --------------------------------------------------------------------------- MPS daemon pods
+
+
+def _chart_image() -> str:
+    chart = yaml.safe_load((REPO_ROOT / "charts/flexgpu/Chart.yaml").read_text())
+    values = yaml.safe_load((REPO_ROOT / "charts/flexgpu/values.yaml").read_text())
+    return f"{values['image']['repository']}:{chart['appVersion']}"
+
+
+def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    """The plugin's right to create pods (for MPS daemons) holds for the pod mps_pods.py
+    builds, on its own node, and for nothing else: not on another node, not another image,
+    not another privileged shape; and it may delete only its node's daemon pods."""
+    create_simulated_node(api, NODE_A)
+    create_simulated_node(api, NODE_B)
+    kubeconfig = service_account_kubeconfig(
+        api,
+        cluster.kubeconfig,
+        NS,
+        PLUGIN_SA,
+        cluster.workdir / "plugin-mps.kubeconfig",
+        node=NODE_A,
+    )
+    as_plugin: Any = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    # The pod exactly as the plugin builds it with the chart's settings (driver root mounted
+    # at /driver-root from the host's /, MPS root and image from the chart).
+    daemons = MpsDaemonPods(
+        KubeApi.from_kubeconfig(kubeconfig),
+        cast(GpuBackend, None),  # building the pod reads no GPU
+        node_name=NODE_A,
+        namespace=NS,
+        image=_chart_image(),
+        mps_root=_mps_root(cluster),
+        driver_root=Path("/driver-root"),
+        host_driver_root=Path("/"),
+    )
+    uuid = "GPU-0b5c1e4e-1d3a-4c55-9d5e-2c1f7a9e0001"
+    pod = daemons._pod(daemons._daemon(0, uuid))
+
+    other_node = copy.deepcopy(pod)
+    other_node["spec"]["nodeName"] = NODE_B
+    _policies_loaded(as_plugin.create_namespaced_pod, NS, other_node)
+    message = _denial(as_plugin.create_namespaced_pod, NS, other_node)
+    assert f"may only run and delete MPS daemon pods on that node, not on node '{NODE_B}'" in (
+        message
+    )
+
+    other_image = copy.deepcopy(pod)
+    other_image["spec"]["containers"][0]["image"] = "docker.io/library/busybox:1.36"
+    message = _denial(as_plugin.create_namespaced_pod, NS, other_image)
+    assert "runs the chart's image" in message and "busybox" in message
+
+    # Privileged, as the daemon is, but running a shell; or the daemon with the host's root
+    # mounted writable beside it.
+    shell = copy.deepcopy(pod)
+    shell["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "chroot /host"]
+    message = _denial(as_plugin.create_namespaced_pod, NS, shell)
+    assert "runs /driver-root/usr/bin/nvidia-cuda-mps-control -f, not /bin/sh -c" in message
+    host_root = copy.deepcopy(pod)
+    host_root["spec"]["containers"][0]["volumeMounts"].append({"name": "host", "mountPath": "/h"})
+    host_root["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    message = _denial(as_plugin.create_namespaced_pod, NS, host_root)
+    assert "mounts only the MPS root" in message
+
+    not_a_daemon = copy.deepcopy(pod)
+    not_a_daemon["metadata"]["name"] = "anything"
+    message = _denial(as_plugin.create_namespaced_pod, NS, not_a_daemon)
+    assert "not pod 'anything'" in message
+
+    # The daemon pod itself: created, then deleted by the plugin.
+    admin: Any = client.CoreV1Api(api)
+    created = as_plugin.create_namespaced_pod(NS, pod)
+    bystander = make_pod("bystander", "sleep 60", {}, NODE_B)
+    bystander["metadata"]["namespace"] = NS
+    bystander["spec"]["nodeName"] = NODE_B
+    admin.create_namespaced_pod(NS, bystander)
+    try:
+        assert created.spec.node_name == NODE_A
+        message = _denial(as_plugin.delete_namespaced_pod, "bystander", NS)
+        assert f"not on node '{NODE_B}'" in message
+        as_plugin.delete_namespaced_pod(created.metadata.name, NS)
+    finally:
+        for name in (created.metadata.name, "bystander"):
+            with contextlib.suppress(client.ApiException):
+                admin.delete_namespaced_pod(name, NS, grace_period_seconds=0)

@@ -1,0 +1,287 @@
+"""The chart's life after install, with helm on the local cluster: `helm uninstall` leaves no
+object of the release behind (its webhook configuration included, so GpuNodePolicy writes
+work again), and an upgrade from an earlier chart (commit c9a8367, before the chart owned the
+webhook configuration) along the path docs/admin.md gives keeps GpuNodePolicies and serves the
+new CRD schema."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from controller.webhook_config import ServiceRef, build_webhook_configuration
+from tests.conftest import wait_for
+from tools.cluster import ControlPlane
+from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
+
+pytestmark = pytest.mark.integration
+
+CHART = REPO_ROOT / "charts/flexgpu"
+OLD_CHART_COMMIT = "c9a8367"
+POLICIES = ("flexgpu.dev", "v1alpha1", "gpunodepolicies")
+# DeviceClasses have fixed names other tests of the session use: these releases leave them be.
+SHARED = ("--set", "deviceClasses.create=false")
+
+
+def _run(cluster: ControlPlane, tool: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm_tools_dir() / tool), *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        check=False,
+    )
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _policy(name: str, mps: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeSelector": {"matchLabels": {"flexgpu.dev/test": "no-such-node"}},
+        "gpus": [{"selector": {"all": True}, "mode": "Whole"}],
+    }
+    if mps is not None:
+        spec["sharing"] = {"strategy": "MPS", "mpsConfig": mps}
+    return {
+        "apiVersion": "flexgpu.dev/v1alpha1",
+        "kind": "GpuNodePolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _create(objects: Any, body: dict[str, Any], **kwargs: Any) -> Any:
+    return objects.create_cluster_custom_object(*POLICIES, body, **kwargs)
+
+
+@contextlib.contextmanager
+def _policy_webhook_ignored(api: Any, configuration: str) -> Iterator[None]:
+    """No controller pod serves the chart's webhook here (no kubelet runs the Deployment), so
+    GpuNodePolicy writes would fail: ignore its failure meanwhile."""
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    hooks = admission.read_validating_webhook_configuration(configuration).webhooks
+    index = next(i for i, h in enumerate(hooks) if h.name == "gpunodepolicies.flexgpu.dev")
+    path = f"/webhooks/{index}/failurePolicy"
+
+    def set_policy(value: str) -> None:
+        admission.patch_validating_webhook_configuration(
+            configuration, [{"op": "replace", "path": path, "value": value}]
+        )
+
+    set_policy("Ignore")
+    try:
+        yield
+    finally:
+        set_policy("Fail")
+
+
+def test_uninstall_leaves_nothing_and_policy_writes_work_again(
+    cluster: ControlPlane, api: Any
+) -> None:
+    release, namespace = "lifecycle", "flexgpu-lifecycle"
+    _ok(
+        _run(
+            cluster,
+            "helm",
+            "install",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--wait=false",
+            *SHARED,
+        )
+    )
+    manifest = cluster.workdir / "lifecycle-manifest.yaml"
+    manifest.write_text(_ok(_run(cluster, "helm", "get", "manifest", release, "-n", namespace)))
+    installed = _ok(_run(cluster, "kubectl", "get", "-f", str(manifest), "-o", "name")).split()
+    kinds = {name.split("/")[0] for name in installed}
+    # Every kind the chart makes (cluster-wide and in the namespace), the webhook among them.
+    assert {
+        "validatingwebhookconfiguration.admissionregistration.k8s.io",
+        "validatingadmissionpolicy.admissionregistration.k8s.io",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io",
+        "clusterrole.rbac.authorization.k8s.io",
+        "clusterrolebinding.rbac.authorization.k8s.io",
+        "role.rbac.authorization.k8s.io",
+        "rolebinding.rbac.authorization.k8s.io",
+        "serviceaccount",
+        "service",
+        "daemonset.apps",
+        "deployment.apps",
+        "poddisruptionbudget.policy",
+    } <= kinds, kinds
+    objects: Any = client.CustomObjectsApi(api)
+    # While installed (and no controller serves it), the Fail webhook refuses policy writes.
+    with pytest.raises(client.ApiException) as refused:
+        _create(objects, _policy("lifecycle-before"), dry_run="All")
+    assert "gpunodepolicies.flexgpu.dev" in str(refused.value.body)
+
+    _ok(_run(cluster, "helm", "uninstall", release, "-n", namespace, "--wait"))
+
+    left = _run(cluster, "kubectl", "get", "-f", str(manifest), "-o", "name", "--ignore-not-found")
+    assert left.returncode == 0, left.stderr
+    assert left.stdout.split() == []
+    # Nothing labelled with the release anywhere either (pods of the workloads included).
+    labelled = _ok(
+        _run(
+            cluster,
+            "kubectl",
+            "get",
+            "validatingwebhookconfigurations,validatingadmissionpolicies,"
+            "validatingadmissionpolicybindings,clusterroles,clusterrolebindings,roles,"
+            "rolebindings,serviceaccounts,services,daemonsets,deployments,pods,"
+            "poddisruptionbudgets,configmaps",
+            "--all-namespaces",
+            "-l",
+            f"app.kubernetes.io/instance={release}",
+            "-o",
+            "name",
+        )
+    )
+    assert labelled.split() == []
+    # GpuNodePolicy writes go through again.
+    wait_for(
+        lambda: _created(objects, _policy("lifecycle-after")),
+        what="a GpuNodePolicy write admitted once the webhook configuration is gone",
+    )
+    objects.delete_cluster_custom_object(*POLICIES, "lifecycle-after")
+
+
+def _created(objects: Any, body: dict[str, Any]) -> bool:
+    try:
+        _create(objects, body)
+    except client.ApiException as error:
+        if error.status >= 500:  # the webhook's removal not yet seen by the apiserver
+            return False
+        raise
+    return True
+
+
+def _old_chart(into: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", OLD_CHART_COMMIT, "charts/"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "charts/flexgpu"
+
+
+def _served_mps_properties(api: Any) -> set[str]:
+    crd: Any = client.ApiextensionsV1Api(api).read_custom_resource_definition(
+        "gpunodepolicies.flexgpu.dev"
+    )
+    raw = client.ApiClient().sanitize_for_serialization(crd)
+    (version,) = [v for v in raw["spec"]["versions"] if v["name"] == "v1alpha1"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    return set(spec["sharing"]["properties"]["mpsConfig"]["properties"])
+
+
+def test_upgrade_from_an_earlier_chart_keeps_policies_and_serves_the_new_crd(
+    cluster: ControlPlane, api: Any, tmp_path: Path
+) -> None:
+    release, namespace = "upgrade", "flexgpu-upgrade"
+    old = _old_chart(tmp_path)
+    # The cluster as the earlier chart left it: its CRD (helm install skips a CRD that exists).
+    apply_crds = ("apply", "--server-side", "--force-conflicts", "-f")
+    _ok(_run(cluster, "kubectl", *apply_crds, str(old / "crds")))
+    objects: Any = client.CustomObjectsApi(api)
+    try:
+        assert "multiUser" not in _served_mps_properties(api)
+        _ok(
+            _run(
+                cluster,
+                "helm",
+                "install",
+                release,
+                str(old),
+                "--namespace",
+                namespace,
+                "--create-namespace",
+                "--wait=false",
+                *SHARED,
+            )
+        )
+        wait_for(
+            lambda: _created(objects, _policy("survivor")), what="GpuNodePolicy on the old chart"
+        )
+        uid = objects.get_cluster_custom_object(*POLICIES, "survivor")["metadata"]["uid"]
+        # What that chart's controller made at run time: the webhook configuration, with its
+        # CA bundle.
+        configuration = f"{release}-flexgpu-validation"
+        admission: Any = client.AdmissionregistrationV1Api(api)
+        admission.create_validating_webhook_configuration(
+            build_webhook_configuration(
+                ServiceRef(namespace, f"{release}-flexgpu-controller"),
+                b"the old controller's CA",
+                name=configuration,
+            )
+        )
+
+        # docs/admin.md, "Upgrade": the CRDs first, server-side; the webhook configuration
+        # handed to the release; then helm upgrade.
+        _ok(_run(cluster, "kubectl", *apply_crds, str(CHART / "crds")))
+        vwc = f"validatingwebhookconfiguration/{configuration}"
+        _ok(_run(cluster, "kubectl", "label", vwc, "app.kubernetes.io/managed-by=Helm"))
+        _ok(
+            _run(
+                cluster,
+                "kubectl",
+                "annotate",
+                vwc,
+                f"meta.helm.sh/release-name={release}",
+                f"meta.helm.sh/release-namespace={namespace}",
+            )
+        )
+        wait_for(lambda: "multiUser" in _served_mps_properties(api), what="new CRD schema stored")
+        _ok(
+            _run(
+                cluster,
+                "helm",
+                "upgrade",
+                release,
+                str(CHART),
+                "--namespace",
+                namespace,
+                "--wait=false",
+                *SHARED,
+            )
+        )
+        assert objects.get_cluster_custom_object(*POLICIES, "survivor")["metadata"]["uid"] == uid
+        # The release owns the configuration now and kept the controller's CA bundle.
+        adopted = _ok(_run(cluster, "helm", "get", "manifest", release, "-n", namespace))
+        assert f"name: {configuration}" in adopted
+        stored = admission.read_validating_webhook_configuration(configuration)
+        assert {h.client_config.ca_bundle for h in stored.webhooks} == {
+            base64.b64encode(b"the old controller's CA").decode()
+        }
+        # The new schema is served: a field only it knows is kept, not pruned.
+        with _policy_webhook_ignored(api, configuration):
+            wait_for(
+                lambda: _created(objects, _policy("new-field", {"multiUser": True})),
+                what="GpuNodePolicy with a field of the new schema",
+            )
+        policy = objects.get_cluster_custom_object(*POLICIES, "new-field")
+        assert policy["spec"]["sharing"]["mpsConfig"]["multiUser"] is True
+    finally:
+        _run(cluster, "kubectl", *apply_crds, str(CHART / "crds"))
+        _run(cluster, "helm", "uninstall", release, "-n", namespace, "--wait")
+        for name in ("survivor", "new-field"):
+            with contextlib.suppress(client.ApiException):
+                objects.delete_cluster_custom_object(*POLICIES, name)
