@@ -24,10 +24,10 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import wait_for
+from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import (
     REPO,
     create_claim,
-    ensure_device_classes,
     gpu_request,
     make_pod,
     wait_phase,
@@ -46,13 +46,8 @@ RELEASE = "cli"
 
 @pytest.fixture(scope="module")
 def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
-    ensure_device_classes(api)
-    sim = SimulatedGpuNode(cluster.kubeconfig, NODE, "l4-2-pcie")
-    try:
-        sim.start()
+    with running_gpu_node(cluster, api, NODE, "l4-2-pcie") as sim:
         yield sim
-    finally:
-        sim.cleanup()
 
 
 def flexgpu(

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
     create_claim,
     device_uuid,
-    ensure_device_classes,
     env_from_log,
     granted_uuids,
     make_pod,
@@ -37,15 +37,10 @@ PRINT = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DONE; s
 
 @pytest.fixture(scope="module")
 def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
-    ensure_device_classes(api)
-    sim = SimulatedGpuNode(
-        cluster.kubeconfig, NODE, "hgx-h100-8", plugin_args=("--dynamic-mig-gpus=0,1,2",)
-    )
-    try:
-        sim.start()
+    with running_gpu_node(
+        cluster, api, NODE, "hgx-h100-8", plugin_args=("--dynamic-mig-gpus=0,1,2",)
+    ) as sim:
         yield sim
-    finally:
-        sim.cleanup()
 
 
 def mig_request(profile: str) -> dict[str, Any]:

@@ -21,7 +21,8 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import wait_for
-from tests.integration.gpu_workloads import ensure_device_classes, granted
+from tests.integration.conftest import running_gpu_node
+from tests.integration.gpu_workloads import granted
 from tools.cluster import ControlPlane
 from tools.cluster.binaries import helm_tools_dir
 from tools.cluster.gpu_node import SimulatedGpuNode
@@ -36,18 +37,14 @@ TEN_GI = "0=10240M"
 
 @pytest.fixture(scope="module")
 def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
-    ensure_device_classes(api)
-    sim = SimulatedGpuNode(
-        cluster.kubeconfig,
+    with running_gpu_node(
+        cluster,
+        api,
         NODE,
         str(HERE / "a100-40gb-8.yaml"),
         plugin_args=("--dynamic-mig-gpus=1,3,5,7",),
-    )
-    try:
-        sim.start()
+    ) as sim:
         yield sim
-    finally:
-        sim.cleanup()
 
 
 def kubectl(cluster: ControlPlane, *args: str) -> None:

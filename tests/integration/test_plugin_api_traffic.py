@@ -21,7 +21,6 @@ from kubernetes import client
 from kubelet_plugin.kube_api import KubeApi
 from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.conftest import wait_for
-from tests.integration.test_crd import crd_installed  # noqa: F401 - fixture
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import DRIVER
 from tools.cluster.nodes import create_simulated_node
@@ -91,7 +90,7 @@ def allocated_claim(api: Any, namespace: str, name: str, device: str) -> str:
 
 
 @pytest.fixture
-def plugin(cluster: ControlPlane, api: Any, crd_installed: None) -> Iterator[Component]:  # noqa: F811
+def plugin(cluster: ControlPlane, api: Any, crd_installed: None) -> Iterator[Component]:
     """The plugin with 8 simulated H100s; its DRA socket is under ``<log dir>/plugins``."""
     create_simulated_node(api, NODE)
     root = Path(tempfile.mkdtemp(prefix="fgt-", dir="/tmp"))

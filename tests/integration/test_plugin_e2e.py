@@ -4,6 +4,7 @@ it was given; after the pod, the claim is unprepared and its CDI spec is gone.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import wait_for
+from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
@@ -18,7 +20,6 @@ from tests.integration.gpu_workloads import (
     checkpoint_claims,
     create_claim,
     device_uuid,
-    ensure_device_classes,
     env_from_log,
     gpu_request,
     granted,
@@ -40,18 +41,11 @@ PRINT_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DON
 
 @pytest.fixture(scope="module")
 def nodes(cluster: ControlPlane, api: Any) -> Iterator[dict[str, SimulatedGpuNode]]:
-    ensure_device_classes(api)
-    started = {
-        H100_NODE: SimulatedGpuNode(cluster.kubeconfig, H100_NODE, "hgx-h100-8"),
-        L4_NODE: SimulatedGpuNode(cluster.kubeconfig, L4_NODE, "l4-2-pcie"),
-    }
-    try:
-        for node in started.values():
-            node.start()
-        yield started
-    finally:
-        for node in started.values():
-            node.cleanup()
+    with contextlib.ExitStack() as stack:
+        yield {
+            name: stack.enter_context(running_gpu_node(cluster, api, name, topology))
+            for name, topology in ((H100_NODE, "hgx-h100-8"), (L4_NODE, "l4-2-pcie"))
+        }
 
 
 def _run(api: Any, namespace: str, node: SimulatedGpuNode, pod: dict[str, Any]) -> dict[str, str]:

@@ -12,11 +12,11 @@ from kubernetes import client
 
 from driver.names import CRD_GROUP
 from tests.conftest import wait_for
+from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
     create_claim,
-    ensure_device_classes,
     env_from_log,
     granted_uuids,
     make_pod,
@@ -24,7 +24,6 @@ from tests.integration.gpu_workloads import (
     wait_gone,
     wait_phase,
 )
-from tests.integration.test_crd import crd_installed  # noqa: F401 - fixture
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
 
@@ -35,15 +34,10 @@ PRINT = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DONE; s
 
 
 @pytest.fixture
-def node(cluster: ControlPlane, api: Any, crd_installed: None) -> Iterator[SimulatedGpuNode]:  # noqa: F811
-    ensure_device_classes(api)
-    sim = SimulatedGpuNode(cluster.kubeconfig, NODE, "hgx-h100-8")
-    try:
-        sim.start()
+def node(cluster: ControlPlane, api: Any, crd_installed: None) -> Iterator[SimulatedGpuNode]:
+    with running_gpu_node(cluster, api, NODE, "hgx-h100-8") as sim:
         client.CoreV1Api(api).patch_node(NODE, {"metadata": {"labels": {"flexgpu.dev/pool": "p"}}})
         yield sim
-    finally:
-        sim.cleanup()
 
 
 def node_status(api: Any, policy: str) -> dict[str, Any]:

@@ -12,10 +12,10 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import wait_for
+from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import (
     allocated,
     create_claim,
-    ensure_device_classes,
     env_from_log,
     granted,
     granted_uuids,
@@ -37,15 +37,10 @@ H100_MIB = 81559
 
 @pytest.fixture(scope="module")
 def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
-    ensure_device_classes(api)
-    sim = SimulatedGpuNode(
-        cluster.kubeconfig, NODE, "hgx-h100-8", plugin_args=("--shared-gpus=0,1",)
-    )
-    try:
-        sim.start()
+    with running_gpu_node(
+        cluster, api, NODE, "hgx-h100-8", plugin_args=("--shared-gpus=0,1",)
+    ) as sim:
         yield sim
-    finally:
-        sim.cleanup()
 
 
 def share_request(memory: str | None = None, compute: str | None = None) -> dict[str, Any]:

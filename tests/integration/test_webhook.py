@@ -226,7 +226,7 @@ class Webhook:
 
 
 @pytest.fixture(scope="module")
-def crd_installed(api: Any) -> bool:
+def policy_crd_served(api: Any) -> bool:
     if not CRD_FILE.exists():
         return False
     manifest = yaml.safe_load(CRD_FILE.read_text())
@@ -251,7 +251,10 @@ def crd_installed(api: Any) -> bool:
 
 @pytest.fixture(scope="module")
 def webhook(
-    cluster: ControlPlane, api: Any, crd_installed: bool, tmp_path_factory: pytest.TempPathFactory
+    cluster: ControlPlane,
+    api: Any,
+    policy_crd_served: bool,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Webhook]:
     core = client.CoreV1Api(api)
     running = Webhook(cluster, api, tmp_path_factory.mktemp("webhook"))
@@ -392,8 +395,8 @@ def test_claims_of_other_drivers_never_reach_the_webhook(webhook: Webhook, claim
     assert webhook.requests_served("resourceclaims") == before + 1
 
 
-def test_bad_node_policy_is_rejected(webhook: Webhook, api: Any, crd_installed: bool) -> None:
-    if not crd_installed:
+def test_bad_node_policy_is_rejected(webhook: Webhook, api: Any, policy_crd_served: bool) -> None:
+    if not policy_crd_served:
         pytest.skip("crds/flexgpu.dev_gpunodepolicies.yaml is not generated yet")
     objects = client.CustomObjectsApi(api)
     name = _unique("wh-policy")
@@ -414,7 +417,7 @@ def test_bad_node_policy_is_rejected(webhook: Webhook, api: Any, crd_installed: 
 
 # Last: stops and restarts the webhook.
 def test_outage_blocks_nothing_but_policy_edits_and_restart_reuses_the_secret(
-    webhook: Webhook, api: Any, claims: Any, crd_installed: bool
+    webhook: Webhook, api: Any, claims: Any, policy_crd_served: bool
 ) -> None:
     core = client.CoreV1Api(api)
     secret = core.read_namespaced_secret(SECRET_NAME, webhook.secret_namespace)
@@ -429,7 +432,7 @@ def test_outage_blocks_nothing_but_policy_edits_and_restart_reuses_the_secret(
     # is admitted: prepare runs the same checks, so it cannot take effect anyway.
     claims(claim_spec({"whatever": 1}, driver="gpu.nvidia.com"))
     claims(claim_spec(mps(defaultActiveThreadPercentage=0)))
-    if crd_installed:
+    if policy_crd_served:
         objects = client.CustomObjectsApi(api)
         body = {
             "apiVersion": "flexgpu.dev/v1alpha1",
