@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from kubernetes import client
 
@@ -35,6 +36,8 @@ class ControllerConfig:
     plugin_metrics: tuple[str, ...] = ()
     idle_window_s: float | None = None
     idle_check_s: float = 60.0
+    # ownerReference for the Lease (controller/owner.py): it goes with the Deployment.
+    owner: dict[str, Any] | None = None
 
 
 class Controller:
@@ -47,6 +50,7 @@ class Controller:
             name=config.lease_name,
             namespace=config.lease_namespace,
             identity=config.identity,
+            owner=config.owner,
         )
         work_api = kube.clone(api)
         self.diagnostics = Diagnostics(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -71,6 +71,7 @@ class LeaseElector:
         follower_retry_s: float = FOLLOWER_RETRY_S,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        owner: Mapping[str, Any] | None = None,
     ) -> None:
         if renew_deadline_s >= duration_s:
             raise ValueError("the renew deadline must be shorter than the lease duration")
@@ -82,6 +83,8 @@ class LeaseElector:
         self.follower_retry_s = follower_retry_s
         self._on_change = on_change
         self._clock = clock
+        # An ownerReference (the controller's Deployment): the Lease goes with its owner.
+        self._owners = [dict(owner)] if owner is not None else []
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # last successful write as holder
@@ -145,7 +148,11 @@ class LeaseElector:
             body: Any = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    **({"ownerReferences": self._owners} if self._owners else {}),
+                },
                 "spec": spec,
             }
             try:
@@ -171,6 +178,7 @@ class LeaseElector:
                 "name": self.name,
                 "namespace": self.namespace,
                 "resourceVersion": lease.metadata.resource_version,
+                **({"ownerReferences": self._owners} if self._owners else {}),
             },
             "spec": spec,
         }

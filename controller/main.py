@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ from controller.admission_server import add_webhook_arguments, options_from_args
 from controller.app import Controller, ControllerConfig
 from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from controller.kopf_login import connection_info
+from controller.owner import deployment_owner
 from controller.webhook_server import WebhookOptions, configure_webhook
 from driver.durations import parse_duration
 from driver.log_format import FORMATS, LEVELS, configure_logging
@@ -124,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="json (one object per line) or text (default)",
     )
     parser.add_argument(
+        "--owner-deployment",
+        metavar="NAME",
+        help="this controller's Deployment in --namespace: it owns the Lease and the webhook "
+        "Secret, so they are deleted with it",
+    )
+    parser.add_argument(
         "--no-webhook",
         dest="webhook",
         action="store_false",
@@ -183,8 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except kube.KubeConfigError as err:
         print(f"flexgpu-controller: {err}", file=sys.stderr)
         return 2
-    controller = Controller(api, config_from_args(args))
-    registry = build_registry(controller, options_from_args(args) if args.webhook else None)
+    owner = None
+    if args.owner_deployment:
+        owner = deployment_owner(api, args.namespace, args.owner_deployment)
+    controller = Controller(api, dataclasses.replace(config_from_args(args), owner=owner))
+    webhook = options_from_args(args) if args.webhook else None
+    if webhook is not None:
+        webhook.owner = owner
+    registry = build_registry(controller, webhook)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(
         registry=registry,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -93,6 +94,8 @@ class WebhookOptions:
     manage_configuration: bool = True
     # The configuration is installed by the chart: only its caBundle is patched.
     ca_bundle_only: bool = False
+    # ownerReference for the certificate Secret (controller/owner.py).
+    owner: dict[str, Any] | None = None
     namespace_selector: dict[str, Any] | None = field(
         default_factory=lambda: dict(DEFAULT_NAMESPACE_SELECTOR)
     )
@@ -163,6 +166,7 @@ class FlexgpuWebhookServer:
             self.options.secret_namespace,
             self.options.secret_name,
             self.options.hostnames,
+            owner=self.options.owner,
         )
         return self._use_bundle(bundle)
 
@@ -195,7 +199,7 @@ class FlexgpuWebhookServer:
             await asyncio.sleep(self.options.resync_interval_s)
             try:
                 bundle = await asyncio.to_thread(
-                    ensure_webhook_secret,
+                    functools.partial(ensure_webhook_secret, owner=self.options.owner),
                     self._core,
                     self.options.secret_namespace,
                     self.options.secret_name,

@@ -26,7 +26,7 @@ import ipaddress
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -361,12 +361,20 @@ def service_hostnames(service: str, namespace: str) -> list[str]:
 # --------------------------------------------------------------------------- the Secret
 
 
-def _secret_body(namespace: str, name: str, bundle: CertBundle, version: str | None) -> Any:
+def _secret_body(
+    namespace: str,
+    name: str,
+    bundle: CertBundle,
+    version: str | None,
+    owner: Mapping[str, Any] | None = None,
+) -> Any:
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
         "labels": {"app.kubernetes.io/name": "flexgpu", "app.kubernetes.io/component": "webhook"},
     }
+    if owner is not None:  # the Secret goes with its owner (the controller's Deployment)
+        metadata["ownerReferences"] = [dict(owner)]
     if version is not None:
         metadata["resourceVersion"] = version
     return {
@@ -386,6 +394,7 @@ def ensure_webhook_secret(
     *,
     clock: Clock = utc_now,
     renew_before: timedelta = RENEW_BEFORE,
+    owner: Mapping[str, Any] | None = None,
 ) -> CertBundle:
     """The valid bundle in Secret ``namespace/name``, created or renewed as needed.
 
@@ -409,12 +418,12 @@ def ensure_webhook_secret(
         try:
             if secret is None:
                 core.create_namespaced_secret(
-                    namespace, _secret_body(namespace, name, plan.bundle, None)
+                    namespace, _secret_body(namespace, name, plan.bundle, None, owner)
                 )
             else:
                 version = secret.metadata.resource_version
                 core.replace_namespaced_secret(
-                    name, namespace, _secret_body(namespace, name, plan.bundle, version)
+                    name, namespace, _secret_body(namespace, name, plan.bundle, version, owner)
                 )
         except ApiException as error:
             if error.status in (409, 404):  # lost a race: read what the winner wrote

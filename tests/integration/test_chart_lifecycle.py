@@ -10,6 +10,7 @@ import base64
 import contextlib
 import os
 import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from io import BytesIO
@@ -23,6 +24,8 @@ from controller.webhook_config import ServiceRef, build_webhook_configuration
 from tests.conftest import wait_for
 from tools.cluster import ControlPlane
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
+from tools.cluster.process import Component
+from tools.cluster.tokens import service_account_kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +133,10 @@ def test_uninstall_leaves_nothing_and_policy_writes_work_again(
     with pytest.raises(client.ApiException) as refused:
         _create(objects, _policy("lifecycle-before"), dry_run="All")
     assert "gpunodepolicies.flexgpu.dev" in str(refused.value.body)
+    # What the controller makes at run time, made by the controller with the chart's
+    # credentials and flags: the Lease, the certificate Secret, the configuration's caBundle.
+    runtime = _run_controller_once(cluster, api, release, namespace)
+    assert runtime["owners"] == [("Deployment", f"{release}-flexgpu-controller")] * 2
 
     _ok(_run(cluster, "helm", "uninstall", release, "-n", namespace, "--wait"))
 
@@ -154,12 +161,97 @@ def test_uninstall_leaves_nothing_and_policy_writes_work_again(
         )
     )
     assert labelled.split() == []
+    # The run-time objects go with the Deployment that owns them (garbage collection).
+    core: Any = client.CoreV1Api(api)
+    coordination: Any = client.CoordinationV1Api(api)
+    wait_for(
+        lambda: (
+            not _exists(coordination.read_namespaced_lease, "flexgpu-controller", namespace)
+            and not _exists(
+                core.read_namespaced_secret, f"{release}-flexgpu-webhook-tls", namespace
+            )
+        ),
+        what="the controller's Lease and webhook Secret deleted with its Deployment",
+    )
     # GpuNodePolicy writes go through again.
     wait_for(
         lambda: _created(objects, _policy("lifecycle-after")),
         what="a GpuNodePolicy write admitted once the webhook configuration is gone",
     )
     objects.delete_cluster_custom_object(*POLICIES, "lifecycle-after")
+
+
+def _exists(read: Any, name: str, namespace: str) -> bool:
+    try:
+        read(name, namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _run_controller_once(
+    cluster: ControlPlane, api: Any, release: str, namespace: str
+) -> dict[str, Any]:
+    """Runs the controller as the release's ServiceAccount with the chart's flags (but a local
+    webhook listener) until it holds its Lease, has its Secret and filled in the caBundle;
+    returns the owners of the Lease and the Secret."""
+    name = f"{release}-flexgpu-controller"
+    kubeconfig = service_account_kubeconfig(
+        api, cluster.kubeconfig, namespace, name, cluster.workdir / f"{release}-ctl.kubeconfig"
+    )
+    controller = Component(
+        f"{release}-controller",
+        [
+            sys.executable,
+            "-m",
+            "controller.main",
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={namespace}",
+            f"--owner-deployment={name}",
+            "--metrics-port=0",
+            "--liveness-port=0",
+            "--webhook-listen=127.0.0.1:0",
+            "--webhook-url-host=127.0.0.1",
+            f"--webhook-secret-namespace={namespace}",
+            f"--webhook-secret-name={release}-flexgpu-webhook-tls",
+            f"--webhook-configuration-name={release}-flexgpu-validation",
+            "--webhook-ca-bundle-only",
+        ],
+        cluster.workdir / "logs" / f"{release}-controller.log",
+    )
+    core: Any = client.CoreV1Api(api)
+    coordination: Any = client.CoordinationV1Api(api)
+    admission: Any = client.AdmissionregistrationV1Api(api)
+
+    def settled() -> bool:
+        try:
+            lease = coordination.read_namespaced_lease("flexgpu-controller", namespace)
+            core.read_namespaced_secret(f"{release}-flexgpu-webhook-tls", namespace)
+            hooks = admission.read_validating_webhook_configuration(
+                f"{release}-flexgpu-validation"
+            ).webhooks
+        except client.ApiException:
+            return False
+        return bool(lease.spec.holder_identity) and all(h.client_config.ca_bundle for h in hooks)
+
+    controller.start()
+    try:
+        wait_for(settled, timeout_s=90, what="controller's Lease, Secret and caBundle")
+        assert controller.running(), controller.log_tail()
+        assert "Forbidden" not in controller.log_tail(400)
+    finally:
+        controller.stop()
+    lease = coordination.read_namespaced_lease("flexgpu-controller", namespace)
+    secret = core.read_namespaced_secret(f"{release}-flexgpu-webhook-tls", namespace)
+    return {
+        "owners": [
+            (o.kind, o.name)
+            for obj in (lease, secret)
+            for o in (obj.metadata.owner_references or [])
+        ]
+    }
 
 
 def _created(objects: Any, body: dict[str, Any]) -> bool:
