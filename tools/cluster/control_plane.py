@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from tools.cluster import binaries
-from tools.cluster.feature_gates import feature_gates_arg
+from tools.cluster.feature_gates import feature_gates_arg, runtime_config_arg
 from tools.cluster.pki import CertPair, LocalPKI
 from tools.cluster.process import Component
 
@@ -108,6 +108,9 @@ class ControlPlane:
             [bin_dir / "kube-apiserver", bin_dir / "kube-scheduler"]
         )
         gates = [f"--feature-gates={self.feature_gates}"] if self.feature_gates else []
+        minor = re.search(r"v1\.(\d+)\.", self.version)
+        apis = runtime_config_arg(self.feature_gates, int(minor.group(1)) if minor else 0)
+        runtime_config = [f"--runtime-config={apis}"] if apis else []
 
         etcd_port, peer_port = free_port(), free_port()
         etcd = self._add(
@@ -164,6 +167,7 @@ class ControlPlane:
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
                 *gates,
+                *runtime_config,
             ],
         )
         admin = pki.issue("admin", common_name="flexgpu-admin", organizations=("system:masters",))

@@ -31,6 +31,25 @@ _GATE_LINE = re.compile(
 )
 
 
+# API versions that are off by default but that the scheduler and the controller manager
+# watch (DeviceTaintRules) once the gate is on; without them their informers never sync and
+# no pod is scheduled. Read from each release's sources: 1.34 and 1.35 watch v1alpha3, 1.36
+# v1beta2, 1.37 the GA v1.
+_GATED_APIS = {
+    ("DRADeviceTaints", 34): "resource.k8s.io/v1alpha3",
+    ("DRADeviceTaintRules", 35): "resource.k8s.io/v1alpha3",
+    ("DRADeviceTaintRules", 36): "resource.k8s.io/v1beta2",
+}
+
+
+def runtime_config_arg(gates: str, minor: int) -> str:
+    """The apiserver's --runtime-config value (may be empty) for the given --feature-gates
+    value on release 1.<minor>."""
+    enabled = {g.partition("=")[0] for g in gates.split(",") if g.endswith("=true")}
+    apis = sorted({api for (gate, m), api in _GATED_APIS.items() if m == minor and gate in enabled})
+    return ",".join(f"{api}=true" for api in apis)
+
+
 def settable_gates(binary: Path) -> dict[str, str]:
     """Gate name -> stage, for every gate the binary's --help lists as settable."""
     return {name: stage for name, (stage, _) in gate_defaults(binary).items()}
