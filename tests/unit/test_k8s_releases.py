@@ -11,7 +11,7 @@ import pytest
 
 from tests import conftest
 from tools.cluster import binaries
-from tools.cluster.feature_gates import describe
+from tools.cluster.feature_gates import describe, runtime_config_arg
 
 
 def test_default_release_is_the_one_tools_k8s_go_mod_pins() -> None:
@@ -99,3 +99,21 @@ def test_gate_description_names_stage_default_or_not_settable(tmp_path: Path) ->
         "ResourceHealthStatus: BETA (default true)",
         "DRAAdminAccess: not settable (default -)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("gates", "minor", "expected"),
+    [
+        ("DRADeviceTaints=true,DRAConsumableCapacity=true", 34, "resource.k8s.io/v1alpha3=true"),
+        ("DRADeviceTaintRules=true", 35, "resource.k8s.io/v1alpha3=true"),
+        ("DRADeviceTaints=true,DRADeviceTaintRules=true", 36, "resource.k8s.io/v1beta2=true"),
+        # GA on 1.37: the gates are not settable there, and v1 is served anyway.
+        ("DRAPartitionableDevices=true", 37, ""),
+        # A gate left off needs no API version.
+        ("DRAConsumableCapacity=true", 34, ""),
+    ],
+)
+def test_taint_rule_api_is_served_where_the_enabled_gate_makes_components_watch_it(
+    gates: str, minor: int, expected: str
+) -> None:
+    assert runtime_config_arg(gates, minor) == expected
