@@ -154,6 +154,15 @@ def test_controller_writes_only_its_own_webhook_configuration(helm: Path) -> Non
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--webhook-configuration-name=t-flexgpu-validation" in args
     assert "--webhook-ca-bundle-only" in args
+    # Its Deployment owns the Lease and Secret it makes at run time: it may read only that one.
+    assert "--owner-deployment=t-flexgpu-controller" in args
+    role = find(docs, "Role", "t-flexgpu-controller")
+    assert {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "resourceNames": ["t-flexgpu-controller"],
+        "verbs": ["get"],
+    } in role["rules"]
     # Without the webhook, no configuration and no right to any webhook configuration at all.
     off = render(helm, "webhook.enabled=false")
     assert not [d for d in off if d["kind"] == "ValidatingWebhookConfiguration"]
