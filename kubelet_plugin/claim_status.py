@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.backoff import jittered
+from driver.log_format import claim_fields
 from driver.names import DRIVER_NAME
 from kubelet_plugin.claim_objects import ClaimObjects
 from kubelet_plugin.claim_source import claim_path
@@ -168,7 +169,13 @@ class ClaimStatusWriter:
         except ApiError as err:
             if err.status in (404, 422):  # gone, or refused as written: nothing to retry
                 self._objects.forget(pending.uid)
-                log.warning("claim %s/%s status: %s", pending.namespace, pending.name, err)
+                log.warning(
+                    "claim %s/%s status: %s",
+                    pending.namespace,
+                    pending.name,
+                    err,
+                    extra=claim_fields(pending.namespace, pending.name, pending.uid),
+                )
                 return
             self._retry_later(pending, err)
         except Exception as err:  # API unreachable and the like: status never breaks us
@@ -183,6 +190,7 @@ class ClaimStatusWriter:
                 pending.name,
                 pending.failures,
                 err,
+                extra=claim_fields(pending.namespace, pending.name, pending.uid),
             )
             return
         backoff = jittered(min(self._coalesce_s * 2**pending.failures, MAX_BACKOFF_S))
@@ -192,6 +200,7 @@ class ClaimStatusWriter:
             pending.name,
             err,
             backoff,
+            extra=claim_fields(pending.namespace, pending.name, pending.uid),
         )
         with self._cond:
             newer = self._pending.get(pending.uid)
@@ -243,6 +252,7 @@ class ClaimStatusWriter:
             pending.namespace,
             pending.name,
             CONFLICT_ATTEMPTS,
+            extra=claim_fields(pending.namespace, pending.name, pending.uid),
         )
 
     def _settled(self, pending: _Pending, claim: Mapping[str, Any]) -> None:

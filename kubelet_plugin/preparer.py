@@ -28,6 +28,7 @@ from driver.cdi import (
     spec_file_name,
 )
 from driver.gpu_model import MigDevice, TimeSliceInterval
+from driver.log_format import claim_fields
 from driver.names import DRIVER_NAME
 from driver.quantity import QuantityError, parse_quantity
 from kubelet_plugin.checkpoint import (
@@ -112,7 +113,12 @@ class ClaimPreparerImpl:
                 except PrepareError as err:
                     results[ref.uid] = PrepareResult.failed(str(err))
                 except Exception as err:  # API, disk or GPU trouble: that claim fails
-                    log.exception("preparing claim %s/%s failed", ref.namespace, ref.name)
+                    log.exception(
+                        "preparing claim %s/%s failed",
+                        ref.namespace,
+                        ref.name,
+                        extra=claim_fields(ref.namespace, ref.name, ref.uid),
+                    )
                     results[ref.uid] = PrepareResult.failed(
                         f"preparing claim {ref.namespace}/{ref.name}: {err}"
                     )
@@ -130,7 +136,12 @@ class ClaimPreparerImpl:
                             self._status.unprepared(record.namespace, record.name, record.uid)
                     results[ref.uid] = UnprepareResult()
                 except Exception as err:
-                    log.exception("unpreparing claim %s/%s failed", ref.namespace, ref.name)
+                    log.exception(
+                        "unpreparing claim %s/%s failed",
+                        ref.namespace,
+                        ref.name,
+                        extra=claim_fields(ref.namespace, ref.name, ref.uid),
+                    )
                     results[ref.uid] = UnprepareResult(
                         error=f"unpreparing claim {ref.namespace}/{ref.name}: {err}"
                     )
@@ -260,6 +271,7 @@ class ClaimPreparerImpl:
             claim.namespace,
             claim.name,
             ", ".join(d.device for d in ours) or "no devices of this node",
+            extra=claim_fields(claim.namespace, claim.name, claim.uid),
         )
         return _prepared_devices(prepared)
 
