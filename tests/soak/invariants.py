@@ -12,9 +12,20 @@ import re
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from tools.cluster.gpu_node import SimulatedGpuNode
+
+class SimulatedGpuNode(Protocol):
+    """The parts of tools.cluster.gpu_node.SimulatedGpuNode read here: its files."""
+
+    name: str
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def cdi_dir(self) -> Path: ...
+
 
 _DEVICE_ENV = re.compile(r'"FLEXGPU_DEVICE_\w+=([^"]*)"')
 _WHOLE_GPU = re.compile(r"^gpu-(\d+)$")
@@ -123,6 +134,19 @@ def _cdi_double_grants(node: SimulatedGpuNode) -> list[str]:
         for uuid, claims in sorted(holders.items())
         if len(claims) > 1
     ]
+
+
+def in_use(node: SimulatedGpuNode) -> tuple[int, int]:
+    """(prepared claim records, device grants in CDI specs) on the node now: shows that the
+    checks above had something to check."""
+    prepared = sum(1 for r in claim_records(node).values() if r["state"] == "Prepared")
+    grants = 0
+    for path in cdi_spec_files(node):
+        try:
+            grants += len(_DEVICE_ENV.findall(path.read_text()))
+        except FileNotFoundError:
+            continue
+    return prepared, grants
 
 
 def gpu_settings(node: SimulatedGpuNode) -> list[dict[str, Any]]:

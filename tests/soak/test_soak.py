@@ -22,7 +22,7 @@ from kubernetes import client
 
 from tests.integration.gpu_workloads import ensure_device_classes
 from tests.soak.churn import DRIVER, Churn, kinds
-from tests.soak.invariants import double_allocations, gpu_settings, leftovers
+from tests.soak.invariants import double_allocations, gpu_settings, in_use, leftovers
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
 
@@ -197,8 +197,21 @@ def test_soak_no_leaks_and_no_double_allocation(
     def check_loop() -> None:
         while not stop.is_set():
             for node in nodes.values():
-                found = double_allocations(node)
+                try:
+                    found = double_allocations(node)
+                except (OSError, ValueError, KeyError) as exc:  # a record that does not parse
+                    found = [f"{node.name}: unreadable plugin state: {exc!r}"]
                 problems.extend(p for p in found if p not in problems)
+                try:
+                    prepared, grants = in_use(node)
+                except (OSError, ValueError, KeyError):
+                    continue
+                checks["most prepared claims at once"] = max(
+                    checks["most prepared claims at once"], prepared
+                )
+                checks["most CDI device grants at once"] = max(
+                    checks["most CDI device grants at once"], grants
+                )
             problems.extend(p for p in chaos.dead_plugins() if p not in problems)
             checks["invariant passes"] += 1
             stop.wait(2.0)
@@ -214,7 +227,10 @@ def test_soak_no_leaks_and_no_double_allocation(
         while time.monotonic() < end and not problems:
             stop.wait(min(rng.uniform(*CHAOS_GAP_S), max(0.0, end - time.monotonic())))
             if time.monotonic() < end:
-                chaos.act()
+                try:
+                    chaos.act()
+                except Exception as exc:  # a plugin or apiserver that did not come back
+                    problems.append(f"chaos action failed: {exc}")
         churned_s = time.monotonic() - started
 
         # Quiesce: no new workloads, every pod and claim deleted and gone.
@@ -287,8 +303,12 @@ def _print_summary(
         rows.append(
             ("slices back after deletion (median / max)", f"{s[len(s) // 2]:.1f} / {s[-1]:.1f} s")
         )
+    for reason in ("pod: FailedPrepareDynamicResources", "pod: FailedUnprepareDynamicResources"):
+        rows.append((f"warning events, {reason}", str(events.pop(reason, 0))))
     rows += [(f"warning events, {k}", str(v)) for k, v in sorted(events.items())]
     rows.append(("invariant passes (every 2 s)", str(checks["invariant passes"])))
+    for key in ("most prepared claims at once", "most CDI device grants at once"):
+        rows.append((f"{key} (one node)", str(checks[key])))
     rows.append(("problems (double allocations, leaks, dead plugins)", str(len(problems))))
     width = max(len(k) for k, _ in rows)
     print("\n== soak summary ==")
