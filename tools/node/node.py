@@ -24,7 +24,7 @@ from tools.cluster.control_plane import ControlPlane, free_port
 from tools.cluster.feature_gates import settable_gates
 from tools.cluster.process import Component
 from tools.images.build import BuiltImage, build_all
-from tools.node import configs, credentials, driver_root, namespace
+from tools.node import cgroups, configs, credentials, driver_root, namespace, reaper
 from tools.node.binaries import node_binaries
 
 GPU_LABEL = "nvidia.com/gpu.present"
@@ -32,13 +32,6 @@ GPU_LABEL = "nvidia.com/gpu.present"
 
 class RealNodeError(RuntimeError):
     """A node component failed; the message names it and carries its log tail."""
-
-
-def _cgroup_hierarchies() -> list[Path]:
-    base = Path("/sys/fs/cgroup")
-    if (base / "cgroup.controllers").exists():
-        return [base]  # cgroup v2: one hierarchy
-    return [p for p in sorted(base.iterdir()) if p.is_dir() and not p.is_symlink()]
 
 
 # Logged every few seconds by a kubelet whose node has no address (by design here): it
@@ -113,6 +106,7 @@ class RealNode:
 
     def _start(self, timeout_s: float) -> None:
         layout = self.layout
+        reaper.reap_stale_nodes()
         self.bin_dir = node_binaries()
         self.images = build_all()
         for d in (layout.logs, layout.cni_conf_dir, layout.cdi_dir, layout.pod_logs):
@@ -131,8 +125,7 @@ class RealNode:
         layout.kubelet_config.write_text(
             configs.kubelet_config(layout, pki / "ca.crt", self.cgroup_root, self._kubelet_gates())
         )
-        for hierarchy in _cgroup_hierarchies():
-            (hierarchy / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        cgroups.create(self.cgroup_root)
 
         self.holder = Component(
             f"namespace[{self.name}]",
@@ -146,6 +139,9 @@ class RealNode:
             30,
             "namespace set up",
         )
+        # Lets a later run tell this node's leftovers from a live node's (tools/node/reaper.py);
+        # written once the holder runs `sleep`, which is what the reaper looks for.
+        self._pid_file.write_text(f"{self.holder_pid}\n")
         self.forwarder = Component(
             f"api-forwarder[{self.name}]",
             [
@@ -172,6 +168,10 @@ class RealNode:
             self.import_image(image)
         self.start_kubelet(timeout_s)
         self.start_daemonset_controller(timeout_s)
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.layout.root / reaper.PID_FILE
 
     @property
     def holder_pid(self) -> int:
@@ -319,7 +319,7 @@ class RealNode:
         for component in (self.daemonsets, self.kubelet):
             if component is not None:
                 component.stop()
-        self._kill_containers()
+        cgroups.kill_all(self.cgroup_root)
         for component in (self.containerd, self.forwarder):
             if component is not None:
                 component.stop()
@@ -330,7 +330,8 @@ class RealNode:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
             self.holder.stop()
-        self._remove_cgroups()
+        cgroups.remove(self.cgroup_root)
+        self._pid_file.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
         """Stops the node and removes it, its slices and its files."""
@@ -343,38 +344,6 @@ class RealNode:
             client.CoreV1Api(self.api).delete_node(self.name)
         if self._own_root:
             shutil.rmtree(self.layout.root, ignore_errors=True)
-
-    def _kill_containers(self) -> None:
-        """SIGKILLs every process in the node's pod cgroups (containers have namespaces of
-        their own, so the namespace sweep would miss them)."""
-        for _ in range(5):
-            pids = self._cgroup_pids()
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
-
-    def _cgroup_pids(self) -> set[int]:
-        pids: set[int] = set()
-        for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / self.cgroup_root.lstrip("/")
-            for procs in top.rglob("cgroup.procs") if top.exists() else []:
-                with contextlib.suppress(OSError):
-                    pids.update(int(p) for p in procs.read_text().split())
-        return pids
-
-    def _remove_cgroups(self) -> None:
-        for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / self.cgroup_root.lstrip("/")
-            if not top.exists():
-                continue
-            for folder in sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-            with contextlib.suppress(OSError):
-                top.rmdir()
 
     # -- state -------------------------------------------------------------------------
     def _node_ready(self) -> bool:
