@@ -166,3 +166,16 @@ def wait_container_output(
             return text
         time.sleep(0.1)
     raise AssertionError(f"{pod}: {needle!r} not in container log {text!r}")
+
+
+def pending_reason(api: Any, namespace: str, pod: str) -> str:
+    """The scheduler's message once it has reported ``pod`` unschedulable."""
+
+    def unschedulable() -> str:
+        p = client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                return str(c.message)
+        return ""
+
+    return str(wait_for(unschedulable, what=f"{pod} reported unschedulable"))

@@ -21,11 +21,11 @@ from tests.integration.gpu_workloads import (
     env_from_log,
     granted_uuids,
     make_pod,
+    pending_reason,
     wait_container_output,
     wait_gone,
     wait_phase,
 )
-from tests.integration.test_sharing_e2e import pending_reason
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
 

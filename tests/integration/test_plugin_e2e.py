@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from tests.integration.gpu_workloads import (
     granted_claim_uid,
     granted_uuids,
     make_pod,
+    pending_reason,
     wait_container_output,
     wait_gone,
     wait_phase,
@@ -103,31 +105,73 @@ def test_one_gpu(api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]) -
     assert uid not in checkpoint_claims(node)
 
 
-@pytest.mark.core
-def test_two_nvlink_aligned_gpus(
-    api: Any, namespace: str, nodes: dict[str, SimulatedGpuNode]
-) -> None:
-    node = nodes[H100_NODE]
-    create_claim(
-        api,
-        namespace,
-        "pair",
-        {
-            "requests": [gpu_request(count=2)],
-            "constraints": [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
-        },
-    )
-    env = _run(
+PAIRS_NODE = "sim-nvlink-pairs"
+PAIRS_TOPOLOGY = Path(__file__).parent / "topologies" / "h100-nvlink-pairs-4.yaml"
+
+
+def _attribute(api: Any, pool: str, device: str, name: str) -> str:
+    for s in (
+        client.ResourceV1Api(api)
+        .list_resource_slice(field_selector=f"spec.nodeName={pool},spec.driver={DRIVER}")
+        .items
+    ):
+        for d in s.spec.devices or []:
+            if d.name == device:
+                return str(d.attributes[name].string)
+    raise AssertionError(f"device {device} not published by {pool}")
+
+
+def _hold(api: Any, namespace: str, node: SimulatedGpuNode, name: str, *indices: int) -> None:
+    """A running pod holding the GPUs of ``indices`` on the pairs node."""
+    index = f'device.attributes["{DRIVER}"].index'
+    cel = " || ".join(f"{index} == {i}" for i in indices)
+    create_claim(api, namespace, name, {"requests": [gpu_request(count=len(indices), cel=cel)]})
+    _run(
         api,
         namespace,
         node,
-        make_pod("pair", PRINT_ENV, {"g": {"resourceClaimName": "pair"}}, H100_NODE),
+        make_pod(name, PRINT_ENV, {"g": {"resourceClaimName": name}}, PAIRS_NODE),
     )
-    results = allocated(api, namespace, "pair")
-    assert len(results) == 2
-    expected = {device_uuid(api, H100_NODE, r.device) for r in results}
-    assert set(granted_uuids(env)) == expected
-    _delete_and_check_unprepared(api, namespace, node, "pair", granted_claim_uid(env))
+
+
+@pytest.mark.core
+def test_two_gpus_of_one_nvlink_domain(cluster: ControlPlane, api: Any, namespace: str) -> None:
+    """A node with two NVLink domains (pairs 0-1 and 2-3). While only GPUs 0 and 2 are free
+    (two GPUs, but of different domains) a claim for two GPUs of one nvlinkDomain is not
+    allocated (without the constraint it would get 0 and 2); once GPU 3 is freed it gets 2
+    and 3, of one domain."""
+    with running_gpu_node(cluster, api, PAIRS_NODE, str(PAIRS_TOPOLOGY)) as node:
+        _hold(api, namespace, node, "hold-3", 3)
+        _hold(api, namespace, node, "hold-1", 1)
+        create_claim(
+            api,
+            namespace,
+            "pair",
+            {
+                "requests": [gpu_request(count=2)],
+                "constraints": [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}],
+            },
+        )
+        pod = make_pod("pair", PRINT_ENV, {"g": {"resourceClaimName": "pair"}}, PAIRS_NODE)
+        client.CoreV1Api(api).create_namespaced_pod(namespace, pod)
+        # The scheduler's own verdict, not a wait to see that nothing happens.
+        assert "claim" in pending_reason(api, namespace, "pair")
+        assert allocated(api, namespace, "pair") == []
+        client.CoreV1Api(api).delete_namespaced_pod("hold-3", namespace)
+        wait_gone(api, namespace, "hold-3")
+        client.ResourceV1Api(api).delete_namespaced_resource_claim("hold-3", namespace)
+        wait_phase(api, namespace, "pair", {"Running"})
+        env = env_from_log(wait_container_output(node, namespace, "pair", "DONE"))
+        results = allocated(api, namespace, "pair")
+        assert sorted(r.device for r in results) == ["gpu-2", "gpu-3"]
+        domains = {_attribute(api, PAIRS_NODE, r.device, "nvlinkDomain") for r in results}
+        assert len(domains) == 1
+        assert domains != {_attribute(api, PAIRS_NODE, "gpu-0", "nvlinkDomain")}
+        expected = {device_uuid(api, PAIRS_NODE, r.device) for r in results}
+        assert set(granted_uuids(env)) == expected
+        _delete_and_check_unprepared(api, namespace, node, "pair", granted_claim_uid(env))
+        client.CoreV1Api(api).delete_namespaced_pod("hold-1", namespace)
+        wait_gone(api, namespace, "hold-1")
 
 
 def test_cel_product_name_selects_the_l4_node(

@@ -20,6 +20,7 @@ from tests.integration.gpu_workloads import (
     granted,
     granted_uuids,
     make_pod,
+    pending_reason,
     wait_container_output,
     wait_gone,
     wait_phase,
@@ -65,17 +66,6 @@ def run_share(
     )
     wait_phase(api, namespace, name, {"Running"})
     return env_from_log(wait_container_output(node, namespace, name, "DONE"))
-
-
-def pending_reason(api: Any, namespace: str, pod: str) -> str:
-    def unschedulable() -> str:
-        p = client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
-        for c in p.status.conditions or []:
-            if c.type == "PodScheduled" and c.status == "False":
-                return str(c.message)
-        return ""
-
-    return str(wait_for(unschedulable, what=f"{pod} reported unschedulable"))
 
 
 @pytest.mark.core
