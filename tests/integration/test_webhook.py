@@ -19,9 +19,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from controller.admission_server import WebhookProcess, run_webhook_for_tests
 from controller.webhook_config import CONFIGURATION_NAME
 from tests.conftest import wait_for
+from tests.integration.webhook_process import WebhookProcess, run_webhook_for_tests
 from tools.cluster import ControlPlane
 
 pytestmark = pytest.mark.integration
