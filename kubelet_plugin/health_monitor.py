@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from driver.backend import GpuBackend
+from driver.backoff import Backoff
 from driver.gpu_model import HealthEvent, HealthEventKind, HealthState
 from driver.names import gpu_device_name
 from driver.xid import xid_marks_unhealthy
@@ -106,12 +107,15 @@ class HealthMonitor:
             self._on_unhealthy()
 
     def _run(self) -> None:
+        backoff = Backoff(1.0, 30.0)
         while not self._stop.is_set():
             try:
                 event = self._backend.wait_health_event(timeout_s=1.0)
             except Exception as err:  # the backend never kills the monitor
-                log.warning("health event wait failed: %s", err)
-                self._stop.wait(5)
+                delay = backoff.next()
+                log.warning("health event wait failed, retrying in %.1fs: %s", delay, err)
+                self._stop.wait(delay)
                 continue
+            backoff.reset()
             if event is not None:
                 self.handle(event)

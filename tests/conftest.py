@@ -130,3 +130,16 @@ def wait_for(
             return last
         time.sleep(interval_s)
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+def holds_for(predicate: Any, seconds: float, why: str, interval_s: float = 0.2) -> None:
+    """For properties about nothing happening: predicate() must stay truthy for ``seconds``
+    (checked every ``interval_s``; fails at the first falsy answer). ``why`` says what bounds
+    the window (e.g. how many passes of the component it covers), and goes into the failure."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not predicate():
+            pytest.fail(f"stopped holding within {seconds:g}s ({why})")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval_s)

@@ -31,7 +31,7 @@ from driver.topology import load_topology
 from kubelet_plugin.kube_api import KubeApi
 from kubelet_plugin.node_devices import NodeDevices
 from kubelet_plugin.slice_publisher import SlicePublisher
-from tests.conftest import wait_for
+from tests.conftest import holds_for, wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools.cluster import ControlPlane, create_simulated_node
 
@@ -338,9 +338,11 @@ def test_unsatisfiable_claims_get_events_naming_the_reason(
             missing = [p for p in phrases if p not in text]
             assert not missing, f"{kind} {case}: {missing} not in {text!r}"
     # Not spammed: the diagnosis does not change, so no second Event per object.
-    time.sleep(4)
-    for case in CASES:
-        assert len(_events(api, ns, "Pod", case)) == 1, case
+    holds_for(
+        lambda: all(len(_events(api, ns, "Pod", case)) == 1 for case in CASES),
+        4,
+        "four re-diagnoses at --recheck-interval=1, each of which could add a second Event",
+    )
 
 
 def test_no_event_for_a_claim_that_fits(
@@ -355,8 +357,11 @@ def test_no_event_for_a_claim_that_fits(
     )
     _pod(api, ns, "fits", "fits", _on(world, "h100"))
     wait_for(lambda: _scheduled(api, ns, "fits"), timeout_s=60, what="fits scheduled")
-    time.sleep(4)
-    assert _events(api, ns, "Pod", "fits") == []
+    holds_for(
+        lambda: _events(api, ns, "Pod", "fits") == [],
+        4,
+        "past --pending-delay=2 plus two passes at --recheck-interval=1, when an Event would be",
+    )
 
 
 # --- GpuNodePolicy status ------------------------------------------------------------------
@@ -490,8 +495,12 @@ def test_second_replica_takes_over_after_sigkill(
         first = wait_for(lambda: _holder(api, lease), timeout_s=30, what="a leader")
         assert first in procs
         other = next(n for n in procs if n != first)
-        time.sleep(2)  # both running, one leading, the other following
-        assert _holder(api, lease) == first
+        # Both running, one leading: the follower must not take the lease from a live leader.
+        holds_for(
+            lambda: _holder(api, lease) == first,
+            2,
+            "a few follower retries while the leader renews",
+        )
         killed_at = time.monotonic()
         procs[first].stop(signal.SIGKILL)
         wait_for(lambda: _holder(api, lease) == other, timeout_s=25, what=f"{other} takes over")
