@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from driver import sim_backend
 from driver.backend_errors import (
     GpuBackendError,
     GpuLostError,
@@ -145,23 +146,41 @@ def test_many_nodes_in_one_process(tmp_path: Path) -> None:
     assert len(uuids) == 3
 
 
-def test_concurrent_creates_never_overlap() -> None:
+def test_concurrent_creates_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two creates of the same placement, the first held between its fit check and its write
+    for as long as it takes the second to arrive: under the backend's lock the second cannot
+    arrive (the wait gives up), so exactly one instance is created. Without the lock both
+    would pass the check and write overlapping instances."""
     backend = SimulatedBackend.from_topology("mixed", "n")
+    inside = threading.Barrier(2, timeout=0.5)
+    met: list[bool] = []
+    real = sim_backend.gpu_instance_id_for
+
+    def between_check_and_write(placement: MigPlacement) -> int:
+        try:
+            inside.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        return real(placement)
+
+    monkeypatch.setattr(sim_backend, "gpu_instance_id_for", between_check_and_write)
     errors: list[Exception] = []
 
-    def create(start: int) -> None:
+    def create() -> None:
         try:
-            backend.create_mig_device(1, 14, _at(start, 2))
+            backend.create_mig_device(1, 14, _at(0, 2))
         except InsufficientResourcesError as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=create, args=(s,)) for s in (0, 2, 4, 0, 2, 4)]
+    threads = [threading.Thread(target=create) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(d.placement.start for d in backend.list_mig_devices(1)) == [0, 2, 4]
-    assert len(errors) == 3
+    assert met == [False], "two creates were between fit check and write at once"
+    assert [d.placement.start for d in backend.list_mig_devices(1)] == [0]
+    assert len(errors) == 1
 
 
 def test_fault_injection_fails_next_calls(hgx: SimulatedBackend) -> None:
