@@ -47,6 +47,7 @@ PYTHON_DEBS = (
 )
 BUSYBOX_DEB = "busybox-static"
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+IMAGE_PYTHON = (3, 11)
 
 
 class ImageBuildError(RuntimeError):
@@ -96,6 +97,8 @@ def _cached_layer(key: str, populate: Callable[[Path], None]) -> oci.Layer:
         populate(rootfs)
         layer = oci.write_layer(rootfs, tar)
     digest_file.write_text(layer.digest + "\n")
+    # Every edit of the sources (or of this file) makes new layers: keep the latest two.
+    _prune(layers, f"{key.rsplit('-', 1)[0]}-*.tar", keep=tar)
     return layer
 
 
@@ -199,6 +202,13 @@ def _python_base(rootfs: Path) -> None:
 
 
 def _dependencies(rootfs: Path) -> None:
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        # Compiled wheels (grpcio, pydantic-core, cryptography) are built per Python version.
+        raise ImageBuildError(
+            f"the flexgpu image runs Python {'.'.join(map(str, IMAGE_PYTHON))} (Debian's), "
+            f"but this environment is Python {sys.version_info[0]}.{sys.version_info[1]}: "
+            "its compiled dependencies would not load there; make the venv with python3.11"
+        )
     site = rootfs / SITE_PACKAGES
     site.mkdir(parents=True)
     python_env.copy_dependencies(site)
@@ -261,7 +271,6 @@ def flexgpu_image() -> BuiltImage:
         + [b for pkg in python_env.OWN_PACKAGES for b in _tree_bytes(REPO / pkg)]
     )
     app = _cached_layer("flexgpu-" + app_key, _project)
-    _prune(app.path.parent, "flexgpu-*.tar", keep=app.path)
     layers = [base, deps, *([toolkit] if toolkit else []), app]
     tag = _hash([layer.digest.encode() for layer in layers])
     name = f"{REGISTRY}/flexgpu:{tag}"
