@@ -10,7 +10,6 @@ and drops what the pass tracked, so the new leader alone decides what to say.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
@@ -20,6 +19,8 @@ from kubernetes import client
 from controller import metrics, policy_status
 from controller.cluster_state import ClusterState
 from controller.diagnostics import Diagnostics
+from driver.backoff import Backoff
+from driver.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +41,19 @@ class ActiveWork:
         self._diagnostics = diagnostics
         self._api = api
         self._is_leader = is_leader
-        self._tick_s = tick_s
         self._pending_clock = metrics.PendingClock()
         self._was_leader = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="active-work", daemon=True)
+        # A failed pass is retried after a jittered delay; the next starts from a fresh snapshot.
+        self._loop = Loop(
+            "active-work", self.tick, tick_s, backoff=Backoff(tick_s, 10.0), first_run_s=tick_s
+        )
         self.passes = 0
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._tick_s):
-            try:
-                self.tick()
-            except Exception:  # keep ticking; the next pass starts from a fresh snapshot
-                log.exception("controller pass failed")
+        self._loop.stop(timeout_s=30)
 
     def _demote(self) -> None:
         self._diagnostics.forget()

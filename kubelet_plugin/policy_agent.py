@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import datetime
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from driver.backend_errors import GpuBackendError
+from driver.backoff import Backoff
 from driver.gpu_model import GpuInfo
+from driver.loop import Loop
 from driver.mig_layout import LayoutError, MigPlacementPlan, layout_of, validate_layout
 from driver.names import CRD_GROUP
 from driver.node_policy import (
@@ -103,30 +104,30 @@ class PolicyAgent:
         self._preparer = preparer
         self._lock = lock
         self._republish = republish
-        self._interval_s = interval_s
         # What the plugin's flags say, for GPUs no policy covers.
         self._defaults: dict[int, GpuMode] = {
             g.index: devices.mode(g.index) for g in devices.gpus()
         }
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.last_error: str | None = None
+        # Nothing is read from the API on its beat (see RESYNC_S); a failed pass is retried
+        # after a jittered delay of at most RETRY_S.
+        self._loop = Loop("node-policy", self._step, interval_s, backoff=Backoff(1.0, RETRY_S))
+        self._announced = False
         self.passes = 0  # evaluations finished, for tests
 
     def start(self) -> None:
         self.policies.start()
         self.node.start()
-        self._thread = threading.Thread(target=self._run, name="node-policy", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self._loop.stop()
         self.policies.stop()
         self.node.stop()
-        if self._thread:
-            self._thread.join(timeout=10)
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last pass failed; None once one succeeds."""
+        return self._loop.last_error
 
     def _node_changed(self) -> None:
         # The kubelet updates its Node's status all the time; only labels select policies.
@@ -138,35 +139,22 @@ class PolicyAgent:
 
     def poke(self) -> None:
         """Re-evaluate soon (a claim was unprepared: a waiting change may proceed)."""
-        self._wake.set()
+        self._loop.poke()
 
-    def _run(self) -> None:
-        announced = False
-        while not self._stop.is_set():
-            # Until both copies are filled, "no policy" would only mean "not read yet":
-            # acting on it could undo a layout a policy asks for.
-            if not (self.policies.synced and self.node.synced):
-                self._wake.wait(self._interval_s)
-                self._wake.clear()
-                continue
-            if not announced:
-                announced = True
-                log.info(
-                    "node policy agent: watching %d GpuNodePolicies and node %s",
-                    len(self.policies.items()),
-                    self.node_name,
-                )
-            wait = self._interval_s
-            try:
-                self.reconcile_once()
-                self.last_error = None
-                self.passes += 1
-            except Exception as err:  # API trouble: retry soon, never crash
-                self.last_error = str(err)
-                log.warning("applying node policy failed: %s", err)
-                wait = min(wait, RETRY_S)
-            self._wake.wait(wait)
-            self._wake.clear()
+    def _step(self) -> None:
+        # Until both copies are filled, "no policy" would only mean "not read yet": acting on
+        # it could undo a layout a policy asks for. Their first fill pokes the loop.
+        if not (self.policies.synced and self.node.synced):
+            return
+        if not self._announced:
+            self._announced = True
+            log.info(
+                "node policy agent: watching %d GpuNodePolicies and node %s",
+                len(self.policies.items()),
+                self.node_name,
+            )
+        self.reconcile_once()
+        self.passes += 1
 
     # -- one pass ------------------------------------------------------------------------
     def reconcile_once(self) -> None:

@@ -1,0 +1,88 @@
+"""A background loop on a thread of its own, for the daemons' periodic work.
+
+``Loop(name, step, interval_s)`` runs ``step()`` on a daemon thread: again ``interval_s``
+after it returns (or the number of seconds it returns), at once when ``poke()`` is called, and
+after an exception once a growing, jittered delay has passed (``driver.backoff``), so a step
+that keeps failing never spins and nodes that fail together do not retry in step. ``stop()``
+ends the loop and waits for a step in progress. No I/O of its own: what ``step`` does is the
+caller's business.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from driver.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+
+class Loop:
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], float | None],
+        interval_s: float,
+        *,
+        backoff: Backoff | None = None,
+        first_run_s: float = 0.0,
+    ) -> None:
+        self.name = name
+        self._step = step
+        self._interval_s = interval_s
+        self._backoff = backoff or Backoff(1.0, 30.0)
+        self._first_run_s = first_run_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        self.passes = 0  # steps that returned normally
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Run the next step now (or right after the one in progress)."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        wait = self._first_run_s
+        while not self._sleep(wait):
+            try:
+                asked = self._step()
+            except Exception as err:  # a failing step retries later; the loop never dies
+                wait = self._backoff.next()
+                self.last_error = str(err)
+                log.warning(
+                    "%s failed, retrying in %.1fs: %s",
+                    self.name,
+                    wait,
+                    err,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+                continue
+            self._backoff.reset()
+            self.last_error = None
+            self.passes += 1
+            wait = self._interval_s if asked is None else asked
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` or until poked; True when the loop is to stop."""
+        if seconds > 0:
+            self._wake.wait(seconds)
+        self._wake.clear()
+        return self._stop.is_set()
