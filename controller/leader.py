@@ -13,7 +13,6 @@ both believe they lead. A clean shutdown releases the lease for an immediate tak
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from kubernetes import client
+
+from driver.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,7 @@ class LeaseElector:
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # last successful write as holder
         self._leading = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Loop("leader-election", self._round, self.retry_s)
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -229,17 +229,14 @@ class LeaseElector:
 
     # -- background loop -------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            leading = self.step()
-            self._stop.wait(self.retry_s if leading else self.follower_retry_s)
+    def _round(self) -> float:
+        """One round; the seconds until the next (a leader renews sooner than a follower
+        looks)."""
+        return self.retry_s if self.step() else self.follower_retry_s
 
     def stop(self, release: bool = True) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._loop.stop()
         if release:
             self.release()
