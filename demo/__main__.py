@@ -1,6 +1,7 @@
 """`make demo`: a local Kubernetes 1.37 cluster with flexgpu installed by its Helm chart,
 three simulated GPU nodes, and the workload catalog in this folder, with a table of what
-each pod got. `make demo-down` (``python -m demo down``) stops everything.
+each pod got, then `flexgpu usage` once the workloads ran a while (one claim kept idle).
+`make demo-down` (``python -m demo down``) stops everything.
 
 A background supervisor (``python -m demo serve``) owns the control plane, the controller
 and the nodes, so they keep running after `make demo` returns; a second `make demo` reuses
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from kubernetes import config
 
-from demo import catalog
-from demo.world import NODES, DemoWorld, container_log
+from demo import catalog, usage
+from demo.world import NODES, DemoWorld, container_seen, plugin_endpoints
 from tools.cluster.binaries import REPO_ROOT, control_plane_dir, helm_tools_dir
 from tools.cluster.control_plane import ControlPlane
 from tools.cluster.supervisor import stop_supervisor, supervisor_pid
@@ -107,10 +108,11 @@ def up() -> int:
 
     step("waiting for the scheduler, the plugins and the containers")
 
-    def log_of(node: str, pod: str) -> str:
-        return container_log(NODE_ROOT, node, catalog.NAMESPACE, pod)
+    def seen_of(node: str, pod: str) -> catalog.Seen:
+        return container_seen(NODE_ROOT, node, catalog.NAMESPACE, pod)
 
-    rows = catalog.wait_settled(api, log_of)
+    started = time.monotonic()
+    rows = catalog.wait_settled(api, seen_of)
     print(catalog.table(rows))
     step(f"why {catalog.UNSATISFIABLE} is still pending (the controller's Event)")
     explanation = catalog.explanation(api)
@@ -122,6 +124,15 @@ def up() -> int:
             f"{catalog.NAMESPACE}/{catalog.UNSATISFIABLE})"
         )
     )
+    step(
+        f"simulated load on every claim but {usage.IDLE_POD}'s; `flexgpu usage` once that "
+        f"claim has been idle for {usage.IDLE_WINDOW}"
+    )
+    roots = {name: NODE_ROOT / name for name, _, _ in NODES}
+    idle = usage.apply_load(api, roots)
+    report = usage.wait_idle_listed(plugin_endpoints(WORKDIR), kubeconfig, idle)
+    print("\n".join("  " + line for line in report.splitlines()))
+    print(f"  (catalog settled and usage shown in {time.monotonic() - started:.0f}s)")
     print(f"""
 The cluster keeps running. Try:
   export KUBECONFIG={kubeconfig}
@@ -129,9 +140,12 @@ The cluster keeps running. Try:
   {helm_tools_dir() / "kubectl"} -n {catalog.NAMESPACE} get resourceclaims
   .venv/bin/flexgpu capacity
   .venv/bin/flexgpu explain {catalog.NAMESPACE}/{catalog.UNSATISFIABLE}
+  .venv/bin/flexgpu usage -o wide --idle-window={usage.IDLE_WINDOW} \\
+      {" ".join(f"--plugin={e}" for e in plugin_endpoints(WORKDIR))}
 Logs: {WORKDIR / "logs"}/ and {NODE_ROOT}/<node>/logs/   Stop it with: make demo-down""")
     settled = all(r.phase == "Running" for r in rows if r.pod != catalog.UNSATISFIABLE)
-    return 0 if settled and explanation else 1
+    idle_listed = bool(idle) and all(c in report.partition("Idle claims:")[2] for c in idle)
+    return 0 if settled and explanation and idle_listed else 1
 
 
 def down() -> int:

@@ -1,11 +1,13 @@
 """Applies the workload catalog (demo/NN-*.yaml) and reads back what each pod got: node,
-devices, MIG profile or share, and the limits its container saw."""
+devices, MIG profile or share, and what its container was given: GPU UUIDs, limits, device
+nodes and driver files."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,19 @@ LIMIT_KEYS = {
 }
 
 
+# A whole GPU's device name; only other devices (MIG instances) are labelled by profile.
+WHOLE_GPU = re.compile(r"gpu-\d+")
+
+
+@dataclass
+class Seen:
+    """What a container was given: its environment, device nodes and driver files."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    device_nodes: list[str] = field(default_factory=list)
+    driver_files: list[str] = field(default_factory=list)
+
+
 @dataclass
 class Row:
     pod: str
@@ -31,9 +46,20 @@ class Row:
     devices: str
     detail: str  # MIG profile, granted share or product
     limits: str  # what the container saw
+    uuids: str = "-"  # GPU / MIG UUIDs from the container's FLEXGPU_DEVICE_* variables
+    files: str = "-"  # device nodes and driver files in the container
 
     def cells(self) -> tuple[str, ...]:
-        return (self.pod, self.node, self.phase, self.devices, self.detail, self.limits)
+        return (
+            self.pod,
+            self.node,
+            self.phase,
+            self.devices,
+            self.detail,
+            self.uuids,
+            self.limits,
+            self.files,
+        )
 
 
 def manifests() -> list[Path]:
@@ -110,7 +136,29 @@ def granted(env: dict[str, str]) -> list[dict[str, str]]:
     ]
 
 
-def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE) -> list[Row]:
+def _first(items: list[str], shown: int = 2) -> str:
+    return ", ".join(items[:shown]) + (f" (+{len(items) - shown})" if len(items) > shown else "")
+
+
+def short_uuid(uuid: str) -> str:
+    """``GPU-6644dcb6`` for ``GPU-6644dcb6-8728-...``: enough to tell the demo's GPUs apart."""
+    kind, _, rest = uuid.partition("-")
+    return f"{kind}-{rest.split('-')[0]}" if rest else uuid
+
+
+def files_cell(seen: Seen) -> str:
+    if not seen.device_nodes and not seen.driver_files:
+        return "no device nodes or driver files"
+    gpu_nodes = [p for p in seen.device_nodes if p.removeprefix("/dev/nvidia").isdigit()]
+    other = len(seen.device_nodes) - len(gpu_nodes)
+    parts = [_first(gpu_nodes)] if gpu_nodes else []
+    if other:
+        parts.append(f"{other} control/caps nodes")
+    parts.append(f"{len(seen.driver_files)} driver files")
+    return "; ".join(parts)
+
+
+def rows(api: Any, seen_of: Callable[[str, str], Seen], namespace: str = NAMESPACE) -> list[Row]:
     core: Any = client.CoreV1Api(api)
     resource: Any = client.ResourceV1Api(api)
     result = []
@@ -124,7 +172,7 @@ def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE
                 devices.append(r.device)
             for d in (claim.status.devices or []) if claim.status else []:
                 data = d.data or {}
-                if "migProfile" in data:
+                if "migProfile" in data and not WHOLE_GPU.fullmatch(d.device):
                     details.append(data["migProfile"])
                 elif "granted" in data:
                     details.append(
@@ -141,9 +189,11 @@ def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE
                     details.append("time-sliced")
                 elif "mps" in data and "granted" not in data:
                     details.append("MPS")
-        shown = ", ".join(devices[:2]) + (f" (+{len(devices) - 2})" if len(devices) > 2 else "")
-        env = env_of(log_of(pod.spec.node_name or "", pod.metadata.name))
+        shown = _first(devices)
+        seen = seen_of(pod.spec.node_name or "", pod.metadata.name)
+        env = seen.env
         got = granted(env)
+        uuids = sorted({g["uuid"] for g in got if g.get("uuid")})
         gpus = len({g.get("uuid") for g in got})
         limits = [f"{gpus} GPU{'s' if gpus != 1 else ''} visible"] if gpus else []
         slices = sorted({g["timeSlice"] for g in got if "timeSlice" in g})
@@ -157,17 +207,22 @@ def rows(api: Any, log_of: Callable[[str, str], str], namespace: str = NAMESPACE
                 shown or "-",
                 ", ".join(dict.fromkeys(details)) or "-",
                 "; ".join(limits) or "-",
+                _first([short_uuid(u) for u in uuids]) or "-",
+                files_cell(seen) if got else "-",
             )
         )
     return result
 
 
 def wait_settled(
-    api: Any, log_of: Callable[[str, str], str], timeout_s: float = 180, namespace: str = NAMESPACE
+    api: Any,
+    seen_of: Callable[[str, str], Seen],
+    timeout_s: float = 180,
+    namespace: str = NAMESPACE,
 ) -> list[Row]:
     """Until every pod but the unsatisfiable one runs and has printed what it sees."""
     deadline = time.monotonic() + timeout_s
-    current = rows(api, log_of, namespace)
+    current = rows(api, seen_of, namespace)
     while time.monotonic() < deadline:
         ready = [r for r in current if r.pod != UNSATISFIABLE]
         # Claim status is written by the plugin just after prepare; wait for it too.
@@ -176,7 +231,7 @@ def wait_settled(
         ):
             return current
         time.sleep(1)
-        current = rows(api, log_of, namespace)
+        current = rows(api, seen_of, namespace)
     return current
 
 
@@ -197,7 +252,16 @@ def explanation(
 
 
 def table(rows_: list[Row]) -> str:
-    headers = ("POD", "NODE", "PHASE", "DEVICES", "MIG / SHARE / PRODUCT", "SEEN IN CONTAINER")
+    headers = (
+        "POD",
+        "NODE",
+        "PHASE",
+        "DEVICES",
+        "MIG / SHARE / PRODUCT",
+        "GPU UUIDS IN CONTAINER",
+        "LIMITS IN CONTAINER",
+        "DEVICE NODES / DRIVER FILES",
+    )
     data = [headers, *(r.cells() for r in rows_)]
     widths = [max(len(row[i]) for row in data) for i in range(len(headers))]
     return "\n".join(

@@ -5,6 +5,7 @@ with the chart's ServiceAccounts."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -15,8 +16,11 @@ from typing import Any
 
 from kubernetes import client, config
 
+from demo import usage
+from demo.catalog import Seen, env_of
 from tools.cluster import create_simulated_node
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
+from tools.cluster.control_plane import free_port
 from tools.cluster.gpu_node import SimulatedGpuNode
 from tools.cluster.process import Component
 from tools.cluster.tokens import service_account_kubeconfig
@@ -72,6 +76,8 @@ class DemoWorld:
         self.api: Any = config.new_client_from_config(config_file=str(kubeconfig))
         self.nodes: dict[str, SimulatedGpuNode] = {}
         self.controller: Component | None = None
+        # node -> 127.0.0.1:<port> of its plugin's /metrics (read by `flexgpu usage`).
+        self.metrics: dict[str, str] = {}
 
     def install_chart(self) -> None:
         tools = helm_tools_dir()
@@ -145,6 +151,7 @@ class DemoWorld:
             )
             root = self.node_root / name
             root.mkdir(parents=True)
+            port = free_port()
             node = SimulatedGpuNode(
                 self.kubeconfig,
                 name,
@@ -152,9 +159,13 @@ class DemoWorld:
                 root=root,
                 plugin_args=flags,
                 plugin_kubeconfig=plugin_config,
+                plugin_env=usage.plugin_env(root, port),
             )
             node.start()
             self.nodes[name] = node
+            self.metrics[name] = f"127.0.0.1:{port}"
+        # The `make demo` process is not this one: it reads the endpoints from here.
+        endpoints_file(self.workdir).write_text("".join(f"{e}\n" for e in self.metrics.values()))
 
     def wait_for_admission(self, timeout_s: float = 120.0) -> None:
         """Until the apiserver refuses a bad claim (a dry run): the controller is serving the
@@ -191,6 +202,28 @@ class DemoWorld:
             )
 
 
-def container_log(node_root: Path, node: str, namespace: str, pod: str) -> str:
-    path = node_root / node / "kubelet" / "pods" / f"{namespace}_{pod}" / "main.log"
-    return path.read_text() if path.exists() else ""
+def endpoints_file(workdir: Path) -> Path:
+    return workdir / "plugin-metrics"
+
+
+def plugin_endpoints(workdir: Path) -> list[str]:
+    path = endpoints_file(workdir)
+    return path.read_text().split() if path.exists() else []
+
+
+def container_seen(node_root: Path, node: str, namespace: str, pod: str) -> Seen:
+    """What a simulated node's container got: the environment it printed, and the device
+    nodes and mounts of the OCI spec the kubelet harness built for it (with the CDI edits
+    applied), which is what a runtime would have created inside."""
+    folder = node_root / node / "kubelet" / "pods" / f"{namespace}_{pod}"
+    log = folder / "main.log"
+    seen = Seen(env=env_of(log.read_text()) if log.exists() else {})
+    spec_path = folder / "main.oci.json"
+    if spec_path.exists():
+        try:
+            spec = json.loads(spec_path.read_text())
+        except ValueError:  # being written
+            return seen
+        seen.device_nodes = [d["path"] for d in (spec.get("linux") or {}).get("devices") or []]
+        seen.driver_files = [m["destination"] for m in spec.get("mounts") or []]
+    return seen

@@ -1,6 +1,7 @@
 """The demo's workload catalog end to end, on the test cluster: the chart installed, the
 controller and three simulated GPU nodes running with the chart's credentials, every
-scenario in demo/ applied, and every row of the demo's table checked."""
+scenario in demo/ applied, every row of the demo's table checked, and `flexgpu usage` over
+the plugins' endpoints telling the deliberately idle claim from the busy ones."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from demo import catalog
-from demo.world import DemoWorld, container_log
+from demo import catalog, usage
+from demo.world import NODES, DemoWorld, container_seen
 from tools.cluster import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ def rows(world: DemoWorld, api: Any) -> dict[str, catalog.Row]:
     for manifest in catalog.manifests():
         catalog.apply(api, manifest)
     settled = catalog.wait_settled(
-        api, lambda node, pod: container_log(NODE_ROOT, node, catalog.NAMESPACE, pod)
+        api, lambda node, pod: container_seen(NODE_ROOT, node, catalog.NAMESPACE, pod)
     )
     return {r.pod: r for r in settled}
 
@@ -46,8 +47,8 @@ def test_admission_refuses_a_bad_claim_at_creation(
 ) -> None:
     """The demo's controller listens on a port it picks; the webhook configuration must name
     that port, or claims are admitted unchecked (and fail only when their pod starts)."""
-    resource = client.ResourceV1Api(api)
-    body = {
+    resource: Any = client.ResourceV1Api(api)
+    body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": "mps-on-mig"},
@@ -84,7 +85,7 @@ def test_a_valid_gpu_node_policy_is_accepted(world: DemoWorld, api: Any) -> None
     """GpuNodePolicies are sent to the webhook with failurePolicy Fail: an unreachable
     webhook would refuse every one of them."""
     objects = client.CustomObjectsApi(api)
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": "flexgpu.dev/v1alpha1",
         "kind": "GpuNodePolicy",
         "metadata": {"name": "demo-admission-check"},
@@ -110,6 +111,10 @@ def test_every_workload_but_the_unsatisfiable_one_runs(rows: dict[str, catalog.R
 
 def test_one_gpu_and_four_nvlink_gpus(rows: dict[str, catalog.Row]) -> None:
     assert rows["one-gpu"].limits == "1 GPU visible"
+    # A whole GPU is named by its product, never by a MIG profile.
+    assert rows["one-gpu"].detail.startswith("NVIDIA "), rows["one-gpu"]
+    assert rows["one-gpu"].uuids.startswith("GPU-") and "," not in rows["one-gpu"].uuids
+    assert rows["four-nvlink"].uuids.endswith("(+2)")
     assert rows["four-nvlink"].limits == "4 GPUs visible"
     assert rows["four-nvlink"].devices.endswith("(+2)")
 
@@ -121,6 +126,8 @@ def test_seven_mig_partitions_on_one_gpu(rows: dict[str, catalog.Row]) -> None:
     parents = {r.devices.rsplit("-mig-", 1)[0] for r in migs}
     starts = sorted(int(r.devices.rsplit("-", 1)[1]) for r in migs)
     assert len(parents) == 1 and starts == list(range(7))
+    assert all(r.uuids.startswith("MIG-") for r in migs)
+    assert len({r.uuids for r in migs}) == 7
 
 
 def test_fractional_shares_carry_their_limits(rows: dict[str, catalog.Row]) -> None:
@@ -149,3 +156,25 @@ def test_unsatisfiable_claim_is_explained(rows: dict[str, catalog.Row], api: Any
     message = catalog.explanation(api)
     assert message.startswith("Claim too-big cannot be allocated on any node")
     assert "None of the" in message and "largest are" in message
+
+
+def test_container_files_come_from_its_spec(rows: dict[str, catalog.Row]) -> None:
+    """Simulated nodes have no driver root: their containers get no device nodes or driver
+    files, and the table says so rather than leaving the column empty."""
+    assert rows["one-gpu"].files == "no device nodes or driver files"
+    assert rows["too-big"].files == "-"
+
+
+def test_usage_lists_only_the_idle_claim_as_idle(
+    rows: dict[str, catalog.Row], world: DemoWorld, api: Any
+) -> None:
+    idle = usage.apply_load(api, {name: NODE_ROOT / name for name, _, _ in NODES})
+    assert len(idle) == 1
+    report = usage.wait_idle_listed(list(world.metrics.values()), world.kubeconfig, idle)
+    claims_part, _, idle_part = report.partition("Idle claims:")
+    assert idle[0] in idle_part, report
+    listed = [line.split()[1] for line in idle_part.strip().splitlines()[1:]]
+    assert listed == idle, report
+    assert "Not read" not in report, report
+    # The busy ones are reported with usage of their own.
+    assert catalog.NAMESPACE in claims_part and "mig" in claims_part.lower(), report
