@@ -1,5 +1,6 @@
 """`make demo`: a local Kubernetes 1.37 cluster with flexgpu installed by its Helm chart,
-three simulated GPU nodes, and the workload catalog in this folder, with a table of what
+three simulated GPU nodes and, where this machine allows, one real node (demo/real_node.py),
+and the workload catalog in this folder, with a table of what
 each pod got, then `flexgpu usage` once the workloads ran a while (one claim kept idle).
 `make demo-down` (``python -m demo down``) stops everything.
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from kubernetes import config
 
-from demo import catalog, usage
+from demo import catalog, real_node, usage
 from demo.world import NODES, DemoWorld, container_seen, plugin_endpoints
 from tools.cluster.binaries import REPO_ROOT, control_plane_dir, helm_tools_dir
 from tools.cluster.control_plane import ControlPlane
@@ -44,7 +45,7 @@ def serve() -> int:
     signal.signal(signal.SIGINT, on_term)
     plane = ControlPlane(workdir=WORKDIR / "cluster")
     plane.start()
-    world = DemoWorld(plane.kubeconfig, WORKDIR, node_root=NODE_ROOT)
+    world = DemoWorld(plane.kubeconfig, WORKDIR, node_root=NODE_ROOT, cluster=plane)
     try:
         world.start()
         (WORKDIR / "ready").write_text(plane.version + "\n")
@@ -71,7 +72,8 @@ def ensure_running() -> Path:
     helm_tools_dir()
     step(
         "starting the control plane, installing the chart, starting the controller and "
-        "three simulated GPU nodes (plugin + kubelet harness each)"
+        "three simulated GPU nodes (plugin + kubelet harness each) and one real node "
+        "(kubelet + containerd + runc, the plugin as the chart's DaemonSet pod)"
     )
     log = (WORKDIR / "supervisor.log").open("ab")
     proc = subprocess.Popen(
@@ -92,7 +94,12 @@ def ensure_running() -> Path:
             )
         time.sleep(0.5)
     for name, topology, flags in NODES:
-        print(f"  {name}: {topology} {' '.join(flags)}".rstrip())
+        print(f"  {name}: {topology} {' '.join(flags)}".rstrip() + " (kubelet harness)")
+    real = real_node.read_state(WORKDIR)
+    if "skipped" in real:
+        print(f"  no real node: {real['skipped']}")
+    else:
+        print(f"  {real_node.NAME}: {real_node.TOPOLOGY} (real kubelet, containerd and runc)")
     return kubeconfig
 
 
@@ -105,10 +112,17 @@ def up() -> int:
         first = manifest.read_text().splitlines()[0].lstrip("# ")
         catalog.apply(api, manifest)
         print(f"  {manifest.name}: {first}")
+    real = real_node.read_state(WORKDIR)
+    if "image" in real:
+        real_node.apply(api, real["image"])
+        pods = ", ".join(f"{p} ({n} GPU{'s' if n > 1 else ''})" for p, n in real_node.PODS)
+        print(f"  on {real_node.NAME}, the workload image reporting from inside: {pods}")
 
     step("waiting for the scheduler, the plugins and the containers")
 
     def seen_of(node: str, pod: str) -> catalog.Seen:
+        if node == real_node.NAME and "podLogs" in real:
+            return real_node.container_seen(Path(real["podLogs"]), pod)
         return container_seen(NODE_ROOT, node, catalog.NAMESPACE, pod)
 
     started = time.monotonic()
@@ -142,7 +156,8 @@ The cluster keeps running. Try:
   .venv/bin/flexgpu explain {catalog.NAMESPACE}/{catalog.UNSATISFIABLE}
   .venv/bin/flexgpu usage -o wide --idle-window={usage.IDLE_WINDOW} \\
       {" ".join(f"--plugin={e}" for e in plugin_endpoints(WORKDIR))}
-Logs: {WORKDIR / "logs"}/ and {NODE_ROOT}/<node>/logs/   Stop it with: make demo-down""")
+Logs: {WORKDIR / "logs"}/, {NODE_ROOT}/<node>/logs/ and {WORKDIR / "supervisor.log"}
+Stop it with: make demo-down""")
     settled = all(r.phase == "Running" for r in rows if r.pod != catalog.UNSATISFIABLE)
     idle_listed = bool(idle) and all(c in report.partition("Idle claims:")[2] for c in idle)
     return 0 if settled and explanation and idle_listed else 1

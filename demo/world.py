@@ -1,6 +1,7 @@
 """The demo's world on a running control plane: the Helm chart installed, the controller and
 three simulated GPU nodes (kubelet plugin + kubelet harness each) running as local processes
-with the chart's ServiceAccounts."""
+with the chart's ServiceAccounts, and, where this machine allows it, one real node
+(demo/real_node.py) whose plugin is the chart's DaemonSet pod."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from typing import Any
 
 from kubernetes import client, config
 
-from demo import usage
+from demo import real_node, usage
 from demo.catalog import Seen, env_of
 from tools.cluster import create_simulated_node
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
-from tools.cluster.control_plane import free_port
+from tools.cluster.control_plane import ControlPlane, free_port
 from tools.cluster.gpu_node import SimulatedGpuNode
 from tools.cluster.process import Component
 from tools.cluster.tokens import service_account_kubeconfig
+from tools.images.build import build_all
+from tools.node import chart
+from tools.node.node import RealNode
 
 SYSTEM_NAMESPACE = "flexgpu-system"
 RELEASE = "flexgpu"
@@ -68,6 +72,7 @@ class DemoWorld:
         *,
         pending_delay_s: float = 3,
         node_root: Path = Path("/tmp/flexgpu-demo"),
+        cluster: ControlPlane | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.workdir = workdir
@@ -78,8 +83,13 @@ class DemoWorld:
         self.controller: Component | None = None
         # node -> 127.0.0.1:<port> of its plugin's /metrics (read by `flexgpu usage`).
         self.metrics: dict[str, str] = {}
+        # Without a ControlPlane object there is no real node (it joins with a certificate
+        # from the control plane's PKI).
+        self.cluster = cluster
+        self.real: RealNode | None = None
+        self.real_skipped = "no control plane handle" if cluster is None else ""
 
-    def install_chart(self) -> None:
+    def install_chart(self, extra: list[str] | None = None) -> None:
         tools = helm_tools_dir()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         result = subprocess.run(
@@ -94,6 +104,7 @@ class DemoWorld:
                 "--create-namespace",
                 "--take-ownership",
                 "--wait=false",
+                *(extra or []),
             ],
             capture_output=True,
             text=True,
@@ -104,7 +115,7 @@ class DemoWorld:
             raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
 
     def start(self) -> None:
-        self.install_chart()
+        self.install_chart(self._real_node_values())
         self.workdir.mkdir(parents=True, exist_ok=True)
         creds = self.workdir / "credentials"
         creds.mkdir(exist_ok=True)
@@ -164,8 +175,50 @@ class DemoWorld:
             node.start()
             self.nodes[name] = node
             self.metrics[name] = f"127.0.0.1:{port}"
+        self._start_real_node()
+        real_node.write_state(self.workdir, node=self.real, reason=self.real_skipped)
         # The `make demo` process is not this one: it reads the endpoints from here.
         endpoints_file(self.workdir).write_text("".join(f"{e}\n" for e in self.metrics.values()))
+
+    def _real_node_values(self) -> list[str]:
+        """The chart's values for the real node's plugin pod; none when it cannot start."""
+        if self.cluster is None:
+            return []
+        self.real_skipped = real_node.missing(self.cluster)
+        if self.real_skipped:
+            return []
+        self.real = RealNode(
+            self.cluster,
+            real_node.NAME,
+            gpus=real_node.GPUS,
+            labels={"flexgpu.dev/topology": real_node.TOPOLOGY},
+        )
+        try:
+            self.real.images = build_all()
+        except Exception as error:  # any build failure: the demo goes on without the node
+            self._give_up_real_node(f"its images could not be built ({error})")
+            return []
+        return real_node.chart_values(self.real, self.real.images["flexgpu"].name)
+
+    def _start_real_node(self) -> None:
+        node = self.real
+        if node is None:
+            return
+        try:
+            node.start()
+            real_node.taint(node)
+            chart.wait_plugin_serving(
+                node, SYSTEM_NAMESPACE, image=node.images["flexgpu"].name, timeout_s=240
+            )
+        except Exception as error:  # any failure: the demo goes on without the node
+            self._give_up_real_node(f"it did not start ({error})")
+
+    def _give_up_real_node(self, reason: str) -> None:
+        print(f"real node {real_node.NAME}: {reason}", file=sys.stderr, flush=True)
+        self.real_skipped = reason.splitlines()[0]
+        if self.real is not None:
+            self.real.cleanup()
+        self.real = None
 
     def wait_for_admission(self, timeout_s: float = 120.0) -> None:
         """Until the apiserver refuses a bad claim (a dry run): the controller is serving the
@@ -192,6 +245,8 @@ class DemoWorld:
         )
 
     def stop(self) -> None:
+        if self.real is not None:
+            self.real.cleanup()
         for node in self.nodes.values():
             node.cleanup()
         if self.controller is not None:

@@ -1,7 +1,8 @@
 """The demo's workload catalog end to end, on the test cluster: the chart installed, the
-controller and three simulated GPU nodes running with the chart's credentials, every
-scenario in demo/ applied, every row of the demo's table checked, and `flexgpu usage` over
-the plugins' endpoints telling the deliberately idle claim from the busy ones."""
+controller and three simulated GPU nodes running with the chart's credentials, the real node
+with the chart's plugin pod (where this machine allows one), every scenario in demo/ applied,
+every row of the demo's table checked, and `flexgpu usage` over the plugins' endpoints
+telling the deliberately idle claim from the busy ones."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from demo import catalog, usage
+from demo import catalog, real_node, usage
 from demo.world import NODES, DemoWorld, container_seen
 from tools.cluster import ControlPlane
 
@@ -23,7 +24,9 @@ NODE_ROOT = Path("/tmp/fg-demo-test")
 
 @pytest.fixture(scope="module")
 def world(cluster: ControlPlane) -> Iterator[DemoWorld]:
-    world = DemoWorld(cluster.kubeconfig, cluster.workdir / "demo", node_root=NODE_ROOT)
+    world = DemoWorld(
+        cluster.kubeconfig, cluster.workdir / "demo", node_root=NODE_ROOT, cluster=cluster
+    )
     try:
         world.start()
         yield world
@@ -36,9 +39,16 @@ def rows(world: DemoWorld, api: Any) -> dict[str, catalog.Row]:
     catalog.reset_namespace(api)
     for manifest in catalog.manifests():
         catalog.apply(api, manifest)
-    settled = catalog.wait_settled(
-        api, lambda node, pod: container_seen(NODE_ROOT, node, catalog.NAMESPACE, pod)
-    )
+    real = world.real
+    if real is not None:
+        real_node.apply(api, real.images["workload"].name)
+
+    def seen_of(node: str, pod: str) -> catalog.Seen:
+        if real is not None and node == real.name:
+            return real_node.container_seen(real.layout.pod_logs, pod)
+        return container_seen(NODE_ROOT, node, catalog.NAMESPACE, pod)
+
+    settled = catalog.wait_settled(api, seen_of)
     return {r.pod: r for r in settled}
 
 
@@ -101,8 +111,10 @@ def test_a_valid_gpu_node_policy_is_accepted(world: DemoWorld, api: Any) -> None
     )
 
 
-def test_every_workload_but_the_unsatisfiable_one_runs(rows: dict[str, catalog.Row]) -> None:
-    assert len(rows) == 19
+def test_every_workload_but_the_unsatisfiable_one_runs(
+    rows: dict[str, catalog.Row], world: DemoWorld
+) -> None:
+    assert len(rows) == 19 + (len(real_node.PODS) if world.real else 0)
     assert {name for name, r in rows.items() if r.phase != "Running"} == {"too-big"}
     for name, row in rows.items():
         if name != "too-big":
@@ -178,3 +190,24 @@ def test_usage_lists_only_the_idle_claim_as_idle(
     assert "Not read" not in report, report
     # The busy ones are reported with usage of their own.
     assert catalog.NAMESPACE in claims_part and "mig" in claims_part.lower(), report
+
+
+def test_real_node_containers_report_what_they_got_from_inside(
+    rows: dict[str, catalog.Row], world: DemoWorld
+) -> None:
+    """On the real node the runtime applied the plugin's CDI edits: each container has one
+    /dev/nvidia<N> per granted GPU, the control nodes and the simulated driver's files."""
+    if world.real is None:
+        pytest.skip(f"no real node: {world.real_skipped}")
+    one, two = rows["real-one-gpu"], rows["real-two-gpus"]
+    assert {one.node, two.node} == {real_node.NAME}
+    assert one.limits == "1 GPU visible" and two.limits == "2 GPUs visible"
+    assert one.detail.startswith("NVIDIA H200"), one
+    assert one.uuids.startswith("GPU-") and len(two.uuids.split(", ")) == 2
+    assert not set(one.uuids.split(", ")) & set(two.uuids.split(", "))
+    assert one.files.startswith("/dev/nvidia") and one.files.count("/dev/nvidia") == 1, one
+    assert two.files.count("/dev/nvidia") == 2, two
+    for row in (one, two):
+        assert "control/caps nodes" in row.files, row
+        files = int(row.files.rsplit("; ", 1)[1].split()[0])
+        assert files > 0, row
