@@ -31,11 +31,13 @@ WHOLE_GPU = re.compile(r"gpu-\d+")
 
 @dataclass
 class Seen:
-    """What a container was given: its environment, device nodes and driver files."""
+    """What a container was given: its environment, device nodes, driver files and other
+    GPU mounts (MPS pipes and shared memory)."""
 
     env: dict[str, str] = field(default_factory=dict)
     device_nodes: list[str] = field(default_factory=list)
     driver_files: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -147,14 +149,17 @@ def short_uuid(uuid: str) -> str:
 
 
 def files_cell(seen: Seen) -> str:
-    if not seen.device_nodes and not seen.driver_files:
+    if not seen.device_nodes and not seen.driver_files and not seen.mounts:
         return "no device nodes or driver files"
     gpu_nodes = [p for p in seen.device_nodes if p.removeprefix("/dev/nvidia").isdigit()]
     other = len(seen.device_nodes) - len(gpu_nodes)
     parts = [_first(gpu_nodes)] if gpu_nodes else []
     if other:
         parts.append(f"{other} control/caps nodes")
-    parts.append(f"{len(seen.driver_files)} driver files")
+    if seen.driver_files or seen.device_nodes:
+        parts.append(f"{len(seen.driver_files)} driver files")
+    if seen.mounts:
+        parts.append(f"{len(seen.mounts)} mounts")
     return "; ".join(parts)
 
 
@@ -260,7 +265,7 @@ def table(rows_: list[Row]) -> str:
         "MIG / SHARE / PRODUCT",
         "GPU UUIDS IN CONTAINER",
         "LIMITS IN CONTAINER",
-        "DEVICE NODES / DRIVER FILES",
+        "DEVICE NODES / DRIVER FILES / MOUNTS",
     )
     data = [headers, *(r.cells() for r in rows_)]
     widths = [max(len(row[i]) for row in data) for i in range(len(headers))]

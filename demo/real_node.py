@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,10 @@ def binaries_built() -> bool:
     here = BUILD_SCRIPT.parent
     parts = [BUILD_SCRIPT, *sorted(here.glob("*/go.mod")), *sorted(here.glob("*/go.sum"))]
     key = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()[:12]
-    return (Path.home() / ".cache" / "flexgpu" / f"node-{key}" / ".complete").is_file()
+    cache = os.environ.get("FLEXGPU_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexgpu"
+    )
+    return (Path(cache) / f"node-{key}" / ".complete").is_file()
 
 
 def missing(cluster: ControlPlane) -> str:
@@ -152,4 +156,9 @@ def container_seen(pod_logs: Path, pod: str, namespace: str = NAMESPACE) -> Seen
     latest = report.latest(found[-1].read_text(errors="replace")) if found else None
     if latest is None:
         return Seen()
-    return Seen(env=latest.env, device_nodes=sorted(latest.devices), driver_files=latest.files)
+    return Seen(
+        env=latest.env,
+        device_nodes=sorted(latest.devices),
+        driver_files=latest.files,
+        mounts=latest.mounts,
+    )

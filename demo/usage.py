@@ -24,6 +24,10 @@ IDLE_POD = "mid-memory"
 # Short enough for the demo to show it: a claim idle this long is listed as idle.
 IDLE_WINDOW = "20s"
 BUSY_PERCENT = 70
+# A share's pod stays within its share: this much of its compute percentage, or this much of
+# the GPU when the share sets no compute.
+SHARE_BUSY = 0.7
+SHARE_BUSY_PERCENT = 20
 STATE_FILE = "simulated-gpus.json"
 FIRST_PID = 50000
 
@@ -57,17 +61,25 @@ def _gpu_instances(data_dir: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def _claim_devices(claim: Any) -> list[tuple[str, str]]:
-    """(node pool, status uuid) of each non-admin device of an allocated claim."""
+def _claim_devices(claim: Any) -> list[tuple[str, str, str, int]]:
+    """(node pool, device, status uuid, SM percent to load it with) of each non-admin
+    device of an allocated claim."""
     status = claim.status
     if status is None or status.allocation is None:
         return []
-    uuids = {(d.pool, d.device): (d.data or {}).get("uuid", "") for d in status.devices or []}
-    return [
-        (r.pool, f"{r.device}|{uuids.get((r.pool, r.device), '')}")
-        for r in status.allocation.devices.results
-        if not r.admin_access
-    ]
+    data = {(d.pool, d.device): d.data or {} for d in status.devices or []}
+    found = []
+    for r in status.allocation.devices.results:
+        if r.admin_access:
+            continue
+        info = data.get((r.pool, r.device), {})
+        percent = BUSY_PERCENT
+        if "granted" in info:
+            text = str(info["granted"].get("compute", "0"))
+            compute = int(text) if text.isdigit() else 0
+            percent = int(compute * SHARE_BUSY) if compute else SHARE_BUSY_PERCENT
+        found.append((r.pool, r.device, str(info.get("uuid", "")), percent))
+    return found
 
 
 def apply_load(api: Any, node_roots: dict[str, Path], namespace: str = NAMESPACE) -> list[str]:
@@ -87,14 +99,13 @@ def apply_load(api: Any, node_roots: dict[str, Path], namespace: str = NAMESPACE
                 idle.append(claim_name)
                 continue
             claim = resource.read_namespaced_resource_claim(claim_name, namespace)
-            for node, key in _claim_devices(claim):
+            for node, device, uuid, percent in _claim_devices(claim):
                 if node not in node_roots:
                     continue
-                device, _, uuid = key.partition("|")
                 process: dict[str, int] = {
                     "pid": pid,
                     "usedMemoryMiB": 1024,
-                    "smUtilization": BUSY_PERCENT,
+                    "smUtilization": percent,
                 }
                 index = int(device.split("-")[1])
                 if uuid in instances[node]:

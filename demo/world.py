@@ -280,5 +280,6 @@ def container_seen(node_root: Path, node: str, namespace: str, pod: str) -> Seen
         except ValueError:  # being written
             return seen
         seen.device_nodes = [d["path"] for d in (spec.get("linux") or {}).get("devices") or []]
-        seen.driver_files = [m["destination"] for m in spec.get("mounts") or []]
+        # A simulated node has no driver root: what its plugin mounts is MPS's.
+        seen.mounts = [m["destination"] for m in spec.get("mounts") or []]
     return seen

@@ -6,6 +6,7 @@ telling the deliberately idle claim from the busy ones."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,8 @@ def test_container_files_come_from_its_spec(rows: dict[str, catalog.Row]) -> Non
     """Simulated nodes have no driver root: their containers get no device nodes or driver
     files, and the table says so rather than leaving the column empty."""
     assert rows["one-gpu"].files == "no device nodes or driver files"
+    # MPS clients get the control daemon's pipe and shared memory folders.
+    assert rows["mps"].files.endswith(" mounts"), rows["mps"]
     assert rows["too-big"].files == "-"
 
 
@@ -209,5 +212,5 @@ def test_real_node_containers_report_what_they_got_from_inside(
     assert two.files.count("/dev/nvidia") == 2, two
     for row in (one, two):
         assert "control/caps nodes" in row.files, row
-        files = int(row.files.rsplit("; ", 1)[1].split()[0])
-        assert files > 0, row
+        files = re.search(r"(\d+) driver files", row.files)
+        assert files is not None and int(files.group(1)) > 0, row
