@@ -1,19 +1,20 @@
-"""Soak: three simulated nodes under pod churn of every claim kind while the plugin is
-SIGKILLed, the apiserver restarts and slices are deleted at random. Proves that no two prepared
-claims ever hold the same exclusive device, and that once every pod is gone nothing is left:
-no claim record, CDI spec, MIG instance, MPS daemon or changed GPU setting, and every node has
-its slices. Runs only with FLEXGPU_SOAK_MINUTES set (see docs/development.md)."""
+"""Soak: three simulated nodes under pod churn of every claim kind while, at random, a plugin is
+SIGKILLed (at any moment, or by itself at a named step of a prepare or unprepare), the
+apiserver restarts and a node's slices are deleted. Proves that no two prepared claims ever
+hold the same exclusive device, and that once every pod is gone nothing is left: no claim
+record, CDI spec, MIG instance, MPS daemon or changed GPU setting, and every node has its
+slices. Runs only with FLEXGPU_SOAK_MINUTES set (see docs/development.md, Soak)."""
 
 from __future__ import annotations
 
 import os
 import random
-import signal
+import re
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import pytest
 from kubernetes import client
 
 from tests.integration.gpu_workloads import ensure_device_classes
-from tests.soak.churn import DRIVER, Churn, kinds
+from tests.soak.chaos import Chaos, poll, slices
+from tests.soak.churn import Churn, kinds
 from tests.soak.invariants import double_allocations, gpu_settings, in_use, leftovers
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
@@ -77,86 +79,6 @@ def nodes(cluster: ControlPlane, api: Any) -> Iterator[dict[str, SimulatedGpuNod
     finally:
         for sim in sims.values():
             sim.cleanup()
-
-
-def _slices(resource: Any, node: str) -> list[Any]:
-    selector = f"spec.nodeName={node},spec.driver={DRIVER}"
-    return list(resource.list_resource_slice(field_selector=selector).items)
-
-
-def _poll(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.5) -> Any:
-    """The first truthy answer of predicate within timeout_s, else None; API errors (an
-    apiserver restarting) count as a falsy answer."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            answer = predicate()
-        except Exception:
-            answer = None
-        if answer:
-            return answer
-        time.sleep(interval_s)
-    return None
-
-
-class Chaos:
-    """Random faults, one at a time: plugin SIGKILL (the test starts it again), apiserver
-    restart with a short outage, deletion of a node's ResourceSlices."""
-
-    def __init__(
-        self,
-        cluster: ControlPlane,
-        nodes: dict[str, SimulatedGpuNode],
-        rng: random.Random,
-        problems: list[str],
-    ) -> None:
-        self.cluster = cluster
-        self.nodes = nodes
-        self.rng = rng
-        self.problems = problems
-        self.resource = client.ResourceV1Api(cluster.api_client())
-        self.counts: Counter[str] = Counter()
-        self.slice_return_s: list[float] = []
-        self.plugin_lock = threading.Lock()
-
-    def act(self) -> None:
-        action = self.rng.choices(["kill", "apiserver", "slices"], weights=[5, 2, 3])[0]
-        node = self.rng.choice(list(self.nodes.values()))
-        if action == "kill":
-            with self.plugin_lock:
-                node.stop_plugin(signal.SIGKILL)
-                self.counts[f"plugin SIGKILL ({node.name})"] += 1
-                node.start_plugin(timeout_s=180)
-        elif action == "apiserver":
-            self.cluster.restart_apiserver(down_s=self.rng.uniform(1.0, 5.0))
-            self.counts["apiserver restart"] += 1
-        else:
-            before = {s.metadata.uid for s in _slices(self.resource, node.name)}
-            self.resource.delete_collection_resource_slice(
-                field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}"
-            )
-            self.counts[f"slices deleted ({node.name})"] += 1
-            start = time.monotonic()
-            back = _poll(
-                lambda: [
-                    s for s in _slices(self.resource, node.name) if s.metadata.uid not in before
-                ],
-                timeout_s=120,
-            )
-            if back:
-                self.slice_return_s.append(time.monotonic() - start)
-            else:
-                self.problems.append(f"{node.name}: slices not back 120 s after deletion")
-
-    def dead_plugins(self) -> list[str]:
-        """Plugins that exited without being killed by chaos."""
-        with self.plugin_lock:
-            return [
-                f"{n.name}: plugin exited with {n.plugin.exit_code()} unasked "
-                f"(log {n.plugin.log_path})"
-                for n in self.nodes.values()
-                if n.plugin is not None and not n.plugin.running()
-            ]
 
 
 def _warning_events(api: Any, namespace: str, nodes: set[str]) -> Counter[str]:
@@ -224,21 +146,27 @@ def test_soak_no_leaks_and_no_double_allocation(
     started = time.monotonic()
     try:
         end = started + minutes * 60
+        next_act = started + rng.uniform(*CHAOS_GAP_S)
+        # Processes are started from this thread only: they die with the thread that started
+        # them (PR_SET_PDEATHSIG in tools/cluster/process.py), and this one lives to the end.
         while time.monotonic() < end and not problems:
-            stop.wait(min(rng.uniform(*CHAOS_GAP_S), max(0.0, end - time.monotonic())))
-            if time.monotonic() < end:
-                try:
+            stop.wait(1.0)
+            try:
+                chaos.revive()
+                if next_act <= time.monotonic() < end:
                     chaos.act()
-                except Exception as exc:  # a plugin or apiserver that did not come back
-                    problems.append(f"chaos action failed: {exc}")
+                    next_act = time.monotonic() + rng.uniform(*CHAOS_GAP_S)
+            except Exception as exc:  # a plugin or apiserver that did not come back
+                problems.append(f"chaos action failed: {exc}")
         churned_s = time.monotonic() - started
 
-        # Quiesce: no new workloads, every pod and claim deleted and gone.
+        # Quiesce: no new workloads, no armed plugin, every pod and claim deleted and gone.
         creating.clear()
+        chaos.revive(disarm=True)
         churn.delete_all()
         core = client.CoreV1Api(api)
         resource = client.ResourceV1Api(api)
-        quiet = _poll(
+        quiet = poll(
             lambda: (
                 not churn.active()
                 and not core.list_namespaced_pod(namespace).items
@@ -257,17 +185,44 @@ def test_soak_no_leaks_and_no_double_allocation(
 
     # Unprepare runs before the pod object goes, but give the last ones a moment anyway.
     for name, node in nodes.items():
-        left = _poll(lambda n=node, b=baseline[name]: not leftovers(n, b, _dynamic(n)), 60)
+        left = poll(lambda n=node, b=baseline[name]: not leftovers(n, b, _dynamic(n)), 60)
         if not left:
             problems.extend(leftovers(node, baseline[name], _dynamic(node)))
         problems.extend(double_allocations(node))
-        if not _poll(lambda n=node: _slices(resource, n.name), 60):
+        if not poll(lambda n=node: slices(resource, n.name), 60):
             problems.append(f"{name}: no ResourceSlice after the soak")
     problems.extend(p for p in chaos.dead_plugins() if p not in problems)
 
     events = _warning_events(api, namespace, set(nodes))
-    _print_summary(minutes, churned_s, seed, churn, chaos, events, checks, problems)
+    reconciled = _reconciled(nodes)
+    _print_summary(minutes, churned_s, seed, churn, chaos, events, checks, reconciled, problems)
     assert problems == []
+
+
+_RECONCILE = re.compile(
+    r"start-up reconcile: .*?kept (\d+), rolled back (\d+), rebuilt (\d+).*?removed (\d+) "
+    r"orphan CDI spec\(s\), stopped (\d+) MPS daemon\(s\) and destroyed (\d+) MIG"
+)
+_RECONCILE_FIELDS = (
+    "kept",
+    "rolled back",
+    "rebuilt",
+    "orphan CDI specs removed",
+    "MPS daemons stopped",
+    "MIG instances destroyed",
+)
+
+
+def _reconciled(nodes: dict[str, SimulatedGpuNode]) -> Counter[str]:
+    """What the start-up reconciles after the kills found and did, summed from the plugin
+    logs: shows whether kills landed mid-prepare (rolled back) or left orphans."""
+    totals: Counter[str] = Counter()
+    for node in nodes.values():
+        for log in (node.root / "logs").glob("plugin-*.log"):
+            for match in _RECONCILE.finditer(log.read_text(errors="replace")):
+                for key, value in zip(_RECONCILE_FIELDS, match.groups(), strict=True):
+                    totals[key] += int(value)
+    return totals
 
 
 def _dynamic(node: SimulatedGpuNode) -> set[int]:
@@ -282,6 +237,7 @@ def _print_summary(
     chaos: Chaos,
     events: Counter[str],
     checks: Counter[str],
+    reconciled: Counter[str],
     problems: list[str],
 ) -> None:
     c = churn.counts
@@ -306,6 +262,7 @@ def _print_summary(
     for reason in ("pod: FailedPrepareDynamicResources", "pod: FailedUnprepareDynamicResources"):
         rows.append((f"warning events, {reason}", str(events.pop(reason, 0))))
     rows += [(f"warning events, {k}", str(v)) for k, v in sorted(events.items())]
+    rows += [(f"start-up reconciles: {k}", str(reconciled[k])) for k in _RECONCILE_FIELDS]
     rows.append(("invariant passes (every 2 s)", str(checks["invariant passes"])))
     for key in ("most prepared claims at once", "most CDI device grants at once"):
         rows.append((f"{key} (one node)", str(checks[key])))
