@@ -143,24 +143,33 @@ def test_uninstall_leaves_nothing_and_policy_writes_work_again(
     left = _run(cluster, "kubectl", "get", "-f", str(manifest), "-o", "name", "--ignore-not-found")
     assert left.returncode == 0, left.stderr
     assert left.stdout.split() == []
+
     # Nothing labelled with the release anywhere either (pods of the workloads included).
-    labelled = _ok(
-        _run(
-            cluster,
-            "kubectl",
-            "get",
-            "validatingwebhookconfigurations,validatingadmissionpolicies,"
-            "validatingadmissionpolicybindings,clusterroles,clusterrolebindings,roles,"
-            "rolebindings,serviceaccounts,services,daemonsets,deployments,pods,"
-            "poddisruptionbudgets,configmaps",
-            "--all-namespaces",
-            "-l",
-            f"app.kubernetes.io/instance={release}",
-            "-o",
-            "name",
-        )
+    # Pods go through the garbage collector after their ReplicaSet: wait for it, bounded.
+    def labelled() -> list[str]:
+        return _ok(
+            _run(
+                cluster,
+                "kubectl",
+                "get",
+                "validatingwebhookconfigurations,validatingadmissionpolicies,"
+                "validatingadmissionpolicybindings,clusterroles,clusterrolebindings,roles,"
+                "rolebindings,serviceaccounts,services,daemonsets,deployments,pods,"
+                "poddisruptionbudgets,configmaps",
+                "--all-namespaces",
+                "-l",
+                f"app.kubernetes.io/instance={release}",
+                "-o",
+                "name",
+            )
+        ).split()
+
+    wait_for(
+        lambda: labelled() == [],
+        timeout_s=60,
+        interval_s=1.0,
+        what="nothing labelled with the release left",
     )
-    assert labelled.split() == []
     # The run-time objects go with the Deployment that owns them (garbage collection).
     core: Any = client.CoreV1Api(api)
     coordination: Any = client.CoordinationV1Api(api)
