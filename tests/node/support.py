@@ -16,9 +16,6 @@ from tools.node.node import RealNode
 DRIVER = "gpu.flexgpu.dev"
 API_VERSION = "gpu.flexgpu.dev/v1alpha1"
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-# Defects other issues cover; tests that meet them are marked with these reasons.
-NODE_PATH = "#16 node path: "
-PREPARE_PATH = "#11 prepare path: "
 
 
 def gpu_request(name: str = "gpu", count: int = 1, device_class: str = DRIVER) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from kubernetes import client
 from tests.conftest import wait_for
 from tests.node.conftest import DYNAMIC_MIG_GPUS, NODE, PLUGIN_NAMESPACE
 from tests.node.support import (
-    PREPARE_PATH,
     allocated,
     assert_control_nodes_usable,
     claim_uid,
@@ -270,9 +269,6 @@ def test_gpu_fractions(api: Any, namespace: str, plugin: RealNode) -> None:
     delete_pods(api, namespace, "f1", "f2")
 
 
-@pytest.mark.xfail(
-    strict=False, reason=PREPARE_PATH + "concurrent NodePrepareResources for different pods"
-)
 def test_concurrent_prepares_for_different_pods(api: Any, namespace: str, plugin: RealNode) -> None:
     core = client.CoreV1Api(api)
     names = [f"c{i}" for i in range(4)]
