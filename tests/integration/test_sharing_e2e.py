@@ -69,6 +69,11 @@ def run_share(
 
 
 @pytest.mark.core
+@pytest.mark.requires_k8s(
+    "1.35",
+    why="measured on 1.34.12: its alpha consumable-capacity allocator leaves the last "
+    "fraction unschedulable (cannot allocate all claims) on a GPU with room for it",
+)
 def test_fractions_pack_onto_one_gpu_and_are_enforced(
     api: Any, namespace: str, node: SimulatedGpuNode
 ) -> None:
