@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +181,24 @@ def pending_reason(api: Any, namespace: str, pod: str) -> str:
         return ""
 
     return str(wait_for(unschedulable, what=f"{pod} reported unschedulable"))
+
+
+@contextlib.contextmanager
+def policy_webhook_ignored(api: Any, configuration: str) -> Iterator[None]:
+    """No controller pod serves the chart's webhook in this test world (no kubelet runs its
+    Deployment), so GpuNodePolicy writes would fail: ignore the webhook's failure meanwhile."""
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    hooks = admission.read_validating_webhook_configuration(configuration).webhooks
+    index = next(i for i, h in enumerate(hooks) if h.name == "gpunodepolicies.flexgpu.dev")
+    path = f"/webhooks/{index}/failurePolicy"
+
+    def set_policy(value: str) -> None:
+        admission.patch_validating_webhook_configuration(
+            configuration, [{"op": "replace", "path": path, "value": value}]
+        )
+
+    set_policy("Ignore")
+    try:
+        yield
+    finally:
+        set_policy("Fail")

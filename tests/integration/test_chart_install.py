@@ -30,6 +30,7 @@ from tests.integration.gpu_workloads import (
     gpu_request,
     granted,
     make_pod,
+    policy_webhook_ignored,
     wait_container_output,
     wait_phase,
 )
@@ -413,7 +414,7 @@ def test_plugin_may_write_only_its_own_node_and_driver(
             "gpus": [{"selector": {"all": True}, "mode": "Whole"}],
         },
     }
-    with _policy_webhook_ignored(api):
+    with policy_webhook_ignored(api, WEBHOOK_CONFIGURATION):
         wait_for(lambda: _create_policy(objects, policy), what="GpuNodePolicy CRD served")
     plugin_objects: Any = client.CustomObjectsApi(as_plugin)
     try:
@@ -459,27 +460,6 @@ def test_plugin_may_write_only_its_own_node_and_driver(
     assert f"may only record Events about that Node, not about Node '{NODE_B}'" in message
     _denial(core.create_namespaced_event, "default", event("default", "Pod", NODE_A))
     core.create_namespaced_event("default", event("default", "Node", NODE_A), dry_run="All")
-
-
-@contextlib.contextmanager
-def _policy_webhook_ignored(api: Any) -> Iterator[None]:
-    """No controller pod serves the chart's webhook in this test world (no kubelet runs the
-    Deployment), and GpuNodePolicy writes fail without it: ignore its failure meanwhile."""
-    admission: Any = client.AdmissionregistrationV1Api(api)
-    hooks = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION).webhooks
-    index = next(i for i, h in enumerate(hooks) if h.name == "gpunodepolicies.flexgpu.dev")
-    path = f"/webhooks/{index}/failurePolicy"
-
-    def set_policy(value: str) -> None:
-        admission.patch_validating_webhook_configuration(
-            WEBHOOK_CONFIGURATION, [{"op": "replace", "path": path, "value": value}]
-        )
-
-    set_policy("Ignore")
-    try:
-        yield
-    finally:
-        set_policy("Fail")
 
 
 def _create_policy(objects: Any, body: dict[str, Any]) -> bool:

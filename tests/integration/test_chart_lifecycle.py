@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from kubernetes import client
 
 from controller.webhook_config import ServiceRef, build_webhook_configuration
 from tests.conftest import wait_for
+from tests.integration.gpu_workloads import policy_webhook_ignored
 from tools.cluster import ControlPlane
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
 from tools.cluster.process import Component
@@ -69,27 +69,6 @@ def _policy(name: str, mps: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _create(objects: Any, body: dict[str, Any], **kwargs: Any) -> Any:
     return objects.create_cluster_custom_object(*POLICIES, body, **kwargs)
-
-
-@contextlib.contextmanager
-def _policy_webhook_ignored(api: Any, configuration: str) -> Iterator[None]:
-    """No controller pod serves the chart's webhook here (no kubelet runs the Deployment), so
-    GpuNodePolicy writes would fail: ignore its failure meanwhile."""
-    admission: Any = client.AdmissionregistrationV1Api(api)
-    hooks = admission.read_validating_webhook_configuration(configuration).webhooks
-    index = next(i for i, h in enumerate(hooks) if h.name == "gpunodepolicies.flexgpu.dev")
-    path = f"/webhooks/{index}/failurePolicy"
-
-    def set_policy(value: str) -> None:
-        admission.patch_validating_webhook_configuration(
-            configuration, [{"op": "replace", "path": path, "value": value}]
-        )
-
-    set_policy("Ignore")
-    try:
-        yield
-    finally:
-        set_policy("Fail")
 
 
 def test_uninstall_leaves_nothing_and_policy_writes_work_again(
@@ -383,7 +362,7 @@ def test_upgrade_from_an_earlier_chart_keeps_policies_and_serves_the_new_crd(
             base64.b64encode(b"the old controller's CA").decode()
         }
         # The new schema is served: a field only it knows is kept, not pruned.
-        with _policy_webhook_ignored(api, configuration):
+        with policy_webhook_ignored(api, configuration):
             wait_for(
                 lambda: _created(objects, _policy("new-field", {"multiUser": True})),
                 what="GpuNodePolicy with a field of the new schema",
