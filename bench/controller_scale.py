@@ -31,17 +31,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from controller.cluster_state import ClusterState
-from controller.diagnostics import Diagnostics
-from controller.evaluation import Memo, evaluate
-from controller.events import EventTarget
-from controller.messages import Lookup, pod_message
-from controller.pending import pending_claims
-from driver.allocation.allocator import SelectorCache
-from driver.names import DRIVER_NAME
-from driver.resource_slice import render_node_gpus, slice_specs
-from driver.sim_backend import SimulatedBackend
-from driver.topology import load_topology
+from flexgpu.controller.cluster_state import ClusterState
+from flexgpu.controller.diagnostics import Diagnostics
+from flexgpu.controller.evaluation import Memo, evaluate
+from flexgpu.controller.events import EventTarget
+from flexgpu.controller.messages import Lookup, pod_message
+from flexgpu.controller.pending import pending_claims
+from flexgpu.driver.allocation.allocator import SelectorCache
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.resource_slice import render_node_gpus, slice_specs
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology
 
 NOW = datetime.now(UTC)
 GPUS_PER_NODE = 8

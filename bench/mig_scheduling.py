@@ -19,10 +19,10 @@ from typing import Any
 
 from kubernetes import client
 
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.kube_api import KubeApi
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.slice_publisher import SlicePublisher
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.kube_api import KubeApi
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
 from tools.cluster import ControlPlane, create_simulated_node
 
 DRIVER = "gpu.flexgpu.dev"

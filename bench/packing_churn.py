@@ -38,7 +38,7 @@ from bench.scale_cluster import (
     publish,
 )
 from bench.scale_publications import scratch
-from driver.names import DRIVER_NAME
+from flexgpu.driver.names import DRIVER_NAME
 from tools.cluster import ControlPlane
 
 A = f'device.attributes["{DRIVER_NAME}"]'

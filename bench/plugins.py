@@ -20,7 +20,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from bench.claims import BenchClaim
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tools.cluster.process import Component
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> Plu
         argv=(
             sys.executable,
             "-m",
-            "kubelet_plugin.main",
+            "flexgpu.kubelet_plugin.main",
             "--gpu-backend=simulated",
             "--topology=hgx-h100-8",
             f"--node-name={node}",

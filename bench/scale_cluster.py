@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 
 from bench.scale_publications import DYNAMIC, SHARED, NodeInventory, inventory, node_specs
-from driver.names import DRIVER_NAME
+from flexgpu.driver.names import DRIVER_NAME
 from tools.cluster import create_simulated_node
 
 PUBLICATION_LABEL = "bench.flexgpu.dev/publication"

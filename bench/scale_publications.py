@@ -26,13 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.gpu_model import GpuInfo, MigProfile
-from driver.mig_catalog import MEMORY_SLICES
-from driver.mig_devices import mig_attributes
-from driver.names import DRIVER_NAME, mig_device_name
-from driver.resource_slice import SliceDevice, shared_gpu_device, slice_specs, whole_gpu_device
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.node_devices import NodeDevices
+from flexgpu.driver.gpu_model import GpuInfo, MigProfile
+from flexgpu.driver.mig_catalog import MEMORY_SLICES
+from flexgpu.driver.mig_devices import mig_attributes
+from flexgpu.driver.names import DRIVER_NAME, mig_device_name
+from flexgpu.driver.resource_slice import (
+    SliceDevice,
+    shared_gpu_device,
+    slice_specs,
+    whole_gpu_device,
+)
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 TOPOLOGY = "hgx-h100-8"
 DYNAMIC = frozenset({0, 1, 2, 3})

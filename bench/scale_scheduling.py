@@ -48,7 +48,7 @@ from bench.scale_cluster import (
     wait_for,
 )
 from bench.scale_publications import PUBLICATIONS, NodeInventory, mig_device, scratch
-from driver.names import DRIVER_NAME
+from flexgpu.driver.names import DRIVER_NAME
 from tools.cluster import ControlPlane
 
 A = f'device.attributes["{DRIVER_NAME}"]'

@@ -16,11 +16,11 @@ from typing import Final
 
 from kubernetes import client
 
-from controller import metrics, policy_status
-from controller.cluster_state import ClusterState
-from controller.diagnostics import Diagnostics
-from driver.backoff import Backoff
-from driver.loop import Loop
+from flexgpu.controller import metrics, policy_status
+from flexgpu.controller.cluster_state import ClusterState
+from flexgpu.controller.diagnostics import Diagnostics
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.loop import Loop
 
 log = logging.getLogger(__name__)
 

@@ -28,22 +28,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from driver.config_resolution import (
+from flexgpu.driver.config_resolution import (
     ConfigSource,
     DeviceType,
     request_device_counts,
     validate_config_entries,
 )
-from driver.names import (
+from flexgpu.driver.names import (
     CRD_GROUP,
     DRIVER_NAME,
     GPU_DEVICE_CLASS,
     MIG_DEVICE_CLASS,
     SHARED_GPU_DEVICE_CLASS,
 )
-from driver.node_policy import PLURAL as POLICY_PLURAL
-from driver.node_policy import VERSION as POLICY_VERSION
-from driver.node_policy import NodePolicyError, parse_node_policy
+from flexgpu.driver.node_policy import PLURAL as POLICY_PLURAL
+from flexgpu.driver.node_policy import VERSION as POLICY_VERSION
+from flexgpu.driver.node_policy import NodePolicyError, parse_node_policy
 
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_VERSION: Final = "v1"
@@ -242,7 +242,7 @@ ADMISSION_TARGETS: Final[tuple[tuple[str, str, str, str, Validator, Part], ...]]
 def answer_admission_review(admission_review: Mapping[str, Any]) -> dict[str, Any] | None:
     """The AdmissionReview response for ``admission_review``, or ``None`` when it is not for
     one of our resources (no subresources). Counts the decision, or the error, per kind."""
-    from controller.metrics import WEBHOOK_DECISIONS, WEBHOOK_ERRORS
+    from flexgpu.controller.metrics import WEBHOOK_DECISIONS, WEBHOOK_ERRORS
 
     request = _mapping(admission_review.get("request")) or {}
     resource = _mapping(request.get("resource")) or {}

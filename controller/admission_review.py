@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from controller.admission import ADMISSION_TARGETS
-from driver.user_text import shorten
+from flexgpu.controller.admission import ADMISSION_TARGETS
+from flexgpu.driver.user_text import shorten
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 REVIEW_KIND: Final = "AdmissionReview"

@@ -1,9 +1,9 @@
-"""The admission webhook alone, as a process: ``python -m controller.admission_server``.
+"""The admission webhook alone, as a process: ``python -m flexgpu.controller.admission_server``.
 
 For the local test world (the controller is a local process and the apiserver calls it at a
 URL) and for running the webhook apart from the rest of the controller::
 
-    python -m controller.admission_server --kubeconfig KUBECONFIG --listen 127.0.0.1:9443 \\
+    python -m flexgpu.controller.admission_server --kubeconfig KUBECONFIG --listen 127.0.0.1:9443 \\
         [--webhook-secret-namespace flexgpu-system --webhook-secret-name flexgpu-webhook-tls] \\
         [--webhook-cert-dir DIR] [--webhook-url-host HOST] \\
         [--webhook-configuration-name flexgpu-validation]
@@ -25,9 +25,9 @@ from typing import Any
 
 import kopf
 
-from controller.kopf_login import connection_info
-from controller.webhook_config import CONFIGURATION_NAME, ServiceRef
-from controller.webhook_server import WebhookOptions, configure_webhook
+from flexgpu.controller.kopf_login import connection_info
+from flexgpu.controller.webhook_config import CONFIGURATION_NAME, ServiceRef
+from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m controller.admission_server",
+        prog="python -m flexgpu.controller.admission_server",
         description="flexgpu validating admission webhook (kopf)",
     )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")

@@ -9,14 +9,14 @@ from typing import Any
 
 from kubernetes import client
 
-from controller import kube, metrics
-from controller.active import ActiveWork
-from controller.cluster_state import ClusterState
-from controller.diagnostics import Diagnostics
-from controller.events import EventRecorder
-from controller.idle_events import IdleClaimNotifier, claim_reader
-from controller.leader import LeaseElector
-from controller.reflector import Reflector, start_reflectors
+from flexgpu.controller import kube, metrics
+from flexgpu.controller.active import ActiveWork
+from flexgpu.controller.cluster_state import ClusterState
+from flexgpu.controller.diagnostics import Diagnostics
+from flexgpu.controller.events import EventRecorder
+from flexgpu.controller.idle_events import IdleClaimNotifier, claim_reader
+from flexgpu.controller.leader import LeaseElector
+from flexgpu.controller.reflector import Reflector, start_reflectors
 
 log = logging.getLogger(__name__)
 

@@ -12,20 +12,20 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from controller.cli_capacity import add_capacity
-from controller.cli_explain import add_explain
-from controller.cli_options import CliError, ExitCode
-from controller.cli_usage import add_usage
-from driver.backend import GpuBackend
-from driver.backend_errors import BackendUnavailableError, GpuBackendError
-from driver.inventory import collect_inventory
-from driver.inventory_report import gpu_table, mig_table
-from driver.nvml_readonly import ReadOnlyNvml
-from driver.readonly_backend import ReadOnlyBackend
-from driver.sim_backend import SimulatedBackend
-from driver.sim_state import SimulatedStateError
-from driver.topology import TopologyError, builtin_topology_names
-from driver.version import VERSION
+from flexgpu.controller.cli_capacity import add_capacity
+from flexgpu.controller.cli_explain import add_explain
+from flexgpu.controller.cli_options import CliError, ExitCode
+from flexgpu.controller.cli_usage import add_usage
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import BackendUnavailableError, GpuBackendError
+from flexgpu.driver.inventory import collect_inventory
+from flexgpu.driver.inventory_report import gpu_table, mig_table
+from flexgpu.driver.nvml_readonly import ReadOnlyNvml
+from flexgpu.driver.readonly_backend import ReadOnlyBackend
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.sim_state import SimulatedStateError
+from flexgpu.driver.topology import TopologyError, builtin_topology_names
+from flexgpu.driver.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -41,7 +41,7 @@ def _inventory_backend(args: argparse.Namespace) -> GpuBackend:
     try:
         import pynvml
 
-        from driver.nvml_backend import NvmlBackend
+        from flexgpu.driver.nvml_backend import NvmlBackend
     except ImportError as exc:
         raise BackendUnavailableError(f"the pynvml module is missing ({exc})") from None
     return NvmlBackend(nvml=ReadOnlyNvml(pynvml))

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Final
 
-from controller.cli_cluster import read_cluster
-from controller.cli_options import ExitCode, add_cluster_options, connect, emit
-from driver.allocation import CapacityRow, capacity_summary
-from driver.allocation.describe import format_quantity
-from driver.allocation.model import ResourceSlice
+from flexgpu.controller.cli_cluster import read_cluster
+from flexgpu.controller.cli_options import ExitCode, add_cluster_options, connect, emit
+from flexgpu.driver.allocation import CapacityRow, capacity_summary
+from flexgpu.driver.allocation.describe import format_quantity
+from flexgpu.driver.allocation.model import ResourceSlice
 
 MIG_TYPE: Final = "mig"
 MIG_NOTE: Final = (

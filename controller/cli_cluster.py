@@ -17,9 +17,9 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.cli_options import CliError, Connection, call
-from controller.cluster_state import ClusterState, Snapshot
-from driver.names import DRIVER_NAME
+from flexgpu.controller.cli_options import CliError, Connection, call
+from flexgpu.controller.cluster_state import ClusterState, Snapshot
+from flexgpu.driver.names import DRIVER_NAME
 
 SLICE_RIGHTS = (
     "reading ResourceSlices and DeviceClasses needs the read rights the flexgpu chart "

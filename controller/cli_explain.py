@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from kubernetes import client
 
-from controller.cli_cluster import ClusterRead, read_cluster
-from controller.cli_options import (
+from flexgpu.controller.cli_cluster import ClusterRead, read_cluster
+from flexgpu.controller.cli_options import (
     CliError,
     Connection,
     ExitCode,
@@ -30,9 +30,9 @@ from controller.cli_options import (
     connect,
     emit,
 )
-from controller.evaluation import evaluate
-from controller.messages import Lookup, claim_message, pod_message
-from controller.records import CachedClaim, PodClaimRef, PodRecord, pod_record
+from flexgpu.controller.evaluation import evaluate
+from flexgpu.controller.messages import Lookup, claim_message, pod_message
+from flexgpu.controller.records import CachedClaim, PodClaimRef, PodRecord, pod_record
 
 WIDTH: Final = 100
 _POD_WORDS: Final = frozenset({"pod", "pods", "po"})

@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from controller.plugin_endpoints import Sample, Scrape, parse, scrape
-from driver.durations import parse_duration
+from flexgpu.controller.plugin_endpoints import Sample, Scrape, parse, scrape
+from flexgpu.driver.durations import parse_duration
 
 ALLOCATED = "flexgpu_claim_allocated_gpu_seconds_total"
 USED = "flexgpu_claim_used_gpu_seconds_total"
@@ -276,7 +276,7 @@ def report_document(report: UsageReport, wide: bool) -> dict[str, Any]:
 
 def run_usage(args: argparse.Namespace) -> int:
     # Endpoints that do not answer are listed in the report itself.
-    logging.getLogger("controller.plugin_endpoints").setLevel(logging.ERROR)
+    logging.getLogger("flexgpu.controller.plugin_endpoints").setLevel(logging.ERROR)
     try:
         window_s = parse_duration(args.idle_window)
         if args.prometheus:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from controller import records
-from controller.records import CachedClaim, NodeRecord, PodRecord
-from driver.allocation import DeviceClass, Node, ParseError, ResourceClaim, ResourceSlice
-from driver.allocation.pools import SliceIndex
+from flexgpu.controller import records
+from flexgpu.controller.records import CachedClaim, NodeRecord, PodRecord
+from flexgpu.driver.allocation import DeviceClass, Node, ParseError, ResourceClaim, ResourceSlice
+from flexgpu.driver.allocation.pools import SliceIndex
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from controller import metrics
-from controller.cluster_state import Snapshot
-from controller.evaluation import Memo, evaluate
-from controller.events import EventSink, EventTarget
-from controller.messages import Lookup, claim_message, fingerprint, pod_message
-from controller.pending import PendingClaim, pending_claims
-from driver.allocation.allocator import SelectorCache
+from flexgpu.controller import metrics
+from flexgpu.controller.cluster_state import Snapshot
+from flexgpu.controller.evaluation import Memo, evaluate
+from flexgpu.controller.events import EventSink, EventTarget
+from flexgpu.controller.messages import Lookup, claim_message, fingerprint, pod_message
+from flexgpu.controller.pending import PendingClaim, pending_claims
+from flexgpu.driver.allocation.allocator import SelectorCache
 
 log = logging.getLogger(__name__)
 

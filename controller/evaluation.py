@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.cluster_state import Snapshot
-from controller.pod_nodes import NodeFit, node_fit
-from controller.records import CachedClaim, PodRecord
-from driver.allocation import AllocatedState, Explanation, explain_claim
-from driver.allocation.allocator import SelectorCache
-from driver.allocation.explain import for_claim
+from flexgpu.controller.cluster_state import Snapshot
+from flexgpu.controller.pod_nodes import NodeFit, node_fit
+from flexgpu.controller.records import CachedClaim, PodRecord
+from flexgpu.driver.allocation import AllocatedState, Explanation, explain_claim
+from flexgpu.driver.allocation.allocator import SelectorCache
+from flexgpu.driver.allocation.explain import for_claim
 
 
 @dataclass(frozen=True)

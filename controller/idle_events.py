@@ -17,8 +17,8 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.events import EventSink, EventTarget
-from controller.plugin_endpoints import Scrape, scrape
+from flexgpu.controller.events import EventSink, EventTarget
+from flexgpu.controller.plugin_endpoints import Scrape, scrape
 
 log = logging.getLogger(__name__)
 

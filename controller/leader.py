@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from kubernetes import client
 
-from driver.loop import Loop
+from flexgpu.driver.loop import Loop
 
 log = logging.getLogger(__name__)
 

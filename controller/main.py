@@ -23,15 +23,15 @@ from typing import Any
 
 import kopf
 
-from controller import kube
-from controller.admission_server import add_webhook_arguments, options_from_args
-from controller.app import Controller, ControllerConfig
-from controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
-from controller.kopf_login import connection_info
-from controller.owner import deployment_owner
-from controller.webhook_server import WebhookOptions, configure_webhook
-from driver.durations import parse_duration
-from driver.log_format import FORMATS, LEVELS, configure_logging
+from flexgpu.controller import kube
+from flexgpu.controller.admission_server import add_webhook_arguments, options_from_args
+from flexgpu.controller.app import Controller, ControllerConfig
+from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
+from flexgpu.controller.kopf_login import connection_info
+from flexgpu.controller.owner import deployment_owner
+from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
+from flexgpu.driver.durations import parse_duration
+from flexgpu.driver.log_format import FORMATS, LEVELS, configure_logging
 
 log = logging.getLogger("flexgpu.controller")
 

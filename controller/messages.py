@@ -16,14 +16,19 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Final
 
-from controller.cluster_state import Snapshot
-from controller.evaluation import Evaluation
-from controller.pod_nodes import show_taint
-from driver.allocation import AllocatedState, RequestDiagnosis, ResourceSlice, allocated_state
-from driver.allocation.allocator import BLOCKING_TAINT_EFFECTS
-from driver.allocation.describe import device_kind, format_quantity, plural
-from driver.allocation.model import Constraint, Device, RequestSpec, ResourceClaim
-from driver.allocation.state import DeviceId
+from flexgpu.controller.cluster_state import Snapshot
+from flexgpu.controller.evaluation import Evaluation
+from flexgpu.controller.pod_nodes import show_taint
+from flexgpu.driver.allocation import (
+    AllocatedState,
+    RequestDiagnosis,
+    ResourceSlice,
+    allocated_state,
+)
+from flexgpu.driver.allocation.allocator import BLOCKING_TAINT_EFFECTS
+from flexgpu.driver.allocation.describe import device_kind, format_quantity, plural
+from flexgpu.driver.allocation.model import Constraint, Device, RequestSpec, ResourceClaim
+from flexgpu.driver.allocation.state import DeviceId
 
 # Events carry at most 1 KiB of message in events.k8s.io/v1; core/v1 is laxer, but the text
 # must read the same through both APIs.

@@ -20,12 +20,12 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controller.cluster_state import Snapshot
-from controller.pending import pending_claims
-from driver.allocation import ResourceClaim, ResourceSlice, capacity_summary
-from driver.allocation.model import Device
-from driver.allocation.summary import current_slices
-from driver.names import DRIVER_NAME
+from flexgpu.controller.cluster_state import Snapshot
+from flexgpu.controller.pending import pending_claims
+from flexgpu.driver.allocation import ResourceClaim, ResourceSlice, capacity_summary
+from flexgpu.driver.allocation.model import Device
+from flexgpu.driver.allocation.summary import current_slices
+from flexgpu.driver.names import DRIVER_NAME
 
 WEBHOOK_DECISIONS: Final = Counter(
     "flexgpu_webhook_decisions",

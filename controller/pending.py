@@ -12,10 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from controller.cluster_state import Snapshot
-from controller.records import CachedClaim, PodRecord
-from driver.allocation import DeviceClass
-from driver.names import DRIVER_NAME, GPU_DEVICE_CLASS, MIG_DEVICE_CLASS, SHARED_GPU_DEVICE_CLASS
+from flexgpu.controller.cluster_state import Snapshot
+from flexgpu.controller.records import CachedClaim, PodRecord
+from flexgpu.driver.allocation import DeviceClass
+from flexgpu.driver.names import (
+    DRIVER_NAME,
+    GPU_DEVICE_CLASS,
+    MIG_DEVICE_CLASS,
+    SHARED_GPU_DEVICE_CLASS,
+)
 
 SHIPPED_CLASSES: Final = frozenset({GPU_DEVICE_CLASS, MIG_DEVICE_CLASS, SHARED_GPU_DEVICE_CLASS})
 # How a selector names our driver: `device.driver == "gpu.flexgpu.dev"` or an attribute domain

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from controller.records import NodeRecord, PodRecord
-from driver.allocation.model import Taint
-from driver.allocation.nodes import selector_matches
+from flexgpu.controller.records import NodeRecord, PodRecord
+from flexgpu.driver.allocation.model import Taint
+from flexgpu.driver.allocation.nodes import selector_matches
 
 UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")

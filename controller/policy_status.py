@@ -18,10 +18,10 @@ from typing import Any, Final
 
 from kubernetes import client
 
-from controller.records import NodeRecord
-from driver import node_policy
-from driver.names import CRD_GROUP
-from driver.node_policy import (
+from flexgpu.controller.records import NodeRecord
+from flexgpu.driver import node_policy
+from flexgpu.driver.names import CRD_GROUP
+from flexgpu.driver.node_policy import (
     ConditionStatus,
     GpuNodePolicy,
     NodePolicyError,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from driver.allocation import (
+from flexgpu.driver.allocation import (
     DeviceClass,
     Node,
     ResourceClaim,
@@ -21,7 +21,7 @@ from driver.allocation import (
     parse_node,
     parse_slice,
 )
-from driver.allocation.model import NodeSelector, Taint, Toleration, parse_node_selector
+from flexgpu.driver.allocation.model import NodeSelector, Taint, Toleration, parse_node_selector
 
 
 def parse_time(text: Any) -> datetime | None:

@@ -20,10 +20,10 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from controller.cluster_state import KINDS, ClusterState, Kind
-from driver import node_policy
-from driver.backoff import Backoff
-from driver.names import CRD_GROUP, DRIVER_NAME
+from flexgpu.controller.cluster_state import KINDS, ClusterState, Kind
+from flexgpu.driver import node_policy
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.names import CRD_GROUP, DRIVER_NAME
 
 log = logging.getLogger(__name__)
 

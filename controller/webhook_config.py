@@ -51,7 +51,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
-from controller.admission import (
+from flexgpu.controller.admission import (
     CLAIMS_HANDLER,
     DEVICE_CLASSES_HANDLER,
     POLICIES_HANDLER,
@@ -59,9 +59,9 @@ from controller.admission import (
     RESOURCE_VERSION,
     TEMPLATES_HANDLER,
 )
-from driver.names import CRD_GROUP, DRIVER_NAME
-from driver.node_policy import PLURAL as POLICY_PLURAL
-from driver.node_policy import VERSION as POLICY_VERSION
+from flexgpu.driver.names import CRD_GROUP, DRIVER_NAME
+from flexgpu.driver.node_policy import PLURAL as POLICY_PLURAL
+from flexgpu.driver.node_policy import VERSION as POLICY_VERSION
 
 logger = logging.getLogger(__name__)
 

@@ -49,9 +49,9 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from controller.admission import answer_admission_review
-from controller.admission_review import Refusal, parse_review
-from controller.webhook_config import (
+from flexgpu.controller.admission import answer_admission_review
+from flexgpu.controller.admission_review import Refusal, parse_review
+from flexgpu.controller.webhook_config import (
     CONFIGURATION_NAME,
     DEFAULT_NAMESPACE_SELECTOR,
     ClientTarget,
@@ -60,7 +60,7 @@ from controller.webhook_config import (
     build_webhook_configuration,
     patch_ca_bundle,
 )
-from controller.webhook_tls import (
+from flexgpu.controller.webhook_tls import (
     CertBundle,
     CertFiles,
     ensure_webhook_secret,
@@ -68,7 +68,7 @@ from controller.webhook_tls import (
     service_hostnames,
     write_cert_dir,
 )
-from driver.user_text import shorten
+from flexgpu.driver.user_text import shorten
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes import client
 
 from demo.catalog import NAMESPACE, claim_names
-from driver.sim_usage import USAGE_FILE_NAME
+from flexgpu.driver.sim_usage import USAGE_FILE_NAME
 
 # The pod whose claim stays idle: one whole A100 picked by its memory size.
 IDLE_POD = "mid-memory"
@@ -131,7 +131,7 @@ def usage_report(endpoints: list[str], kubeconfig: Path) -> str:
         [
             sys.executable,
             "-m",
-            "controller.cli",
+            "flexgpu.controller.cli",
             "usage",
             f"--kubeconfig={kubeconfig}",
             f"--idle-window={IDLE_WINDOW}",

@@ -132,7 +132,7 @@ class DemoWorld:
             [
                 sys.executable,
                 "-m",
-                "controller.main",
+                "flexgpu.controller.main",
                 f"--kubeconfig={controller_config}",
                 f"--namespace={SYSTEM_NAMESPACE}",
                 f"--pending-delay={self.pending_delay_s}",

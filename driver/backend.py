@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import ClassVar, Self
 
-from driver.gpu_model import (
+from flexgpu.driver.gpu_model import (
     ComputeMode,
     GpuInfo,
     HealthEvent,
@@ -23,7 +23,7 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
-from driver.usage import GpuUsage, usage_from_processes
+from flexgpu.driver.usage import GpuUsage, usage_from_processes
 
 
 class GpuBackend(ABC):

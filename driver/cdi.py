@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.names import CDI_CLASS, CDI_KIND, CDI_VENDOR
+from flexgpu.driver.names import CDI_CLASS, CDI_KIND, CDI_VENDOR
 
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # The NVIDIA runtime's value for "inject nothing": CDI already did.

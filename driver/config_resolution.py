@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal, TypeAlias, get_args
 
-from driver.config_support import unsupported_on_device, unsupported_settings
-from driver.mps_limits import index_keys_beyond
-from driver.names import DRIVER_NAME
-from driver.opaque_config import (
+from flexgpu.driver.config_support import unsupported_on_device, unsupported_settings
+from flexgpu.driver.mps_limits import index_keys_beyond
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.opaque_config import (
     ROOT_ALLOWED,
     GpuConfig,
     MigConfig,
@@ -52,7 +52,7 @@ from driver.opaque_config import (
     parse_opaque_config,
     show_value,
 )
-from driver.user_text import shorten
+from flexgpu.driver.user_text import shorten
 
 DeviceType: TypeAlias = Literal["gpu", "mig", "shared"]
 DEVICE_TYPES: Final[tuple[DeviceType, ...]] = get_args(DeviceType)

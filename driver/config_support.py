@@ -12,7 +12,7 @@ admission knows that from the request's DeviceClass, prepare from the allocation
 
 from __future__ import annotations
 
-from driver.opaque_config import (
+from flexgpu.driver.opaque_config import (
     ConfigProblem,
     GpuConfig,
     MigConfig,
@@ -20,7 +20,7 @@ from driver.opaque_config import (
     SharingStrategy,
     show_value,
 )
-from driver.user_text import shorten
+from flexgpu.driver.user_text import shorten
 
 
 def unsupported_settings(config: OpaqueConfig) -> list[ConfigProblem]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from driver.gpu_model import MigProfile
-from driver.mig_catalog import mig_profiles_for
+from flexgpu.driver.gpu_model import MigProfile
+from flexgpu.driver.mig_catalog import mig_profiles_for
 
 
 class GpuModelSpec(BaseModel):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from driver.backend import GpuBackend
-from driver.backend_errors import NotSupportedError
-from driver.gpu_model import GpuInfo, MigDevice, MigProfile
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import NotSupportedError
+from flexgpu.driver.gpu_model import GpuInfo, MigDevice, MigProfile
 
 
 class GpuInventory(BaseModel):

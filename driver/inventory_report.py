@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from driver.inventory import NodeInventory
-from driver.names import gpu_device_name, mig_device_name
+from flexgpu.driver.inventory import NodeInventory
+from flexgpu.driver.names import gpu_device_name, mig_device_name
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

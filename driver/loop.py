@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from driver.backoff import Backoff
+from flexgpu.driver.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

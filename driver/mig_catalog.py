@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from driver.gpu_model import MigEngines, MigPlacement, MigProfile
+from flexgpu.driver.gpu_model import MigEngines, MigPlacement, MigProfile
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
-from driver.mig_catalog import COMPUTE_SLICES, MEMORY_SLICES
-from driver.names import gpu_device_name, mig_device_name
-from driver.resource_slice import SliceDevice, gpu_identity_attributes, whole_gpu_device
+from flexgpu.driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
+from flexgpu.driver.mig_catalog import COMPUTE_SLICES, MEMORY_SLICES
+from flexgpu.driver.names import gpu_device_name, mig_device_name
+from flexgpu.driver.resource_slice import SliceDevice, gpu_identity_attributes, whole_gpu_device
 
 COMPUTE_COUNTER = "compute-slices"
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
+from flexgpu.driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
 
 # A search over more instances than this is not a layout any GPU offers.
 _MAX_INSTANCES = 64

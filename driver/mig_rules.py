@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from driver.backend_errors import InsufficientResourcesError, InvalidArgumentError
-from driver.gpu_model import MigPlacement, MigProfile
-from driver.mig_catalog import COMPUTE_SLICES
+from flexgpu.driver.backend_errors import InsufficientResourcesError, InvalidArgumentError
+from flexgpu.driver.gpu_model import MigPlacement, MigProfile
+from flexgpu.driver.mig_catalog import COMPUTE_SLICES
 
 
 def check_mig_fit(

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from driver.opaque_config import ConfigProblem, MpsConfig, show_value
-from driver.quantity import Quantity
+from flexgpu.driver.opaque_config import ConfigProblem, MpsConfig, show_value
+from flexgpu.driver.quantity import Quantity
 
 __all__ = ["ConfiguredDevice", "PinnedLimitError", "index_keys_beyond", "pinned_memory_limits"]
 

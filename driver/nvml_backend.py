@@ -20,8 +20,8 @@ from typing import Any
 
 import pynvml
 
-from driver.backend import GpuBackend
-from driver.backend_errors import (
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import (
     GpuBackendError,
     GpuLostError,
     InvalidArgumentError,
@@ -29,8 +29,8 @@ from driver.backend_errors import (
     NotSupportedError,
     PermissionDeniedError,
 )
-from driver.gpu_catalog import spec_for_product_name
-from driver.gpu_model import (
+from flexgpu.driver.gpu_catalog import spec_for_product_name
+from flexgpu.driver.gpu_model import (
     ComputeMode,
     GpuInfo,
     HealthEvent,
@@ -45,12 +45,12 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
-from driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
-from driver.nvml_errors import error_for_code, translate_nvml_error
-from driver.pci_address import normalize_pci_bus_id
-from driver.sysfs import SysfsPci
-from driver.usage import GpuUsage, usage_from_processes
-from driver.xid import xid_marks_unhealthy
+from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
+from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
+from flexgpu.driver.pci_address import normalize_pci_bus_id
+from flexgpu.driver.sysfs import SysfsPci
+from flexgpu.driver.usage import GpuUsage, usage_from_processes
+from flexgpu.driver.xid import xid_marks_unhealthy
 
 CommandRunner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 

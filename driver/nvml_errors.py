@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pynvml
 
-from driver.backend_errors import (
+from flexgpu.driver.backend_errors import (
     BackendUnavailableError,
     GpuBackendError,
     GpuLostError,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.backend_errors import ReadOnlyViolationError
+from flexgpu.driver.backend_errors import ReadOnlyViolationError
 
 _QUERY_PREFIXES = (
     "nvmlDeviceGet",

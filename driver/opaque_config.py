@@ -46,10 +46,10 @@ from pydantic import (
     model_validator,
 )
 
-from driver.gpu_model import TimeSliceInterval
-from driver.names import OPAQUE_API_VERSION
-from driver.quantity import INT64_MAX, Quantity, QuantityError, parse_quantity
-from driver.validation_messages import (
+from flexgpu.driver.gpu_model import TimeSliceInterval
+from flexgpu.driver.names import OPAQUE_API_VERSION
+from flexgpu.driver.quantity import INT64_MAX, Quantity, QuantityError, parse_quantity
+from flexgpu.driver.validation_messages import (
     MAX_PROBLEMS,
     BigInt,
     MessageRules,

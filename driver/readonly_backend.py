@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from driver.backend import GpuBackend
-from driver.backend_errors import ReadOnlyViolationError
-from driver.gpu_model import (
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import ReadOnlyViolationError
+from flexgpu.driver.gpu_model import (
     ComputeMode,
     GpuInfo,
     HealthEvent,

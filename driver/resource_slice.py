@@ -10,8 +10,8 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from driver.gpu_model import GpuInfo
-from driver.names import (
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.names import (
     DRIVER_NAME,
     NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,

@@ -15,16 +15,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from driver.backend import GpuBackend
-from driver.backend_errors import (
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import (
     GpuLostError,
     InUseError,
     InvalidArgumentError,
     NotFoundError,
     NotSupportedError,
 )
-from driver.gpu_catalog import GpuModelSpec, gpu_model
-from driver.gpu_model import (
+from flexgpu.driver.gpu_catalog import GpuModelSpec, gpu_model
+from flexgpu.driver.gpu_model import (
     ComputeMode,
     GpuInfo,
     HealthEvent,
@@ -38,10 +38,10 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
-from driver.mig_rules import check_mig_fit, gpu_instance_id_for
-from driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
-from driver.sim_faults import FaultPlan
-from driver.sim_state import (
+from flexgpu.driver.mig_rules import check_mig_fit, gpu_instance_id_for
+from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
+from flexgpu.driver.sim_faults import FaultPlan
+from flexgpu.driver.sim_state import (
     SimulatedGpuState,
     SimulatedMigInstance,
     SimulatedNodeState,
@@ -49,11 +49,11 @@ from driver.sim_state import (
     load_state,
     save_state,
 )
-from driver.sim_usage import USAGE_FILE_NAME, UsageFile
-from driver.topology import NodeTopology, load_topology
-from driver.usage import GpuUsage, usage_from_processes
-from driver.uuids import simulated_gpu_uuid, simulated_mig_uuid
-from driver.xid import xid_marks_unhealthy
+from flexgpu.driver.sim_usage import USAGE_FILE_NAME, UsageFile
+from flexgpu.driver.topology import NodeTopology, load_topology
+from flexgpu.driver.usage import GpuUsage, usage_from_processes
+from flexgpu.driver.uuids import simulated_gpu_uuid, simulated_mig_uuid
+from flexgpu.driver.xid import xid_marks_unhealthy
 
 
 class SimulatedBackend(GpuBackend):

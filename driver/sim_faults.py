@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from driver.backend import GpuBackend
-from driver.backend_errors import GpuBackendError
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import GpuBackendError
 
 ErrorFactory = Callable[[str], GpuBackendError]
 

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from driver.atomic_file import atomic_write_text
-from driver.gpu_model import ComputeMode, TimeSliceInterval
+from flexgpu.driver.atomic_file import atomic_write_text
+from flexgpu.driver.gpu_model import ComputeMode, TimeSliceInterval
 
 
 class SimulatedStateError(ValueError):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from driver.gpu_model import ProcessSample
+from flexgpu.driver.gpu_model import ProcessSample
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from driver.pci_address import normalize_pci_bus_id
+from flexgpu.driver.pci_address import normalize_pci_bus_id
 
 
 class SysfsPci:

@@ -15,8 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from driver.gpu_catalog import GPU_CATALOG, gpu_model
-from driver.pci_address import normalize_pci_bus_id
+from flexgpu.driver.gpu_catalog import GPU_CATALOG, gpu_model
+from flexgpu.driver.pci_address import normalize_pci_bus_id
 
 
 class TopologyError(ValueError):
@@ -116,7 +116,7 @@ class NodeTopology(_TopologyModel):
 
 
 def builtin_topology_names() -> list[str]:
-    folder = resources.files("driver") / "topologies"
+    folder = resources.files("flexgpu.driver") / "topologies"
     return sorted(
         entry.name[: -len(".yaml")] for entry in folder.iterdir() if entry.name.endswith(".yaml")
     )
@@ -149,7 +149,7 @@ def _read(ref: str | Path) -> tuple[str, str]:
             return path.read_text(), str(path)
         except OSError as exc:
             raise TopologyError(f"cannot read topology file {path}: {exc.strerror}") from None
-    resource = resources.files("driver") / "topologies" / f"{ref}.yaml"
+    resource = resources.files("flexgpu.driver") / "topologies" / f"{ref}.yaml"
     if not resource.is_file():
         names = ", ".join(builtin_topology_names())
         raise TopologyError(f"unknown topology {ref!r}; built-in topologies: {names}")

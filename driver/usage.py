@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from driver.gpu_model import ProcessSample
+from flexgpu.driver.gpu_model import ProcessSample
 
 
 class _Frozen(BaseModel):

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from driver.atomic_file import atomic_write_bytes
+from flexgpu.driver.atomic_file import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

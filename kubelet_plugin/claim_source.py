@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubelet_plugin.claim_objects import ClaimObjects
-from kubelet_plugin.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 
 
 @dataclass(frozen=True)

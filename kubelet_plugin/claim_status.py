@@ -25,12 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.backoff import jittered
-from driver.log_format import claim_fields
-from driver.names import DRIVER_NAME
-from kubelet_plugin.claim_objects import ClaimObjects
-from kubelet_plugin.claim_source import claim_path
-from kubelet_plugin.kube_api import ApiError, KubeApi
+from flexgpu.driver.backoff import jittered
+from flexgpu.driver.log_format import claim_fields
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.claim_source import claim_path
+from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
+from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
 DRIVER_NAME: Final = "gpu.flexgpu.dev"
 DEFAULT_REGISTRY_DIR: Final = Path("/var/lib/kubelet/plugins_registry")

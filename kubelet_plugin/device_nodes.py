@@ -15,7 +15,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from driver.cdi import DeviceNode
+from flexgpu.driver.cdi import DeviceNode
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from driver.atomic_file import atomic_write_bytes
+from flexgpu.driver.atomic_file import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

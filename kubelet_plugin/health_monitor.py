@@ -12,13 +12,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from driver.backend import GpuBackend
-from driver.backoff import Backoff
-from driver.gpu_model import HealthEvent, HealthEventKind, HealthState
-from driver.names import gpu_device_name
-from driver.xid import xid_marks_unhealthy
-from kubelet_plugin.kubeletplugin import DeviceHealth, HealthStatus
-from kubelet_plugin.node_devices import NodeDevices
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.gpu_model import HealthEvent, HealthEventKind, HealthState
+from flexgpu.driver.names import gpu_device_name
+from flexgpu.driver.xid import xid_marks_unhealthy
+from flexgpu.kubelet_plugin.kubeletplugin import DeviceHealth, HealthStatus
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 log = logging.getLogger(__name__)
 

@@ -16,18 +16,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from driver.log_format import configure_logging
-from kubelet_plugin.config import ConfigError, PluginConfig, load_config
-from kubelet_plugin.kubeletplugin import Server
-from kubelet_plugin.startup_gate import StartupGate
+from flexgpu.driver.log_format import configure_logging
+from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig, load_config
+from flexgpu.kubelet_plugin.kubeletplugin import Server
+from flexgpu.kubelet_plugin.startup_gate import StartupGate
 
 if TYPE_CHECKING:
-    from driver.backend import GpuBackend
-    from kubelet_plugin.checkpoint import CheckpointStore
-    from kubelet_plugin.kube_api import KubeApi
-    from kubelet_plugin.mps_pods import MpsDaemonPods
-    from kubelet_plugin.node_devices import NodeDevices
-    from kubelet_plugin.slice_publisher import SlicePublisher
+    from flexgpu.driver.backend import GpuBackend
+    from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+    from flexgpu.kubelet_plugin.kube_api import KubeApi
+    from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.node_devices import NodeDevices
+    from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
 
 log = logging.getLogger("flexgpu.kubelet_plugin")
 
@@ -38,23 +38,23 @@ class StartupFailed(RuntimeError):
 
 def make_backend(config: PluginConfig) -> GpuBackend:
     if config.gpu_backend == "simulated":
-        from driver.sim_backend import SimulatedBackend
+        from flexgpu.driver.sim_backend import SimulatedBackend
 
         assert config.topology is not None  # enforced by PluginConfig
         return SimulatedBackend.from_topology(
             config.topology, config.node_name, state_path=config.data_dir / "simulated-gpus.json"
         )
-    from driver.nvml_backend import NvmlBackend
+    from flexgpu.driver.nvml_backend import NvmlBackend
 
     if config.driver_root is not None:
-        from kubelet_plugin.driver_edits import load_nvml
+        from flexgpu.kubelet_plugin.driver_edits import load_nvml
 
         load_nvml(config.driver_root)
     return NvmlBackend()
 
 
 def make_api(config: PluginConfig) -> KubeApi:
-    from kubelet_plugin.kube_api import KubeApi
+    from flexgpu.kubelet_plugin.kube_api import KubeApi
 
     if config.kubeconfig is not None:
         return KubeApi.from_kubeconfig(config.kubeconfig)
@@ -63,22 +63,22 @@ def make_api(config: PluginConfig) -> KubeApi:
 
 def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     """Everything after the sockets: returns what stops it again."""
-    from driver.backend_errors import GpuBackendError
-    from kubelet_plugin import metrics, metrics_setup
-    from kubelet_plugin.checkpoint import CheckpointStore
-    from kubelet_plugin.claim_objects import ClaimObjects
-    from kubelet_plugin.claim_source import ApiClaimSource
-    from kubelet_plugin.claim_status import ClaimStatusWriter
-    from kubelet_plugin.driver_edits import DriverEditsError
-    from kubelet_plugin.health_monitor import HealthMonitor
-    from kubelet_plugin.kube_api import KubeConfigError
-    from kubelet_plugin.node_devices import NodeDevices
-    from kubelet_plugin.node_events import NodeEventRecorder
-    from kubelet_plugin.observed_backend import ObservedBackend
-    from kubelet_plugin.policy_agent import PolicyAgent
-    from kubelet_plugin.prepare_lock import PrepareLock, gpu_key
-    from kubelet_plugin.preparer import ClaimPreparerImpl
-    from kubelet_plugin.startup_reconcile import reconcile_at_start
+    from flexgpu.driver.backend_errors import GpuBackendError
+    from flexgpu.kubelet_plugin import metrics, metrics_setup
+    from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+    from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
+    from flexgpu.kubelet_plugin.claim_source import ApiClaimSource
+    from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
+    from flexgpu.kubelet_plugin.driver_edits import DriverEditsError
+    from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
+    from flexgpu.kubelet_plugin.kube_api import KubeConfigError
+    from flexgpu.kubelet_plugin.node_devices import NodeDevices
+    from flexgpu.kubelet_plugin.node_events import NodeEventRecorder
+    from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
+    from flexgpu.kubelet_plugin.policy_agent import PolicyAgent
+    from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
+    from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
+    from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 
     try:
         metric_settings = metrics_setup.settings_from_env(os.environ)
@@ -186,7 +186,7 @@ def _mps_pods(
     """MPS control daemons as pods of their own (--mps-namespace), or None: the backend's."""
     if config.mps_namespace is None or config.driver_root is None or config.mps_image is None:
         return None
-    from kubelet_plugin.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
 
     # The driver's libraries as this process (and the daemon pod) sees them.
     libraries = [
@@ -220,8 +220,8 @@ def _mps_gpus(store: CheckpointStore) -> set[int]:
 def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
     """The driver's common CDI edits over the driver root, and device nodes found there;
     without a driver root, device nodes only (from /dev)."""
-    from kubelet_plugin import driver_edits
-    from kubelet_plugin.device_nodes import DeviceNodes
+    from flexgpu.kubelet_plugin import driver_edits
+    from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
 
     if config.driver_root is None:
         if config.gpu_backend == "nvml":
@@ -243,7 +243,7 @@ def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
 
 
 def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
-    from kubelet_plugin.slice_publisher import SlicePublisher
+    from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
 
     return SlicePublisher(api, config.node_name)
 

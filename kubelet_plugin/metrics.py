@@ -29,8 +29,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from driver.gpu_model import HealthEvent, HealthState
-from kubelet_plugin.kubeletplugin import ClaimRef, DraDriver, PrepareResult, UnprepareResult
+from flexgpu.driver.gpu_model import HealthEvent, HealthState
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DraDriver, PrepareResult, UnprepareResult
 
 log = logging.getLogger(__name__)
 

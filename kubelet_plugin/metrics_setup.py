@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver.backend import GpuBackend
-from driver.durations import parse_duration
-from kubelet_plugin import metrics
-from kubelet_plugin.checkpoint import ClaimRecord
-from kubelet_plugin.claim_objects import ClaimObjects
-from kubelet_plugin.kube_api import KubeApi, path_of
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.preparer import ClaimPreparerImpl
-from kubelet_plugin.slice_publisher import SlicePublisher
-from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.durations import parse_duration
+from flexgpu.kubelet_plugin import metrics
+from flexgpu.kubelet_plugin.checkpoint import ClaimRecord
+from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
+from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from driver.backend import GpuBackend
-from driver.gpu_model import MpsDaemon
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.gpu_model import MpsDaemon
 
 
 class MpsDaemons(Protocol):

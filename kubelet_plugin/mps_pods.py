@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from driver.backend import GpuBackend
-from driver.backend_errors import GpuBackendError
-from driver.gpu_model import ComputeMode, MpsDaemon
-from kubelet_plugin.kube_api import ApiError, KubeApi, path_of
-from kubelet_plugin.node_events import NodeEventSink
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import GpuBackendError
+from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
+from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,21 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from driver.backend import GpuBackend
-from driver.backend_errors import GpuBackendError
-from driver.cdi import CdiDevice
-from driver.config_resolution import DeviceType
-from driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
-from driver.mig_devices import MigPartition, counter_set, dynamic_mig_devices, static_mig_devices
-from driver.names import gpu_device_name
-from driver.node_policy import GpuMode
-from driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
-from kubelet_plugin.device_nodes import DeviceNodes
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import GpuBackendError
+from flexgpu.driver.cdi import CdiDevice
+from flexgpu.driver.config_resolution import DeviceType
+from flexgpu.driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
+from flexgpu.driver.mig_devices import (
+    MigPartition,
+    counter_set,
+    dynamic_mig_devices,
+    static_mig_devices,
+)
+from flexgpu.driver.names import gpu_device_name
+from flexgpu.driver.node_policy import GpuMode
+from flexgpu.driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
+from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from driver.backend import GpuBackend
-from driver.gpu_model import (
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.gpu_model import (
     ComputeMode,
     GpuInfo,
     HealthEvent,
@@ -21,8 +21,8 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
-from driver.usage import GpuUsage
-from kubelet_plugin import metrics
+from flexgpu.driver.usage import GpuUsage
+from flexgpu.kubelet_plugin import metrics
 
 T = TypeVar("T")
 

@@ -19,13 +19,13 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from driver.backend_errors import GpuBackendError
-from driver.backoff import Backoff
-from driver.gpu_model import GpuInfo
-from driver.loop import Loop
-from driver.mig_layout import LayoutError, MigPlacementPlan, layout_of, validate_layout
-from driver.names import CRD_GROUP
-from driver.node_policy import (
+from flexgpu.driver.backend_errors import GpuBackendError
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.loop import Loop
+from flexgpu.driver.mig_layout import LayoutError, MigPlacementPlan, layout_of, validate_layout
+from flexgpu.driver.names import CRD_GROUP
+from flexgpu.driver.node_policy import (
     APPLIED_CONDITION,
     PLURAL,
     VERSION,
@@ -45,11 +45,11 @@ from driver.node_policy import (
     select_policy,
     set_condition,
 )
-from kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.prepare_lock import LockTimeout, PrepareLock, gpu_key
-from kubelet_plugin.preparer import ClaimPreparerImpl
-from kubelet_plugin.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_lock import LockTimeout, PrepareLock, gpu_key
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
 

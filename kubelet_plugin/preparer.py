@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from driver.atomic_file import atomic_write_bytes
-from driver.backend_errors import GpuLostError, NotFoundError
-from driver.cdi import (
+from flexgpu.driver.atomic_file import atomic_write_bytes
+from flexgpu.driver.backend_errors import GpuLostError, NotFoundError
+from flexgpu.driver.cdi import (
     CdiDevice,
     ClaimIdentity,
     cdi_device_id,
@@ -27,11 +27,11 @@ from driver.cdi import (
     render_claim_spec,
     spec_file_name,
 )
-from driver.gpu_model import MigDevice, TimeSliceInterval
-from driver.log_format import claim_fields
-from driver.names import DRIVER_NAME
-from driver.quantity import QuantityError, parse_quantity
-from kubelet_plugin.checkpoint import (
+from flexgpu.driver.gpu_model import MigDevice, TimeSliceInterval
+from flexgpu.driver.log_format import claim_fields
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.quantity import QuantityError, parse_quantity
+from flexgpu.kubelet_plugin.checkpoint import (
     Checkpoint,
     CheckpointStore,
     CheckpointWriteError,
@@ -42,13 +42,18 @@ from kubelet_plugin.checkpoint import (
     MigInstanceRecord,
     MpsShareRecord,
 )
-from kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
-from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
-from kubelet_plugin.kubeletplugin import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
-from kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.prepare_lock import PrepareLock, gpu_key
-from kubelet_plugin.sharing import (
+from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
+from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
+from flexgpu.kubelet_plugin.kubeletplugin import (
+    ClaimRef,
+    PreparedDevice,
+    PrepareResult,
+    UnprepareResult,
+)
+from flexgpu.kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
+from flexgpu.kubelet_plugin.sharing import (
     SharingError,
     SharingPlan,
     mps_env,

@@ -1,4 +1,4 @@
-"""Liveness probe for the plugin's container: ``python -m kubelet_plugin.probe``.
+"""Liveness probe for the plugin's container: ``python -m flexgpu.kubelet_plugin.probe``.
 
 Reads the same flags and FLEXGPU_* variables as the plugin, then asks the plugin what the
 kubelet would (kubelet_plugin.kubeletplugin.probe). Exit 0 when both sockets answer in time,
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kubelet_plugin.config import ConfigError, load_config
-from kubelet_plugin.kubeletplugin import probe as sockets_probe
+from flexgpu.kubelet_plugin.config import ConfigError, load_config
+from flexgpu.kubelet_plugin.kubeletplugin import probe as sockets_probe
 
 
 def probe(argv: Sequence[str] | None = None) -> str | None:

@@ -8,15 +8,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from driver.config_resolution import ConfigResolutionError, resolve_configs
-from driver.config_support import unsupported_on_device
-from driver.gpu_model import GpuInfo, MpsDaemon, TimeSliceInterval
-from driver.mps_limits import ConfiguredDevice, PinnedLimitError, pinned_memory_limits
-from driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
-from driver.quantity import QuantityError, parse_quantity
-from driver.user_text import shorten
-from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
-from kubelet_plugin.node_devices import NodeDevices
+from flexgpu.driver.config_resolution import ConfigResolutionError, resolve_configs
+from flexgpu.driver.config_support import unsupported_on_device
+from flexgpu.driver.gpu_model import GpuInfo, MpsDaemon, TimeSliceInterval
+from flexgpu.driver.mps_limits import ConfiguredDevice, PinnedLimitError, pinned_memory_limits
+from flexgpu.driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
+from flexgpu.driver.quantity import QuantityError, parse_quantity
+from flexgpu.driver.user_text import shorten
+from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 MIB = 1024 * 1024
 

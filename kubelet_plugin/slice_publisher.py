@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from driver.backoff import Backoff
-from driver.names import DRIVER_NAME
-from driver.quantity import QuantityError, parse_quantity
-from driver.resource_slice import SliceDevice, slice_specs
-from kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream, path_of
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.quantity import QuantityError, parse_quantity
+from flexgpu.driver.resource_slice import SliceDevice, slice_specs
+from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream, path_of
 
 log = logging.getLogger(__name__)
 

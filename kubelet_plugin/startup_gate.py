@@ -12,7 +12,7 @@ import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from kubelet_plugin.kubeletplugin import (
+from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     DeviceHealth,
     DraDriver,

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver.cdi import (
+from flexgpu.driver.cdi import (
     ENV_DEVICE_PREFIX,
     ENV_MPS_PINNED,
     ENV_MPS_PIPE,
@@ -45,9 +45,9 @@ from driver.cdi import (
     parse_device_env_value,
     spec_env,
 )
-from driver.gpu_model import MigDevice
-from driver.names import CDI_KIND, DRIVER_NAME
-from kubelet_plugin.checkpoint import (
+from flexgpu.driver.gpu_model import MigDevice
+from flexgpu.driver.names import CDI_KIND, DRIVER_NAME
+from flexgpu.kubelet_plugin.checkpoint import (
     SCHEMA_VERSION,
     CheckpointStore,
     CheckpointWriteError,
@@ -59,9 +59,9 @@ from kubelet_plugin.checkpoint import (
     MpsShareRecord,
     ScanResult,
 )
-from kubelet_plugin.claim_source import ClaimSource
-from kubelet_plugin.node_events import NodeEventSink
-from kubelet_plugin.preparer import ClaimPreparerImpl, device_records
+from flexgpu.kubelet_plugin.claim_source import ClaimSource
+from flexgpu.kubelet_plugin.node_events import NodeEventSink
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl, device_records
 
 log = logging.getLogger(__name__)
 

@@ -32,14 +32,14 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from driver.backend import GpuBackend
-from driver.gpu_model import GpuInfo, MigProfile, ProcessSample
-from driver.names import mig_device_name
-from driver.quantity import QuantityError, parse_quantity
-from driver.usage import GpuUsage, summed_memory, summed_utilization
-from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.pod_cgroup import pod_uid_of
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.gpu_model import GpuInfo, MigProfile, ProcessSample
+from flexgpu.driver.names import mig_device_name
+from flexgpu.driver.quantity import QuantityError, parse_quantity
+from flexgpu.driver.usage import GpuUsage, summed_memory, summed_utilization
+from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_of
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from driver.backoff import Backoff
-from kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream
+from flexgpu.driver.backoff import Backoff
+from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ SCHEMA_DIR = REPO_ROOT / "driver" / "schemas"
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-from driver.opaque_config import json_schemas  # noqa: E402
+from flexgpu.driver.opaque_config import json_schemas  # noqa: E402
 
 
 def rendered() -> dict[str, str]:

@@ -27,9 +27,9 @@ from typing import Any
 
 import grpc
 
-from kubelet_plugin.kube_api import KubeApi, path_of
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2,
     registration_pb2_grpc,
 )
@@ -89,7 +89,7 @@ def one_run(
     argv = [
         sys.executable,
         "-m",
-        "kubelet_plugin.main",
+        "flexgpu.kubelet_plugin.main",
         "--gpu-backend=simulated",
         f"--topology={topology}",
         f"--node-name={NODE}",

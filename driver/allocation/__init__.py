@@ -17,15 +17,15 @@ matters little here: selector results are cached per device and request, compile
 expression. Neither library parses CEL's optional syntax (``.?name``, ``orValue``).
 """
 
-from driver.allocation.allocator import (
+from flexgpu.driver.allocation.allocator import (
     ClusterVerdict,
     DeviceChoice,
     Verdict,
     allocate,
     allocate_anywhere,
 )
-from driver.allocation.explain import Explanation, RequestDiagnosis, explain_claim
-from driver.allocation.model import (
+from flexgpu.driver.allocation.explain import Explanation, RequestDiagnosis, explain_claim
+from flexgpu.driver.allocation.model import (
     DeviceClass,
     Node,
     ParseError,
@@ -36,8 +36,8 @@ from driver.allocation.model import (
     parse_node,
     parse_slice,
 )
-from driver.allocation.state import AllocatedState, allocated_state
-from driver.allocation.summary import CapacityRow, capacity_summary
+from flexgpu.driver.allocation.state import AllocatedState, allocated_state
+from flexgpu.driver.allocation.summary import CapacityRow, capacity_summary
 
 __all__ = [
     "AllocatedState",

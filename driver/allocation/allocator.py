@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, NamedTuple
 
-from driver.allocation import capacity as cap
-from driver.allocation.cel import (
+from flexgpu.driver.allocation import capacity as cap
+from flexgpu.driver.allocation.cel import (
     DeviceTable,
     SelectorError,
     device_activation,
@@ -32,8 +32,8 @@ from driver.allocation.cel import (
     field_values,
     versions_parse,
 )
-from driver.allocation.constraints import ConstraintState
-from driver.allocation.model import (
+from flexgpu.driver.allocation.constraints import ConstraintState
+from flexgpu.driver.allocation.model import (
     ALLOCATION_RESULTS_MAX_SIZE,
     Device,
     DeviceClass,
@@ -42,9 +42,9 @@ from driver.allocation.model import (
     ResourceClaim,
     ResourceSlice,
 )
-from driver.allocation.nodes import node_matches
-from driver.allocation.pools import Pool, SliceIndex, gather_pools
-from driver.allocation.state import AllocatedState, DeviceId
+from flexgpu.driver.allocation.nodes import node_matches
+from flexgpu.driver.allocation.pools import Pool, SliceIndex, gather_pools
+from flexgpu.driver.allocation.state import AllocatedState, DeviceId
 
 Outcome = Literal["allocatable", "unallocatable", "error"]
 NOT_ALLOCATABLE = "cannot allocate all claims"  # a node's reason when the search fails there

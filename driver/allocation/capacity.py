@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from fractions import Fraction
 
-from driver.allocation.model import DeviceCapacity, RequestPolicy
+from flexgpu.driver.allocation.model import DeviceCapacity, RequestPolicy
 
 Amounts = Mapping[str, Fraction]
 

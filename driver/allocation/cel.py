@@ -31,9 +31,9 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from driver.allocation.model import AttributeValue, Device
-from driver.allocation.semver import Semver, SemverError, normalize_semver, parse_semver
-from driver.quantity import INT64_MAX, QuantityError, parse_quantity
+from flexgpu.driver.allocation.model import AttributeValue, Device
+from flexgpu.driver.allocation.semver import Semver, SemverError, normalize_semver, parse_semver
+from flexgpu.driver.quantity import INT64_MAX, QuantityError, parse_quantity
 
 
 class SelectorError(Exception):

@@ -9,7 +9,7 @@ first device of a set, as in the scheduler.
 
 from __future__ import annotations
 
-from driver.allocation.model import AttributeValue, Constraint, Device
+from flexgpu.driver.allocation.model import AttributeValue, Constraint, Device
 
 
 def lookup_attribute(device: Device, driver: str, name: str) -> AttributeValue | None:

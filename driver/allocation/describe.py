@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fractions import Fraction
 
-from driver.allocation.model import Device
+from flexgpu.driver.allocation.model import Device
 
 # Attributes that name what a device is, most specific first.
 _NAME_ATTRIBUTES = ("productName", "model", "profile", "type")

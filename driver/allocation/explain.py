@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from driver.allocation import capacity as cap
-from driver.allocation.allocator import (
+from flexgpu.driver.allocation import capacity as cap
+from flexgpu.driver.allocation.allocator import (
     NOT_ALLOCATABLE,
     ClusterVerdict,
     Outcome,
@@ -26,9 +26,9 @@ from driver.allocation.allocator import (
     allocate_anywhere,
     tainted,
 )
-from driver.allocation.cel import SelectorError
-from driver.allocation.describe import plural, summarize_kinds
-from driver.allocation.model import (
+from flexgpu.driver.allocation.cel import SelectorError
+from flexgpu.driver.allocation.describe import plural, summarize_kinds
+from flexgpu.driver.allocation.model import (
     Device,
     DeviceClass,
     Node,
@@ -36,9 +36,9 @@ from driver.allocation.model import (
     ResourceClaim,
     ResourceSlice,
 )
-from driver.allocation.nodes import node_matches
-from driver.allocation.pools import Pool, SliceIndex, slice_visible
-from driver.allocation.state import AllocatedState, DeviceId, allocated_state
+from flexgpu.driver.allocation.nodes import node_matches
+from flexgpu.driver.allocation.pools import Pool, SliceIndex, slice_visible
+from flexgpu.driver.allocation.state import AllocatedState, DeviceId, allocated_state
 
 # Reasons a device in the request's class is not usable, in the order they are checked.
 REASONS = (

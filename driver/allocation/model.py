@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from driver.quantity import parse_quantity
+from flexgpu.driver.quantity import parse_quantity
 
 AttributeKind = Literal["int", "bool", "string", "version", "ints", "bools", "strings", "versions"]
 ATTRIBUTE_KINDS: tuple[AttributeKind, ...] = (

@@ -6,7 +6,7 @@ are ANDed, and a term without any requirement matches nothing.
 
 from __future__ import annotations
 
-from driver.allocation.model import Node, NodeSelector, NodeSelectorRequirement
+from flexgpu.driver.allocation.model import Node, NodeSelector, NodeSelectorRequirement
 
 
 def _integer(text: str) -> int | None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from driver.allocation.model import Node, ResourceSlice
-from driver.allocation.nodes import node_matches
+from flexgpu.driver.allocation.model import Node, ResourceSlice
+from flexgpu.driver.allocation.nodes import node_matches
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from driver.allocation.capacity import add_amounts
-from driver.allocation.model import ResourceClaim
+from flexgpu.driver.allocation.capacity import add_amounts
+from flexgpu.driver.allocation.model import ResourceClaim
 
 DeviceId = tuple[str, str, str]  # driver, pool, device
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from driver.allocation.capacity import add_amounts
-from driver.allocation.model import Device, ResourceClaim, ResourceSlice
-from driver.allocation.state import AllocatedState, allocated_state
-from driver.names import DRIVER_NAME
+from flexgpu.driver.allocation.capacity import add_amounts
+from flexgpu.driver.allocation.model import Device, ResourceClaim, ResourceSlice
+from flexgpu.driver.allocation.state import AllocatedState, allocated_state
+from flexgpu.driver.names import DRIVER_NAME
 
 
 @dataclass

@@ -18,7 +18,7 @@ for the policy's users.
 
 from __future__ import annotations
 
-from driver.mig_layout import (
+from flexgpu.driver.mig_layout import (
     LayoutError,
     LayoutProblem,
     MigPlacementPlan,
@@ -26,7 +26,7 @@ from driver.mig_layout import (
     show_layout,
     validate_layout,
 )
-from driver.node_policy.model import (
+from flexgpu.driver.node_policy.model import (
     API_VERSION,
     APPLIED_CONDITION,
     CRD_NAME,
@@ -62,9 +62,9 @@ from driver.node_policy.model import (
     PolicyReason,
     SelectorOperator,
 )
-from driver.node_policy.parsing import NodePolicyError, PolicyProblem, parse_node_policy
-from driver.node_policy.selection import GpuModeSpec, PolicyChoice, gpu_modes, select_policy
-from driver.node_policy.status import (
+from flexgpu.driver.node_policy.parsing import NodePolicyError, PolicyProblem, parse_node_policy
+from flexgpu.driver.node_policy.selection import GpuModeSpec, PolicyChoice, gpu_modes, select_policy
+from flexgpu.driver.node_policy.status import (
     format_time,
     gpu_status,
     merge_patch,
@@ -73,7 +73,7 @@ from driver.node_policy.status import (
     node_status_removal,
     set_condition,
 )
-from driver.validation_messages import MAX_PROBLEMS
+from flexgpu.driver.validation_messages import MAX_PROBLEMS
 
 __all__ = [
     "API_VERSION",

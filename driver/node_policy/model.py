@@ -27,10 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-from driver.gpu_model import GpuInfo
-from driver.names import CRD_GROUP
-from driver.opaque_config import GpuSharing
-from driver.validation_messages import StrictModel, conflict, only_str, value_error
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.names import CRD_GROUP
+from flexgpu.driver.opaque_config import GpuSharing
+from flexgpu.driver.validation_messages import StrictModel, conflict, only_str, value_error
 
 # The one place the served version is written; everything else derives from it.
 VERSION: Final = "v1alpha1"

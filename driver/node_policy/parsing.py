@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from driver.node_policy.model import (
+from flexgpu.driver.node_policy.model import (
     API_VERSION,
     INT32_MAX,
     INT32_MIN,
@@ -37,8 +37,8 @@ from driver.node_policy.model import (
     PolicyReason,
     SelectorOperator,
 )
-from driver.opaque_config import SHARING_ALLOWED, SHARING_KEYS_ALLOWED
-from driver.validation_messages import (
+from flexgpu.driver.opaque_config import SHARING_ALLOWED, SHARING_KEYS_ALLOWED
+from flexgpu.driver.validation_messages import (
     MessageRules,
     Pattern,
     Problem,

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from driver.gpu_model import GpuInfo
-from driver.node_policy.model import GpuMode, GpuNodePolicy
-from driver.opaque_config import GpuSharing
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.node_policy.model import GpuMode, GpuNodePolicy
+from flexgpu.driver.opaque_config import GpuSharing
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,15 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from driver.gpu_model import GpuInfo
-from driver.node_policy.model import Condition, ConditionStatus, GpuStatus, NodeStatus, PolicyReason
-from driver.node_policy.selection import GpuModeSpec
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.node_policy.model import (
+    Condition,
+    ConditionStatus,
+    GpuStatus,
+    NodeStatus,
+    PolicyReason,
+)
+from flexgpu.driver.node_policy.selection import GpuModeSpec
 
 
 def format_time(moment: datetime) -> str:

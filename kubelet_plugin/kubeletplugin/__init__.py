@@ -17,17 +17,17 @@ Everything not named here is this package's own business. It imports nothing of 
 driver (an import-linter contract in pyproject.toml checks that).
 """
 
-from kubelet_plugin.kubeletplugin.claims import (
+from flexgpu.kubelet_plugin.kubeletplugin.claims import (
     ClaimRef,
     DraDriver,
     PreparedDevice,
     PrepareResult,
     UnprepareResult,
 )
-from kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource, HealthStatus
-from kubelet_plugin.kubeletplugin.registration import RegistrationState
-from kubelet_plugin.kubeletplugin.server import Options, Server, serve
-from kubelet_plugin.kubeletplugin.sockets import MAX_SOCKET_PATH_BYTES, ServerError
+from flexgpu.kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource, HealthStatus
+from flexgpu.kubelet_plugin.kubeletplugin.registration import RegistrationState
+from flexgpu.kubelet_plugin.kubeletplugin.server import Options, Server, serve
+from flexgpu.kubelet_plugin.kubeletplugin.sockets import MAX_SOCKET_PATH_BYTES, ServerError
 
 __all__ = [
     "MAX_SOCKET_PATH_BYTES",

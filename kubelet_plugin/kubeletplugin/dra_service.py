@@ -14,16 +14,16 @@ from typing import Any
 
 import grpc
 
-from kubelet_plugin.kubeletplugin import grpc_handlers as h
-from kubelet_plugin.kubeletplugin.claims import (
+from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
+from flexgpu.kubelet_plugin.kubeletplugin.claims import (
     ClaimRef,
     DraDriver,
     PreparedDevice,
     PrepareResult,
     UnprepareResult,
 )
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as v1beta1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as v1beta1
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,12 @@ from typing import Any
 
 import grpc
 
-from kubelet_plugin.kubeletplugin import grpc_handlers as h
-from kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import health_pb2 as v1alpha1
+from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
+from flexgpu.kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
+    health_pb2 as v1alpha1,
+)
 
 log = logging.getLogger(__name__)
 

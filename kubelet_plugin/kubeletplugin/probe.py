@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2,
     registration_pb2_grpc,
 )

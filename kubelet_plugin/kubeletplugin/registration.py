@@ -11,8 +11,10 @@ from typing import Final
 
 import grpc
 
-from kubelet_plugin.kubeletplugin import grpc_handlers as h
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2 as reg
+from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+    registration_pb2 as reg,
+)
 
 log = logging.getLogger(__name__)
 

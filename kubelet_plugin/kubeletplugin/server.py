@@ -23,12 +23,15 @@ from types import FrameType, TracebackType
 
 import grpc
 
-from kubelet_plugin.kubeletplugin.claims import DraDriver
-from kubelet_plugin.kubeletplugin.dra_service import DRAService
-from kubelet_plugin.kubeletplugin.health import HealthSource
-from kubelet_plugin.kubeletplugin.health_service import HealthService
-from kubelet_plugin.kubeletplugin.registration import RegistrationService, supported_versions
-from kubelet_plugin.kubeletplugin.sockets import (
+from flexgpu.kubelet_plugin.kubeletplugin.claims import DraDriver
+from flexgpu.kubelet_plugin.kubeletplugin.dra_service import DRAService
+from flexgpu.kubelet_plugin.kubeletplugin.health import HealthSource
+from flexgpu.kubelet_plugin.kubeletplugin.health_service import HealthService
+from flexgpu.kubelet_plugin.kubeletplugin.registration import (
+    RegistrationService,
+    supported_versions,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.sockets import (
     ServerError,
     dra_socket_path,
     registration_socket_path,

@@ -21,15 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import pynvml
 
-from driver.backend_errors import BackendUnavailableError, GpuBackendError
-from driver.gpu_catalog import spec_for_product_name
-from driver.inventory import NodeInventory, collect_inventory
-from driver.inventory_report import gpu_table, mig_table
-from driver.names import mig_device_name
-from driver.nvml_backend import NvmlBackend
-from driver.nvml_readonly import ReadOnlyNvml
-from driver.readonly_backend import ReadOnlyBackend
-from driver.resource_slice import render_whole_gpus
+from flexgpu.driver.backend_errors import BackendUnavailableError, GpuBackendError
+from flexgpu.driver.gpu_catalog import spec_for_product_name
+from flexgpu.driver.inventory import NodeInventory, collect_inventory
+from flexgpu.driver.inventory_report import gpu_table, mig_table
+from flexgpu.driver.names import mig_device_name
+from flexgpu.driver.nvml_backend import NvmlBackend
+from flexgpu.driver.nvml_readonly import ReadOnlyNvml
+from flexgpu.driver.readonly_backend import ReadOnlyBackend
+from flexgpu.driver.resource_slice import render_whole_gpus
 
 
 def published_devices(inventory: NodeInventory) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver import node_policy
-from driver.names import CRD_GROUP
+from flexgpu.driver import node_policy
+from flexgpu.driver.names import CRD_GROUP
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools import gen_crds

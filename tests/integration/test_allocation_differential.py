@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.allocation import (
+from flexgpu.driver.allocation import (
     allocate_anywhere,
     allocated_state,
     parse_claim,

@@ -20,9 +20,9 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from driver.backend import GpuBackend
-from kubelet_plugin.kube_api import KubeApi
-from kubelet_plugin.mps_pods import MpsDaemonPods
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.kubelet_plugin.kube_api import KubeApi
+from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import (
     create_claim,
@@ -206,7 +206,7 @@ def test_controller_as_its_service_account_leads_and_serves(
         [
             sys.executable,
             "-m",
-            "controller.main",
+            "flexgpu.controller.main",
             f"--kubeconfig={kubeconfig}",
             f"--namespace={NS}",
             "--metrics-port=0",

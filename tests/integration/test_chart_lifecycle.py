@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller.webhook_config import ServiceRef, build_webhook_configuration
+from flexgpu.controller.webhook_config import ServiceRef, build_webhook_configuration
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import policy_webhook_ignored
 from tools.cluster import ControlPlane
@@ -204,7 +204,7 @@ def _run_controller_once(
         [
             sys.executable,
             "-m",
-            "controller.main",
+            "flexgpu.controller.main",
             f"--kubeconfig={kubeconfig}",
             f"--namespace={namespace}",
             f"--owner-deployment={name}",

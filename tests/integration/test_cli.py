@@ -54,7 +54,7 @@ def flexgpu(
     kubeconfig: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args, f"--kubeconfig={kubeconfig}"],
+        [sys.executable, "-m", "flexgpu.controller.cli", *args, f"--kubeconfig={kubeconfig}"],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         capture_output=True,

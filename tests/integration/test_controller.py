@@ -24,13 +24,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver import node_policy
-from driver.names import CRD_GROUP, DRIVER_NAME
-from driver.sim_backend import SimulatedBackend
-from driver.topology import load_topology
-from kubelet_plugin.kube_api import KubeApi
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.slice_publisher import SlicePublisher
+from flexgpu.driver import node_policy
+from flexgpu.driver.names import CRD_GROUP, DRIVER_NAME
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology
+from flexgpu.kubelet_plugin.kube_api import KubeApi
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
 from tests.conftest import holds_for, wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools.cluster import ControlPlane, create_simulated_node
@@ -216,7 +216,7 @@ class ControllerProcess:
             [
                 sys.executable,
                 "-m",
-                "controller.main",
+                "flexgpu.controller.main",
                 f"--kubeconfig={cluster.kubeconfig}",
                 "--namespace=default",
                 f"--lease-name={lease}",
@@ -439,7 +439,13 @@ def test_policy_status_matched_nodes_and_conflict(
 
 def _cli(cluster: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args, f"--kubeconfig={cluster.kubeconfig}"],
+        [
+            sys.executable,
+            "-m",
+            "flexgpu.controller.cli",
+            *args,
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,

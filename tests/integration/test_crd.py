@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver import node_policy
-from driver.names import CRD_GROUP
+from flexgpu.driver import node_policy
+from flexgpu.driver.names import CRD_GROUP
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import grpc
 import pytest
 from kubernetes import client
 
-from kubelet_plugin.kube_api import KubeApi
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kube_api import KubeApi
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.conftest import wait_for
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import DRIVER
@@ -99,7 +99,7 @@ def plugin(cluster: ControlPlane, api: Any, crd_installed: None) -> Iterator[Com
         [
             sys.executable,
             "-m",
-            "kubelet_plugin.main",
+            "flexgpu.kubelet_plugin.main",
             "--gpu-backend=simulated",
             "--topology=hgx-h100-8",
             f"--node-name={NODE}",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.names import CRD_GROUP
+from flexgpu.driver.names import CRD_GROUP
 from tests.conftest import wait_for
 from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import (

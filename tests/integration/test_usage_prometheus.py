@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.sim_usage import USAGE_FILE_NAME
+from flexgpu.driver.sim_usage import USAGE_FILE_NAME
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import (
     allocated,
@@ -173,7 +173,7 @@ def world(
         [
             sys.executable,
             "-m",
-            "controller.main",
+            "flexgpu.controller.main",
             f"--kubeconfig={cluster.kubeconfig}",
             "--namespace=default",
             f"--lease-name=usage-{namespace}",
@@ -300,7 +300,7 @@ def test_controller_tells_the_idle_claim_and_its_pod(world: World, api: Any) -> 
 
 def _usage(*args: str) -> Any:
     result = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "usage", *args],
+        [sys.executable, "-m", "flexgpu.controller.cli", "usage", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

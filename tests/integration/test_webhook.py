@@ -1,6 +1,6 @@
 """The validating admission webhook against the real apiserver: the webhook runs as a local
-process (``python -m controller.admission_server``), reached at an https://127.0.0.1 URL, and
-every check goes through real creates (and one real ``kubectl apply``)."""
+process (``python -m flexgpu.controller.admission_server``), reached at an https://127.0.0.1
+URL, and every check goes through real creates (and one real ``kubectl apply``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from controller.webhook_config import CONFIGURATION_NAME
+from flexgpu.controller.webhook_config import CONFIGURATION_NAME
 from tests.conftest import wait_for
 from tests.integration.webhook_process import WebhookProcess, run_webhook_for_tests
 from tools.cluster import ControlPlane

@@ -1,4 +1,4 @@
-"""The admission webhook as a process of its own (``python -m controller.admission_server``)
+"""The admission webhook as a process of its own (``python -m flexgpu.controller.admission_server``)
 for the integration tests: started against a cluster, ready once it listens and the webhook
 configuration points at it."""
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from controller.webhook_config import CONFIGURATION_NAME
+from flexgpu.controller.webhook_config import CONFIGURATION_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def run_webhook_for_tests(
     argv = [
         sys.executable,
         "-m",
-        "controller.admission_server",
+        "flexgpu.controller.admission_server",
         f"--kubeconfig={kubeconfig}",
         f"--webhook-listen=127.0.0.1:{port}",
         f"--webhook-secret-namespace={secret_namespace}",

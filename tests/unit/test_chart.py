@@ -178,7 +178,7 @@ def test_webhook_configuration_is_the_controllers_own(helm: Path) -> None:
     """The chart's ValidatingWebhookConfiguration has exactly the webhooks the controller
     builds (controller/webhook_config.py), reached through the controller's Service, with no
     caBundle (the controller fills it in; an upgrade leaves it)."""
-    from controller.webhook_config import ServiceRef, build_webhook_configuration
+    from flexgpu.controller.webhook_config import ServiceRef, build_webhook_configuration
 
     rendered = find(render(helm), "ValidatingWebhookConfiguration")
     assert rendered["metadata"]["name"] == "t-flexgpu-validation"
@@ -296,8 +296,8 @@ def test_pods_carry_recommended_labels_annotations_and_security_contexts(helm: P
 
 
 def test_log_settings_reach_both_daemons_as_they_parse_them(helm: Path) -> None:
-    from controller.main import build_parser
-    from kubelet_plugin.config import load_config
+    from flexgpu.controller.main import build_parser
+    from flexgpu.kubelet_plugin.config import load_config
 
     templates = _pod_templates(render(helm, "logLevel=debug", "logFormat=text"))
     plugin_args = templates["DaemonSet"]["spec"]["containers"][0]["args"]

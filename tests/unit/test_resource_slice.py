@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from driver.gpu_model import GpuInfo, HealthState, MigMode
-from driver.resource_slice import (
+from flexgpu.driver.gpu_model import GpuInfo, HealthState, MigMode
+from flexgpu.driver.resource_slice import (
     chunk_devices,
     render_whole_gpus,
     semver,
@@ -114,7 +114,7 @@ def test_too_many_attributes_is_refused_with_the_limit() -> None:
 
 
 def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
-    from kubelet_plugin.slice_publisher import contains
+    from flexgpu.kubelet_plugin.slice_publisher import contains
 
     desired = {"capacity": {"memory": {"value": "40960Mi"}}, "name": "gpu-0"}
     assert contains({"capacity": {"memory": {"value": "40Gi"}}, "name": "gpu-0"}, desired)
@@ -124,8 +124,8 @@ def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
 
 
 def test_a_1_34_server_gets_each_counter_set_beside_its_consumers() -> None:
-    from driver.mig_devices import counter_set, dynamic_mig_devices
-    from driver.sim_backend import SimulatedBackend
+    from flexgpu.driver.mig_devices import counter_set, dynamic_mig_devices
+    from flexgpu.driver.sim_backend import SimulatedBackend
 
     backend = SimulatedBackend.from_topology("hgx-h100-8", "n")
     gpus = backend.list_gpus()
@@ -158,8 +158,8 @@ def test_a_1_34_server_gets_each_counter_set_beside_its_consumers() -> None:
 
 
 def test_partitions_are_published_profile_by_profile_after_every_whole_gpu() -> None:
-    from driver.mig_catalog import mig_profiles_for
-    from driver.mig_devices import dynamic_mig_devices
+    from flexgpu.driver.mig_catalog import mig_profiles_for
+    from flexgpu.driver.mig_devices import dynamic_mig_devices
 
     profiles = list(mig_profiles_for("H100-80GB"))
     devices = [whole_gpu_device(_gpu(2))]

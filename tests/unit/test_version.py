@@ -47,7 +47,7 @@ def test_stamp_refuses_what_is_not_a_semantic_version(
 
 def test_the_cli_reports_the_source_version() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "--version"],
+        [sys.executable, "-m", "flexgpu.controller.cli", "--version"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -72,3 +72,10 @@ def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
         text = archive.read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text
     assert any(n.endswith("licenses/LICENSE") for n in names)
+    # One namespace installed: nothing that could collide with another project's `driver`.
+    top_level = {n.split("/")[0] for n in names if not n.startswith(f"flexgpu-{version}")}
+    assert top_level == {"flexgpu"}, top_level
+    for package in ("driver", "kubelet_plugin", "controller"):
+        assert f"flexgpu/{package}/__init__.py" in names
+    assert "flexgpu/driver/topologies/h200-4.yaml" in names
+    assert "flexgpu/kubelet_plugin/kubeletplugin/proto/gen/dra/v1/dra_pb2.py" in names

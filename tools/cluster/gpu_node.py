@@ -100,7 +100,7 @@ class SimulatedGpuNode:
             [
                 sys.executable,
                 "-m",
-                "kubelet_plugin.main",
+                "flexgpu.kubelet_plugin.main",
                 "--gpu-backend=simulated",
                 f"--topology={self.topology}",
                 f"--node-name={self.name}",

@@ -12,7 +12,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 PROJECT = "flexgpu"
-# Our own packages: they come from the source tree (the project is installed editable).
+# Our own packages: they come from the source tree (the project is installed editable), and are
+# installed under the flexgpu namespace as the wheel installs them.
+NAMESPACE = "flexgpu"
 OWN_PACKAGES = ("driver", "kubelet_plugin", "controller")
 
 
@@ -65,11 +67,13 @@ def copy_dependencies(dest: Path) -> list[str]:
 
 
 def copy_project(repo: Path, dest: Path) -> None:
-    """Copies flexgpu's own packages (sources and data files) into ``dest``."""
+    """Copies flexgpu's own packages (sources and data files) into ``dest``/flexgpu."""
+    (dest / NAMESPACE).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(repo / NAMESPACE / "__init__.py", dest / NAMESPACE / "__init__.py")
     for pkg in OWN_PACKAGES:
         shutil.copytree(
             repo / pkg,
-            dest / pkg,
+            dest / NAMESPACE / pkg,
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             dirs_exist_ok=True,
         )

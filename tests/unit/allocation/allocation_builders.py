@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.allocation import (
+from flexgpu.driver.allocation import (
     DeviceClass,
     Node,
     ResourceClaim,

@@ -15,8 +15,8 @@ from allocation_builders import (
     request,
 )
 
-from driver.allocation import Node, allocate, allocated_state
-from driver.allocation.model import ResourceClaim, ResourceSlice
+from flexgpu.driver.allocation import Node, allocate, allocated_state
+from flexgpu.driver.allocation.model import ResourceClaim, ResourceSlice
 
 A = f'device.attributes["{DRIVER}"]'
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from driver.allocation.cel import SelectorError, compile_selector, device_activation, evaluate
-from driver.allocation.model import parse_device
+from flexgpu.driver.allocation.cel import (
+    SelectorError,
+    compile_selector,
+    device_activation,
+    evaluate,
+)
+from flexgpu.driver.allocation.model import parse_device
 
 D = "gpu.example.com"
 DEVICE = parse_device(

@@ -13,10 +13,10 @@ from allocation_builders import (
     request,
 )
 
-from driver.allocation import Node
-from driver.allocation.describe import format_quantity
-from driver.allocation.explain import explain_claim
-from driver.allocation.summary import capacity_summary
+from flexgpu.driver.allocation import Node
+from flexgpu.driver.allocation.describe import format_quantity
+from flexgpu.driver.allocation.explain import explain_claim
+from flexgpu.driver.allocation.summary import capacity_summary
 
 A = f'device.attributes["{DRIVER}"]'
 BIG = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'

@@ -9,10 +9,10 @@ from allocation_builders import DRIVER, claim, device_class, holding, pool_slice
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.allocation import Node
-from driver.allocation.allocator import allocate_anywhere
-from driver.allocation.explain import explain_claim
-from driver.allocation.state import allocated_state
+from flexgpu.driver.allocation import Node
+from flexgpu.driver.allocation.allocator import allocate_anywhere
+from flexgpu.driver.allocation.explain import explain_claim
+from flexgpu.driver.allocation.state import allocated_state
 
 A = f'device.attributes["{DRIVER}"]'
 NODES = [Node(f"n{i}", {"kubernetes.io/hostname": f"n{i}", "zone": "ab"[i % 2]}) for i in range(3)]

@@ -7,9 +7,9 @@ import contextlib
 import pytest
 from allocation_builders import DRIVER, device, pool_slices
 
-from driver.allocation import allocator
-from driver.allocation.allocator import SelectorCache
-from driver.allocation.cel import SelectorError
+from flexgpu.driver.allocation import allocator
+from flexgpu.driver.allocation.allocator import SelectorCache
+from flexgpu.driver.allocation.cel import SelectorError
 
 
 def test_results_and_errors_are_cached(monkeypatch: pytest.MonkeyPatch) -> None:

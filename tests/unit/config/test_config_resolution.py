@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.config_resolution import (
+from flexgpu.driver.config_resolution import (
     ConfigResolutionError,
     ConfigSource,
     DeviceType,
@@ -20,7 +20,7 @@ from driver.config_resolution import (
     resolve_configs,
     validate_config_entries,
 )
-from driver.opaque_config import GpuConfig, MigConfig, SharingStrategy, parse_opaque_config
+from flexgpu.driver.opaque_config import GpuConfig, MigConfig, SharingStrategy, parse_opaque_config
 
 V = "gpu.flexgpu.dev/v1alpha1"
 

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from driver.config_resolution import request_device_counts, validate_config_entries
-from driver.mps_limits import (
+from flexgpu.driver.config_resolution import request_device_counts, validate_config_entries
+from flexgpu.driver.mps_limits import (
     ConfiguredDevice,
     PinnedLimitError,
     index_keys_beyond,
     pinned_memory_limits,
 )
-from driver.opaque_config import MpsConfig, parse_opaque_config
-from driver.quantity import parse_quantity
+from flexgpu.driver.opaque_config import MpsConfig, parse_opaque_config
+from flexgpu.driver.quantity import parse_quantity
 
 V = "gpu.flexgpu.dev/v1alpha1"
 PER = "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit"
@@ -161,7 +161,7 @@ def test_subrequest_alternatives_count_once_at_their_largest() -> None:
 
 
 def test_the_webhook_refuses_the_claim_with_the_field_named() -> None:
-    from controller.admission import validate_resource_claim
+    from flexgpu.controller.admission import validate_resource_claim
 
     claim = {
         "spec": {"devices": {"requests": [request("gpu")], "config": [claim_config({"1": "12Gi"})]}}

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from driver.gpu_model import TimeSliceInterval
-from driver.names import OPAQUE_API_VERSION
-from driver.opaque_config import (
+from flexgpu.driver.gpu_model import TimeSliceInterval
+from flexgpu.driver.names import OPAQUE_API_VERSION
+from flexgpu.driver.opaque_config import (
     MAX_PROBLEMS,
     GpuConfig,
     GpuSharing,
@@ -25,7 +25,7 @@ from driver.opaque_config import (
     TimeSlicingConfig,
     parse_opaque_config,
 )
-from driver.quantity import Quantity
+from flexgpu.driver.quantity import Quantity
 
 V = "gpu.flexgpu.dev/v1alpha1"
 ROOT = 'a JSON object with apiVersion "gpu.flexgpu.dev/v1alpha1" and kind GpuConfig or MigConfig'

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
-from driver.quantity import Quantity, QuantityError, parse_quantity
+from flexgpu.driver.quantity import Quantity, QuantityError, parse_quantity
 
 GOOD = [
     ("0", Fraction(0)),

@@ -8,11 +8,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from controller.cluster_state import ClusterState, Kind, Snapshot
-from driver.names import DRIVER_NAME
-from driver.resource_slice import render_node_gpus, slice_specs
-from driver.sim_backend import SimulatedBackend
-from driver.topology import load_topology
+from flexgpu.controller.cluster_state import ClusterState, Kind, Snapshot
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.resource_slice import render_node_gpus, slice_specs
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 A = f'device.attributes["{DRIVER_NAME}"]'

@@ -1,4 +1,5 @@
-"""controller.admission: the pure checks, the review rules and the AdmissionReview answer."""
+"""flexgpu.controller.admission: the pure checks, the review rules and the AdmissionReview
+answer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from controller.admission import (
+from flexgpu.controller.admission import (
     ADMISSION_TARGETS,
     MAX_LISTED_PROBLEMS,
     REJECTION_CODE,

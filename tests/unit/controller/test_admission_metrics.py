@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller import admission
-from controller.metrics import WEBHOOK_DECISIONS
+from flexgpu.controller import admission
+from flexgpu.controller.metrics import WEBHOOK_DECISIONS
 
 BAD = {
     "apiVersion": "resource.k8s.io/v1",

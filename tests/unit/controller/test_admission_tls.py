@@ -1,4 +1,4 @@
-"""controller.webhook_tls: the Secret's certificates, renewal with an injected clock, and
+"""flexgpu.controller.webhook_tls: the Secret's certificates, renewal with an injected clock, and
 replicas converging on one Secret."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
-from controller.webhook_tls import (
+from flexgpu.controller.webhook_tls import (
     RENEW_BEFORE,
     SERVING_VALIDITY,
     CertBundle,

@@ -1,4 +1,4 @@
-"""controller.webhook_config: the ValidatingWebhookConfiguration, its CEL matchConditions
+"""flexgpu.controller.webhook_config: the ValidatingWebhookConfiguration, its CEL matchConditions
 (evaluated with cel-python against v1 shapes) and create-or-replace."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import celpy
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.webhook_config import (
+from flexgpu.controller.webhook_config import (
     CHANGED_CONDITION,
     CLAIM_CONDITION,
     DEVICE_CLASS_CONDITION,
@@ -20,7 +20,7 @@ from controller.webhook_config import (
     apply_webhook_configuration,
     build_webhook_configuration,
 )
-from controller.webhook_server import WebhookOptions
+from flexgpu.controller.webhook_server import WebhookOptions
 
 CA = b"-----BEGIN CERTIFICATE-----\nabc\n-----END CERTIFICATE-----\n"
 

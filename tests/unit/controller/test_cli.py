@@ -11,11 +11,11 @@ import pytest
 from kubernetes import client
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
-from controller import cli
-from controller.cli_capacity import MIG_NOTE, capacity_table, ordered
-from controller.cli_explain import Target, parse_target
-from controller.cli_options import CliError, ExitCode, api_error, connect
-from driver.allocation import CapacityRow
+from flexgpu.controller import cli
+from flexgpu.controller.cli_capacity import MIG_NOTE, capacity_table, ordered
+from flexgpu.controller.cli_explain import Target, parse_target
+from flexgpu.controller.cli_options import CliError, ExitCode, api_error, connect
+from flexgpu.driver.allocation import CapacityRow
 
 KUBECONFIG = """
 apiVersion: v1

@@ -6,9 +6,9 @@ from typing import Any
 
 from controller_builders import NOW, A, claim, holding, load, node, node_slices, pod, request
 
-from controller.cluster_state import ClusterState
-from controller.diagnostics import REASON, Diagnostics
-from controller.events import EventTarget, event_name
+from flexgpu.controller.cluster_state import ClusterState
+from flexgpu.controller.diagnostics import REASON, Diagnostics
+from flexgpu.controller.events import EventTarget, event_name
 
 L4 = f'{A}.productName == "NVIDIA L4"'
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from controller_builders import A, claim, node, node_slices, pod, request, snapshot
 
-from controller.cluster_state import Snapshot
-from controller.evaluation import Memo, evaluate
+from flexgpu.controller.cluster_state import Snapshot
+from flexgpu.controller.evaluation import Memo, evaluate
 
 L4 = f'{A}.productName == "NVIDIA L4"'
 H100 = f'{A}.productName == "NVIDIA H100 80GB HBM3"'

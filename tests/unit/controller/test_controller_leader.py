@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller.leader import LeaseElector
+from flexgpu.controller.leader import LeaseElector
 
 
 class FakeLeases:

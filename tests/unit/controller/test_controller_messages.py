@@ -6,10 +6,17 @@ from typing import Any
 
 from controller_builders import CAP, A, claim, holding, node, node_slices, pod, request, snapshot
 
-from controller.evaluation import evaluate
-from controller.messages import MAX_MESSAGE, Lookup, claim_message, clip, fingerprint, pod_message
-from controller.records import PodRecord
-from driver.names import DRIVER_NAME
+from flexgpu.controller.evaluation import evaluate
+from flexgpu.controller.messages import (
+    MAX_MESSAGE,
+    Lookup,
+    claim_message,
+    clip,
+    fingerprint,
+    pod_message,
+)
+from flexgpu.controller.records import PodRecord
+from flexgpu.driver.names import DRIVER_NAME
 
 L4 = f'{A}.productName == "NVIDIA L4"'
 H100 = f'{A}.productName.startsWith("NVIDIA H100")'

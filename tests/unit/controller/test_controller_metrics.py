@@ -7,8 +7,8 @@ from fractions import Fraction
 from controller_builders import NOW, claim, holding, node, node_slices, pod, request, snapshot
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-from controller import metrics
-from controller.metrics import PoolCollector, PoolFigures, pool_figures
+from flexgpu.controller import metrics
+from flexgpu.controller.metrics import PoolCollector, PoolFigures, pool_figures
 from tests.promtool import check_metrics
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from controller_builders import NOW, A, claim, holding, pod, request, snapshot
 
-from controller.pending import our_classes, pending_claims
-from driver.allocation import parse_device_class
+from flexgpu.controller.pending import our_classes, pending_claims
+from flexgpu.driver.allocation import parse_device_class
 
 
 def _pending(**objects: list) -> list[tuple[str, str]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from controller_builders import node, pod
 
-from controller.pod_nodes import node_fit
-from controller.records import node_record, pod_record
+from flexgpu.controller.pod_nodes import node_fit
+from flexgpu.controller.records import node_record, pod_record
 
 NO_SCHEDULE = {"key": "gpu", "value": "busy", "effect": "NoSchedule"}
 

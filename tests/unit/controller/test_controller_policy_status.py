@@ -6,8 +6,8 @@ from typing import Any
 
 from controller_builders import NOW, node
 
-from controller.policy_status import CONFLICT_CONDITION, desired_patches
-from controller.records import node_record
+from flexgpu.controller.policy_status import CONFLICT_CONDITION, desired_patches
+from flexgpu.controller.records import node_record
 
 
 def _policy(name: str, priority: int = 0, **labels: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from controller.kopf_login import connection_info
+from flexgpu.controller.kopf_login import connection_info
 
 
 def _configuration(**api_key: str) -> client.Configuration:

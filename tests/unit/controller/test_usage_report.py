@@ -10,16 +10,16 @@ from collections.abc import Sequence
 import pytest
 import yaml
 
-from controller.cli_usage import (
+from flexgpu.controller.cli_usage import (
     UsageReport,
     by_namespace,
     from_plugins,
     render_table,
     report_document,
 )
-from controller.events import EventTarget
-from controller.idle_events import IdleClaimNotifier
-from controller.plugin_endpoints import Scrape, endpoint_urls, parse
+from flexgpu.controller.events import EventTarget
+from flexgpu.controller.idle_events import IdleClaimNotifier
+from flexgpu.controller.plugin_endpoints import Scrape, endpoint_urls, parse
 
 LABELS = (
     'node="n1",namespace="{ns}",claim="{c}",device="{d}",class="{k}",product="{p}",'

@@ -10,7 +10,7 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.webhook_config import patch_ca_bundle
+from flexgpu.controller.webhook_config import patch_ca_bundle
 
 
 class FakeAdmission:

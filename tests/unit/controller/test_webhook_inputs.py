@@ -18,9 +18,13 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from controller.admission_review import SERVED
-from controller.webhook_server import AdmissionHttpsServer, FlexgpuWebhookServer, WebhookOptions
-from controller.webhook_tls import plan_bundle
+from flexgpu.controller.admission_review import SERVED
+from flexgpu.controller.webhook_server import (
+    AdmissionHttpsServer,
+    FlexgpuWebhookServer,
+    WebhookOptions,
+)
+from flexgpu.controller.webhook_tls import plan_bundle
 
 CLAIMS = {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}
 

@@ -12,12 +12,12 @@ from typing import Any, Protocol
 import pynvml
 import pytest
 
-from driver.backend import GpuBackend
-from driver.gpu_model import ProcessSample
-from driver.nvml_backend import NvmlBackend
-from driver.sim_backend import SimulatedBackend
-from driver.sysfs import SysfsPci
-from driver.topology import parse_topology
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.gpu_model import ProcessSample
+from flexgpu.driver.nvml_backend import NvmlBackend
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.sysfs import SysfsPci
+from flexgpu.driver.topology import parse_topology
 from tests.nvml_library import ENV_CONFIG, ENV_STATE, MockMachine, load_into_process
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.atomic_file import atomic_write_bytes, atomic_write_text
+from flexgpu.driver.atomic_file import atomic_write_bytes, atomic_write_text
 
 
 def test_writes_and_replaces(tmp_path: Path) -> None:

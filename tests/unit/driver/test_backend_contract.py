@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import Hardware
 
-from driver.backend import GpuBackend
-from driver.backend_errors import (
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import (
     GpuLostError,
     InsufficientResourcesError,
     InUseError,
@@ -15,7 +15,7 @@ from driver.backend_errors import (
     NotFoundError,
     NotSupportedError,
 )
-from driver.gpu_model import ComputeMode, HealthEventKind, HealthState, MigPlacement
+from flexgpu.driver.gpu_model import ComputeMode, HealthEventKind, HealthState, MigPlacement
 
 Contract = tuple[GpuBackend, Hardware]
 A100, T4 = 0, 1

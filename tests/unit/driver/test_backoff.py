@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from driver.backoff import Backoff, jittered
+from flexgpu.driver.backoff import Backoff, jittered
 
 
 def test_delays_double_up_to_the_cap_within_half_and_all_of_each_step() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pynvml
 from conftest import LibraryNode
 
-from driver.gpu_catalog import GPU_CATALOG, GpuModelSpec
-from driver.gpu_model import GpuInfo, MigProfile
+from flexgpu.driver.gpu_catalog import GPU_CATALOG, GpuModelSpec
+from flexgpu.driver.gpu_model import GpuInfo, MigProfile
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "inventory.md"
 START, END = "<!-- catalog-differential:start -->", "<!-- catalog-differential:end -->"

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from driver.allocation.cel import device_activation, evaluate
-from driver.allocation.model import parse_device, parse_slice
-from driver.allocation.summary import capacity_summary
-from driver.gpu_model import GpuInfo, MigMode
-from driver.mig_catalog import mig_profiles_for
-from driver.mig_devices import dynamic_mig_devices
-from driver.names import DRIVER_NAME
-from driver.resource_slice import shared_gpu_device, whole_gpu_device
+from flexgpu.driver.allocation.cel import device_activation, evaluate
+from flexgpu.driver.allocation.model import parse_device, parse_slice
+from flexgpu.driver.allocation.summary import capacity_summary
+from flexgpu.driver.gpu_model import GpuInfo, MigMode
+from flexgpu.driver.mig_catalog import mig_profiles_for
+from flexgpu.driver.mig_devices import dynamic_mig_devices
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.resource_slice import shared_gpu_device, whole_gpu_device
 
 CAP = f'device.capacity["{DRIVER_NAME}"]'
 STANDARD = 'device.attributes["resource.kubernetes.io"].numaNode'

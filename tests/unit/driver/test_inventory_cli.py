@@ -9,13 +9,13 @@ from unittest import mock
 import pytest
 from conftest import LibraryNode
 
-from controller.cli import main
-from driver.backend import GpuBackend
-from driver.backend_errors import ReadOnlyViolationError
-from driver.gpu_model import ComputeMode, MigPlacement, TimeSliceInterval
-from driver.inventory import collect_inventory
-from driver.readonly_backend import ReadOnlyBackend
-from driver.sim_backend import SimulatedBackend
+from flexgpu.controller.cli import main
+from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backend_errors import ReadOnlyViolationError
+from flexgpu.driver.gpu_model import ComputeMode, MigPlacement, TimeSliceInterval
+from flexgpu.driver.inventory import collect_inventory
+from flexgpu.driver.readonly_backend import ReadOnlyBackend
+from flexgpu.driver.sim_backend import SimulatedBackend
 
 
 def test_table_lists_every_gpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,10 +50,10 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_without_nvml_one_line_and_nonzero(capsys: pytest.CaptureFixture[str]) -> None:
-    from driver.backend_errors import BackendUnavailableError
+    from flexgpu.driver.backend_errors import BackendUnavailableError
 
     unavailable = BackendUnavailableError("initialise NVML: NVML_ERROR_LIBRARY_NOT_FOUND")
-    with mock.patch("driver.nvml_backend.NvmlBackend", side_effect=unavailable):
+    with mock.patch("flexgpu.driver.nvml_backend.NvmlBackend", side_effect=unavailable):
         assert main(["inventory"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -104,8 +104,8 @@ def test_mutating_method_list_covers_the_interface() -> None:
 def test_readonly_nvml_blocks_mutating_calls_below_the_backend(library_node: LibraryNode) -> None:
     import pynvml
 
-    from driver.nvml_backend import NvmlBackend
-    from driver.nvml_readonly import ReadOnlyNvml
+    from flexgpu.driver.nvml_backend import NvmlBackend
+    from flexgpu.driver.nvml_readonly import ReadOnlyNvml
 
     machine = {"gpus": [{"model": "A100-SXM4-80GB", "migEnabled": True}]}
     _, library = library_node(machine)
@@ -160,7 +160,7 @@ def test_library_and_simulation_print_the_same_inventory(
 ) -> None:
     from test_catalog_differential import documented_differences
 
-    from driver.sysfs import SysfsPci
+    from flexgpu.driver.sysfs import SysfsPci
 
     # One machine, described to the simulated backend and to the NVML mock library alike; NUMA
     # nodes come from sysfs on a real node, here from a sysfs tree under tmp_path.
@@ -189,7 +189,7 @@ def test_library_and_simulation_print_the_same_inventory(
 
     assert main([*simulated, "--mig"]) == 0
     sim_gpus, sim_mig = capsys.readouterr().out.split("\n\n", 1)
-    with mock.patch("driver.nvml_backend.SysfsPci", lambda: SysfsPci(tmp_path / "sys")):
+    with mock.patch("flexgpu.driver.nvml_backend.SysfsPci", lambda: SysfsPci(tmp_path / "sys")):
         assert main(["inventory", "--mig"]) == 0
     lib_gpus, lib_mig = capsys.readouterr().out.split("\n\n", 1)
     assert lib_gpus == sim_gpus and "Tesla T4" in lib_gpus

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from driver.log_format import claim_fields, configure_logging
+from flexgpu.driver.log_format import claim_fields, configure_logging
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +25,7 @@ def _restore_root() -> Iterator[None]:
 def test_json_lines_carry_claim_fields_and_tracebacks() -> None:
     out = io.StringIO()
     configure_logging("info", "json", out)
-    log = logging.getLogger("kubelet_plugin.claims")
+    log = logging.getLogger("flexgpu.kubelet_plugin.claims")
     log.info("prepared %d device(s)", 2, extra=claim_fields("ns", "c", "uid-1"))
     try:
         raise RuntimeError("boom")
@@ -33,7 +33,7 @@ def test_json_lines_carry_claim_fields_and_tracebacks() -> None:
         log.exception("prepare failed")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert first["level"] == "info"
-    assert first["logger"] == "kubelet_plugin.claims"
+    assert first["logger"] == "flexgpu.kubelet_plugin.claims"
     assert first["message"] == "prepared 2 device(s)"
     assert (first["claim_namespace"], first["claim_name"], first["claim_uid"]) == (
         "ns",

@@ -1,4 +1,4 @@
-"""driver.loop: steps repeat on their interval and at once when poked, a failing step is
+"""flexgpu.driver.loop: steps repeat on their interval and at once when poked, a failing step is
 retried after a jittered, growing delay without killing the loop, and stop() ends it."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 import threading
 
-from driver.backoff import Backoff
-from driver.loop import Loop
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.loop import Loop
 from tests.conftest import wait_for
 
 

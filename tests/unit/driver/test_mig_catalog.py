@@ -1,7 +1,12 @@
 import pytest
 
-from driver.gpu_catalog import GPU_CATALOG, gpu_model, spec_for_product_name
-from driver.mig_catalog import COMPUTE_SLICES, MEMORY_SLICES, MIG_PRODUCT_FAMILIES, mig_profiles_for
+from flexgpu.driver.gpu_catalog import GPU_CATALOG, gpu_model, spec_for_product_name
+from flexgpu.driver.mig_catalog import (
+    COMPUTE_SLICES,
+    MEMORY_SLICES,
+    MIG_PRODUCT_FAMILIES,
+    mig_profiles_for,
+)
 
 EXPECTED_NAMES = {
     "A100-SXM4-40GB": [

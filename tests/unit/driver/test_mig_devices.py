@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from driver.gpu_model import GpuInfo, MigEngines, MigMode, MigPlacement, MigProfile
-from driver.mig_catalog import COMPUTE_SLICES, MIG_PRODUCT_FAMILIES, mig_profiles_for
-from driver.mig_devices import (
+from flexgpu.driver.gpu_model import GpuInfo, MigEngines, MigMode, MigPlacement, MigProfile
+from flexgpu.driver.mig_catalog import COMPUTE_SLICES, MIG_PRODUCT_FAMILIES, mig_profiles_for
+from flexgpu.driver.mig_devices import (
     COMPUTE_COUNTER,
     MigPartition,
     compute_counter_binds,

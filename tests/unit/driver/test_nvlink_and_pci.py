@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
-from driver.pci_address import normalize_pci_bus_id
-from driver.sysfs import SysfsPci
+from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
+from flexgpu.driver.pci_address import normalize_pci_bus_id
+from flexgpu.driver.sysfs import SysfsPci
 
 
 def test_direct_links_form_components() -> None:

@@ -13,11 +13,11 @@ import pynvml
 import pytest
 from fake_pynvml import FakeNvml, a100_80gb, t4
 
-from driver.backend_errors import BackendUnavailableError, PermissionDeniedError
-from driver.gpu_model import MigPlacement
-from driver.nvml_backend import NvmlBackend
-from driver.nvml_errors import error_for_code, translate_nvml_error
-from driver.sysfs import SysfsPci
+from flexgpu.driver.backend_errors import BackendUnavailableError, PermissionDeniedError
+from flexgpu.driver.gpu_model import MigPlacement
+from flexgpu.driver.nvml_backend import NvmlBackend
+from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
+from flexgpu.driver.sysfs import SysfsPci
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -47,8 +47,8 @@ def no_nvml(name, *args, **kwargs):
         raise OSError(f"{name}: cannot open shared object file: No such file or directory")
     return real(name, *args, **kwargs)
 ctypes.CDLL = no_nvml
-from driver.backend_errors import BackendUnavailableError
-from driver.nvml_backend import NvmlBackend
+from flexgpu.driver.backend_errors import BackendUnavailableError
+from flexgpu.driver.nvml_backend import NvmlBackend
 try:
     NvmlBackend()
 except BackendUnavailableError as err:

@@ -18,13 +18,13 @@ import pynvml
 import pytest
 from conftest import LibraryNode
 
-from driver.backend_errors import (
+from flexgpu.driver.backend_errors import (
     BackendUnavailableError,
     GpuBackendError,
     NotSupportedError,
     PermissionDeniedError,
 )
-from driver.gpu_model import MigPlacement, TimeSliceInterval
+from flexgpu.driver.gpu_model import MigPlacement, TimeSliceInterval
 from tests.nvml_library import ENV_DEV_DIR, REPO, library_dir
 
 
@@ -141,7 +141,7 @@ def test_mig_instances_outlive_the_process_that_made_them(library_node: LibraryN
     backend, machine = library_node(_a100())
     made = backend.create_mig_device(0, 9, MigPlacement(start=0, size=4))
     script = (
-        "import json; from driver.nvml_backend import NvmlBackend; b = NvmlBackend(); "
+        "import json; from flexgpu.driver.nvml_backend import NvmlBackend; b = NvmlBackend(); "
         "print(json.dumps([d.model_dump(mode='json') for d in b.list_mig_devices(0)]))"
     )
     env = {**os.environ, **machine.env()}

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from driver import sim_backend
-from driver.backend_errors import (
+from flexgpu.driver import sim_backend
+from flexgpu.driver.backend_errors import (
     GpuBackendError,
     GpuLostError,
     InsufficientResourcesError,
@@ -13,7 +13,7 @@ from driver.backend_errors import (
     NotFoundError,
     NotSupportedError,
 )
-from driver.gpu_model import (
+from flexgpu.driver.gpu_model import (
     ComputeMode,
     HealthEventKind,
     HealthState,
@@ -21,8 +21,8 @@ from driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
-from driver.sim_backend import SimulatedBackend
-from driver.sim_state import SimulatedStateError
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.sim_state import SimulatedStateError
 
 
 def _at(start: int, size: int) -> MigPlacement:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driver.gpu_model import ComputeMode
-from driver.sim_backend import SimulatedBackend
+from flexgpu.driver.gpu_model import ComputeMode
+from flexgpu.driver.sim_backend import SimulatedBackend
 
 
 def test_daemon_lifecycle_survives_a_backend_restart(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.backend_errors import InsufficientResourcesError, InvalidArgumentError
-from driver.gpu_catalog import gpu_model
-from driver.gpu_model import MigDevice, MigPlacement
-from driver.sim_backend import SimulatedBackend
+from flexgpu.driver.backend_errors import InsufficientResourcesError, InvalidArgumentError
+from flexgpu.driver.gpu_catalog import gpu_model
+from flexgpu.driver.gpu_model import MigDevice, MigPlacement
+from flexgpu.driver.sim_backend import SimulatedBackend
 
 PROFILES = {p.profile_id: p for p in gpu_model("H200-SXM5-141GB").mig_profiles}
 

@@ -2,7 +2,12 @@ from pathlib import Path
 
 import pytest
 
-from driver.topology import TopologyError, builtin_topology_names, load_topology, parse_topology
+from flexgpu.driver.topology import (
+    TopologyError,
+    builtin_topology_names,
+    load_topology,
+    parse_topology,
+)
 
 
 def test_builtin_topologies_load() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from driver.user_text import ECHO_LIMIT, shorten
+from flexgpu.driver.user_text import ECHO_LIMIT, shorten
 
 
 def test_short_text_is_kept_as_is() -> None:

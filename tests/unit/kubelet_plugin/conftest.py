@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.config import PluginConfig, make_config
+from flexgpu.kubelet_plugin.config import PluginConfig, make_config
 
 
 @pytest.fixture

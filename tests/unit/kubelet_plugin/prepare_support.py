@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.checkpoint import CheckpointStore, Writer
-from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
-from kubelet_plugin.kubeletplugin import ClaimRef
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.prepare_lock import PrepareLock
-from kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, Writer
+from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 
 NODE = "node-a"
 DRIVER = "gpu.flexgpu.dev"

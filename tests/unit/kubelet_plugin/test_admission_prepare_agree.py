@@ -15,15 +15,20 @@ from typing import Any
 
 import pytest
 
-from controller.admission import validate_resource_claim
-from driver.names import DRIVER_NAME, GPU_DEVICE_CLASS, MIG_DEVICE_CLASS, SHARED_GPU_DEVICE_CLASS
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
-from kubelet_plugin.kubeletplugin import ClaimRef
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.prepare_lock import PrepareLock
-from kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.controller.admission import validate_resource_claim
+from flexgpu.driver.names import (
+    DRIVER_NAME,
+    GPU_DEVICE_CLASS,
+    MIG_DEVICE_CLASS,
+    SHARED_GPU_DEVICE_CLASS,
+)
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 
 NODE = "node-a"
 API = "gpu.flexgpu.dev/v1alpha1"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_plugin.checkpoint import (
+from flexgpu.kubelet_plugin.checkpoint import (
     SCHEMA_VERSION,
     CheckpointError,
     CheckpointStore,

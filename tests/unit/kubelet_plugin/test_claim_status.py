@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from driver.names import DRIVER_NAME
-from kubelet_plugin.claim_objects import ClaimObjects
-from kubelet_plugin.claim_source import ApiClaimSource, claim_path
-from kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
-from kubelet_plugin.kube_api import ApiError
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.claim_source import ApiClaimSource, claim_path
+from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
+from flexgpu.kubelet_plugin.kube_api import ApiError
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 
 NODE = "node-a"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from driver.gpu_model import MigMode, TimeSliceInterval
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.sharing import SharingPlan
+from flexgpu.driver.gpu_model import MigMode, TimeSliceInterval
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.sharing import SharingPlan
 from tests.unit.kubelet_plugin.prepare_support import (
     DYNAMIC_GPU,
     ClaimTable,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.health_monitor import HealthMonitor
-from kubelet_plugin.kubeletplugin import HealthStatus
-from kubelet_plugin.node_devices import NodeDevices
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
+from flexgpu.kubelet_plugin.kubeletplugin import HealthStatus
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 
 def _monitor() -> tuple[SimulatedBackend, NodeDevices, HealthMonitor, list[str]]:

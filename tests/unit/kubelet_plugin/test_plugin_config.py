@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kubelet_plugin.config import (
+from flexgpu.kubelet_plugin.config import (
     DRIVER_NAME,
     ConfigError,
     PluginConfig,

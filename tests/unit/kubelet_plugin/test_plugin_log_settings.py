@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubelet_plugin.config import ConfigError, load_config
+from flexgpu.kubelet_plugin.config import ConfigError, load_config
 
 
 def test_defaults_flags_and_environment() -> None:

@@ -14,22 +14,22 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from driver.backend_errors import InUseError, NotFoundError
-from driver.durations import parse_duration
-from driver.sim_backend import SimulatedBackend
-from driver.sim_usage import USAGE_FILE_NAME
-from kubelet_plugin import metrics
-from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
-from kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult, UnprepareResult
-from kubelet_plugin.metrics_setup import (
+from flexgpu.driver.backend_errors import InUseError, NotFoundError
+from flexgpu.driver.durations import parse_duration
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.sim_usage import USAGE_FILE_NAME
+from flexgpu.kubelet_plugin import metrics
+from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult, UnprepareResult
+from flexgpu.kubelet_plugin.metrics_setup import (
     CLAIM_REREAD_S,
     ClaimReader,
     MetricsSettingError,
     settings_from_env,
 )
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.observed_backend import ObservedBackend
-from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
+from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
 from tests.promtool import check_metrics
 
 NODE = "metrics-node"

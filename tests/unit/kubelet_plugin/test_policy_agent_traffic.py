@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from driver.names import CRD_GROUP
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.kubeletplugin import ClaimRef
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
-from kubelet_plugin.prepare_lock import PrepareLock
-from kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.driver.names import CRD_GROUP
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
+from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import END, FakeKubeApi
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from driver.sim_backend import SimulatedBackend
-from kubelet_plugin.checkpoint import CheckpointStore, ClaimState
-from kubelet_plugin.claim_source import AllocatedDevice, ClaimView
-from kubelet_plugin.kubeletplugin import ClaimRef, UnprepareResult
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.prepare_lock import PrepareLock
-from kubelet_plugin.preparer import ClaimPreparerImpl
-from kubelet_plugin.startup_reconcile import reconcile_at_start
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, ClaimState
+from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, UnprepareResult
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 
 NODE = "node-a"
 DRIVER = "gpu.flexgpu.dev"

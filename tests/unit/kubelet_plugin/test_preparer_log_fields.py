@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from driver.log_format import configure_logging
-from kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.driver.log_format import configure_logging
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from tests.unit.kubelet_plugin.test_preparer import ClaimTable, gpu, preparer, table
 
 __all__ = ["preparer", "table"]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from driver.gpu_model import TimeSliceInterval
-from kubelet_plugin.checkpoint import ClaimRecord, canonical_json, checksum, marker_bytes
-from kubelet_plugin.kubeletplugin import ClaimRef
-from kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
+from flexgpu.driver.gpu_model import TimeSliceInterval
+from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, canonical_json, checksum, marker_bytes
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
+from flexgpu.kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (
     BOOT_B,
     DYNAMIC_GPU,

@@ -13,11 +13,11 @@ from concurrent import futures
 import grpc
 import pytest
 
-from kubelet_plugin.config import PluginConfig
-from kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Server
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2, health_pb2_grpc
-from kubelet_plugin.startup_gate import StartupGate
+from flexgpu.kubelet_plugin.config import PluginConfig
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Server
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2, health_pb2_grpc
+from flexgpu.kubelet_plugin.startup_gate import StartupGate
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
 TIMEOUT = 10
@@ -95,8 +95,8 @@ def test_health_stream_opened_early_gets_the_devices_once_known(
 def test_plugin_serves_its_sockets_before_start_up_work_runs(
     plugin_config: PluginConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubelet_plugin import main
-    from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+    from flexgpu.kubelet_plugin import main
+    from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
         registration_pb2,
         registration_pb2_grpc,
     )
@@ -128,7 +128,7 @@ def test_plugin_serves_its_sockets_before_start_up_work_runs(
 def test_start_up_failure_stops_the_servers_and_exits_1(
     plugin_config: PluginConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubelet_plugin import main
+    from flexgpu.kubelet_plugin import main
 
     def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         raise main.StartupFailed("no GPUs: NVML not found")

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from driver.gpu_model import ProcessSample
-from driver.names import mig_device_name
-from driver.sim_backend import SimulatedBackend
-from driver.sim_usage import USAGE_FILE_NAME
-from kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
-from kubelet_plugin.node_devices import NodeDevices
-from kubelet_plugin.pod_cgroup import pod_uid_in
-from kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from flexgpu.driver.gpu_model import ProcessSample
+from flexgpu.driver.names import mig_device_name
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.sim_usage import USAGE_FILE_NAME
+from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_in
+from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
 
 NODE = "node-a"
 POD_A = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.kubeletplugin import Options
+from flexgpu.kubelet_plugin.kubeletplugin import Options
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from kubelet_plugin.kubeletplugin import (
+from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     DeviceHealth,
     PreparedDevice,

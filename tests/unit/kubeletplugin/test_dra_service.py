@@ -7,10 +7,15 @@ from collections.abc import Mapping, Sequence
 import grpc
 import pytest
 
-from kubelet_plugin.kubeletplugin import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
-from kubelet_plugin.kubeletplugin.dra_service import MISSING_RESULT, DRAService, _as_v1beta1
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as v1beta1
+from flexgpu.kubelet_plugin.kubeletplugin import (
+    ClaimRef,
+    PreparedDevice,
+    PrepareResult,
+    UnprepareResult,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.dra_service import MISSING_RESULT, DRAService, _as_v1beta1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as v1beta1
 from tests.unit.kubeletplugin.fakes import MemoryPreparer
 
 

@@ -49,5 +49,6 @@ def test_every_proto_has_messages_stubs_and_services() -> None:
 
 def test_imports_are_anchored_in_the_package() -> None:
     grpc_module = (GEN / "dra" / "v1" / "dra_pb2_grpc.py").read_text()
-    assert "from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2" in grpc_module
+    expected = "from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2"
+    assert expected in grpc_module
     assert "\nfrom dra." not in grpc_module

@@ -22,11 +22,13 @@ import grpc_tools
 import pytest
 from google.protobuf import descriptor_pb2 as d
 
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as dra_v1beta1
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as health_v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import health_pb2 as health_v1alpha1
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as dra_v1beta1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as health_v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
+    health_pb2 as health_v1alpha1,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2
 
 REPO = Path(__file__).resolve().parents[3]
 GO_MOD = REPO / "tools" / "k8s" / "go.mod"

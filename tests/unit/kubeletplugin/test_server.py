@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubelet_plugin.kubeletplugin import (
+from flexgpu.kubelet_plugin.kubeletplugin import (
     DeviceHealth,
     HealthStatus,
     Options,
@@ -25,19 +25,27 @@ from kubelet_plugin.kubeletplugin import (
     ServerError,
     serve,
 )
-from kubelet_plugin.kubeletplugin.probe import probe
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2_grpc as dra_v1_grpc
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as dra_v1beta1
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_grpc
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as health_v1
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2_grpc as health_v1_grpc
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import health_pb2 as health_v1alpha1
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
+from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2_grpc as dra_v1_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as dra_v1beta1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import (
+    dra_pb2_grpc as dra_v1beta1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as health_v1
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import (
+    health_pb2_grpc as health_v1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
+    health_pb2 as health_v1alpha1,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
     health_pb2_grpc as health_v1alpha1_grpc,
 )
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2 as reg
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+    registration_pb2 as reg,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2_grpc as reg_grpc,
 )
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
@@ -281,7 +289,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from kubelet_plugin.kubeletplugin import Options, PrepareResult, Server, UnprepareResult
+    from flexgpu.kubelet_plugin.kubeletplugin import Options, PrepareResult, Server, UnprepareResult
 
     class Preparer:
         def prepare(self, claims):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, ServerError
-from kubelet_plugin.kubeletplugin.sockets import (
+from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, ServerError
+from flexgpu.kubelet_plugin.kubeletplugin.sockets import (
     registration_socket_path,
     remove_stale_socket,
     rolling_update_socket_name,

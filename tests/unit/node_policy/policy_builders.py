@@ -7,10 +7,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from driver.gpu_model import GpuInfo
-from driver.node_policy import GpuNodePolicy, parse_node_policy
-from driver.sim_backend import SimulatedBackend
-from driver.topology import load_topology
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.node_policy import GpuNodePolicy, parse_node_policy
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology
 
 
 def manifest(name: str = "p", **spec: Any) -> dict[str, Any]:

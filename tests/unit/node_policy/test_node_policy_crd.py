@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.node_policy import GpuMode, PolicyReason
+from flexgpu.driver.node_policy import GpuMode, PolicyReason
 from tools import gen_crds
 
 CRD_FILE = "flexgpu.dev_gpunodepolicies.yaml"
@@ -186,7 +186,7 @@ def test_cel_rules_agree_with_the_models(model_name: str, samples: list[dict[str
     import celpy
     from pydantic import ValidationError
 
-    from driver import node_policy
+    from flexgpu.driver import node_policy
 
     model = getattr(node_policy, model_name)
     rules = [r["rule"] for r in model.model_json_schema()["x-kubernetes-validations"]]

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_builders import gpus_of, h100
 
-from driver.gpu_catalog import gpu_model
-from driver.gpu_model import GpuInfo, MigPlacement, MigProfile
-from driver.mig_layout import (
+from flexgpu.driver.gpu_catalog import gpu_model
+from flexgpu.driver.gpu_model import GpuInfo, MigPlacement, MigProfile
+from flexgpu.driver.mig_layout import (
     LayoutError,
     LayoutProblem,
     MigPlacementPlan,
@@ -25,8 +25,8 @@ from driver.mig_layout import (
     memory_slice_count,
     validate_layout,
 )
-from driver.sim_backend import SimulatedBackend
-from driver.topology import load_topology
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology
 
 H100_PROFILES = list(gpu_model("H100-SXM5-80GB").mig_profiles)
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from policy_builders import manifest
 
-from driver.names import CRD_GROUP
-from driver.node_policy import (
+from flexgpu.driver.names import CRD_GROUP
+from flexgpu.driver.node_policy import (
     API_VERSION,
     KIND,
     MAX_PROBLEMS,
@@ -18,7 +18,7 @@ from driver.node_policy import (
     SelectorOperator,
     parse_node_policy,
 )
-from driver.opaque_config import SharingStrategy
+from flexgpu.driver.opaque_config import SharingStrategy
 
 FULL: dict[str, Any] = manifest(
     "training",

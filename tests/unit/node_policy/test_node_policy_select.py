@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from policy_builders import gpus_of, manifest, policy
 
-from driver.node_policy import GpuMode, LabelSelector, parse_node_policy, select_policy
+from flexgpu.driver.node_policy import GpuMode, LabelSelector, parse_node_policy, select_policy
 
 H100_NODE = {"kubernetes.io/hostname": "n1", "gpu": "h100", "flexgpu.dev/pool": "training"}
 
@@ -130,7 +130,7 @@ def test_later_entry_wins_and_uncovered_gpus_are_left_out() -> None:
         6: ("Whole", None, 0),
         7: ("Shared", None, 3),
     }
-    from driver.node_policy import gpu_modes
+    from flexgpu.driver.node_policy import gpu_modes
 
     spec = gpu_modes(chosen, gpus)[7]
     assert spec.sharing is not None and spec.sharing.strategy == "MPS"
@@ -139,7 +139,7 @@ def test_later_entry_wins_and_uncovered_gpus_are_left_out() -> None:
 
 
 def gpu_modes_of(chosen: Any, gpus: Any) -> dict[int, tuple[str, Any, int]]:
-    from driver.node_policy import gpu_modes
+    from flexgpu.driver.node_policy import gpu_modes
 
     return {
         index: (spec.mode.value, spec.mig_layout, spec.entry)

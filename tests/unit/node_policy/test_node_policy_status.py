@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from driver.gpu_model import GpuInfo
-from driver.node_policy import (
+from flexgpu.driver.gpu_model import GpuInfo
+from flexgpu.driver.node_policy import (
     APPLIED_CONDITION,
     Condition,
     ConditionStatus,

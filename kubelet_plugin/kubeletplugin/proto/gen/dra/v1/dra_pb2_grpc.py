@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_dot_v1_dot_dra__pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_dot_v1_dot_dra__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

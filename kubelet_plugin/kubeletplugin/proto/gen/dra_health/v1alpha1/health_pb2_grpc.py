@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import health_pb2 as dra__health_dot_v1alpha1_dot_health__pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import health_pb2 as dra__health_dot_v1alpha1_dot_health__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2 as pluginregistration_dot_v1_dot_registration__pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2 as pluginregistration_dot_v1_dot_registration__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
