@@ -40,6 +40,7 @@ def test_only_copy_of_the_product_and_no_add() -> None:
         "driver",
         "kubelet_plugin",
         "controller",
+        "flexgpu",  # links the three folders into one namespace
         "tools/nvidia-ctk",  # the pinned NVIDIA Container Toolkit programs
         "--from=toolkit",  # ... built in their own stage
     }
