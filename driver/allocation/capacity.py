@@ -86,7 +86,12 @@ def fits(
         cap = capacities[name]
         if violates_policy(amount, cap.policy):
             return False
-        total = amount + sum((a.get(name, Fraction(0)) for a in already), Fraction(0))
+        total = amount
+        for amounts in already:
+            # Most devices hold nothing yet: skip Fraction arithmetic (slow) for them.
+            extra = amounts.get(name)
+            if extra is not None:
+                total += extra
         if total > cap.value:
             return False
     return True

@@ -30,6 +30,7 @@ from flexgpu.driver.allocation.cel import SelectorError
 from flexgpu.driver.allocation.describe import plural, summarize_kinds
 from flexgpu.driver.allocation.model import (
     Device,
+    DeviceCapacity,
     DeviceClass,
     Node,
     RequestSpec,
@@ -90,10 +91,7 @@ class _Seen:
     pool: Pool
     slice: ResourceSlice
     device: Device
-
-    @property
-    def id(self) -> DeviceId:
-        return (self.pool.driver, self.pool.name, self.device.name)
+    id: DeviceId  # (driver, pool, device): read for every device of every explanation
 
 
 def _cluster_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
@@ -116,12 +114,7 @@ def _in_class(
     """The devices a class selects, or whose class selectors fail on them (those count as in
     the class, with a selector error); kept with the index, as class selectors read only the
     device. Every other device is out of the explanation anyway."""
-    key = (
-        "explain.in_class",
-        tuple(n.name for n in nodes),
-        device_class.name,
-        tuple(device_class.selectors),
-    )
+    key = _class_key(nodes, device_class)
     known = index.derived.get(key)
     if known is None:
         known = []
@@ -138,6 +131,11 @@ def _in_class(
     return list(known)
 
 
+def _class_key(nodes: Sequence[Node], device_class: DeviceClass) -> tuple[object, ...]:
+    names = tuple(n.name for n in nodes)
+    return ("explain.in_class", names, device_class.name, tuple(device_class.selectors))
+
+
 def _gather_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
     found: dict[DeviceId, _Seen] = {}
     for node in nodes:
@@ -146,9 +144,9 @@ def _gather_devices(index: SliceIndex, nodes: Sequence[Node]) -> list[_Seen]:
                 continue
             for slc in pool.device_slices:
                 for device in slc.devices:
-                    found.setdefault(
-                        (pool.driver, pool.name, device.name), _Seen(pool, slc, device)
-                    )
+                    did = (pool.driver, pool.name, device.name)
+                    if did not in found:
+                        found[did] = _Seen(pool, slc, device, did)
     return list(found.values())
 
 
@@ -206,36 +204,94 @@ def _free_counters(pool: Pool, state: AllocatedState) -> dict[str, dict[str, Fra
     return free
 
 
+# What rules a device out whatever the cluster's state and the pod's nodes: the request's
+# selectors, its tolerations, its capacity against the device's size. One code per device of
+# the class, worked out once per snapshot and kind of request (pending claims come in crowds
+# asking the same), so an explanation only checks what allocations and nodes change.
+_FREE = 0
+_SELECTOR_ERROR = 1
+_NOT_SELECTED = 2
+_TAINTED = 4
+_TOO_SMALL = 8
+
+
+@dataclass(frozen=True)
+class _Static:
+    codes: bytes  # one per device of the class, in its order
+    near_misses: str  # summary of the devices the request's selectors leave out
+
+
+def _static(
+    index: SliceIndex,
+    class_key: tuple[object, ...],
+    spec: RequestSpec,
+    *,
+    device_class: DeviceClass,
+    devices: Sequence[_Seen],
+    selectors: SelectorCache,
+) -> _Static:
+    requests = spec.capacity_requests
+    key = (
+        "explain.static",
+        class_key,
+        spec.selectors,
+        spec.tolerations,
+        None if requests is None else tuple(sorted(requests.items())),
+    )
+    known = index.derived.get(key)
+    if isinstance(known, _Static):
+        return known
+    codes = bytearray(len(devices))
+    near: list[Device] = []
+    sizes: dict[tuple[tuple[str, DeviceCapacity], ...], bool] = {}
+    for i, seen in enumerate(devices):
+        driver, device = seen.slice.driver, seen.device
+        try:
+            selectors.matches(device_class.selectors, driver, device, "class")
+            if not selectors.matches(spec.selectors, driver, device, "request"):
+                codes[i] = _NOT_SELECTED
+                near.append(device)
+                continue
+        except SelectorError:
+            codes[i] = _SELECTOR_ERROR
+            continue
+        code = _TAINTED if tainted(device, spec) else _FREE
+        # Devices of one model publish equal capacities: size them once per kind.
+        size = tuple(device.capacity.items())
+        big_enough = sizes.get(size)
+        if big_enough is None:
+            big_enough = sizes[size] = cap.fits(requests, device.capacity)
+        codes[i] = code if big_enough else code | _TOO_SMALL
+    static = _Static(bytes(codes), summarize_kinds(near))
+    index.derived[key] = static
+    return static
+
+
 def _reason(
     seen: _Seen,
+    code: int,
     *,
     spec: RequestSpec,
-    device_class: DeviceClass,
     state: AllocatedState,
     usable_nodes: _Usable,
-    selectors: SelectorCache,
     counters: _FreeCounters,
 ) -> str | None:
-    """Why the device cannot serve the request (a REASONS entry), None if in the class and free;
-    raises LookupError when the device is not in the class at all."""
-    driver, device, did = seen.slice.driver, seen.device, seen.id
-    try:
-        if not selectors.matches(device_class.selectors, driver, device, "class"):
-            raise LookupError(did)
-        if not selectors.matches(spec.selectors, driver, device, "request"):
-            return "not_selected"
-    except SelectorError:
-        return "selector_error"
+    """Why the device cannot serve the request (a REASONS entry), None if free; ``code`` is
+    the device's ``_static`` code (the checks that need neither state nor nodes)."""
+    if code & (_SELECTOR_ERROR | _NOT_SELECTED):
+        return "selector_error" if code & _SELECTOR_ERROR else "not_selected"
     if not usable_nodes.reachable(seen):
         return "unreachable"
+    device, did = seen.device, seen.id
     shared = device.allow_multiple_allocations
     if not spec.admin_access and not shared and did in state.exclusive:
         return "allocated"
-    if tainted(device, spec):
+    if code & _TAINTED:
         return "tainted"
-    if not cap.fits(spec.capacity_requests, device.capacity):
+    if code & _TOO_SMALL:
         return "too_small"
-    if not cap.fits(spec.capacity_requests, device.capacity, state.consumed.get(did, {})):
+    used = state.consumed.get(did)
+    if used and not cap.fits(spec.capacity_requests, device.capacity, used):
         return "capacity_used"
     if not (shared and (did in state.shared or did in state.consumed)) and _counters_spent(
         seen, state, counters
@@ -253,30 +309,19 @@ def diagnose_request(
     state: AllocatedState,
     usable_nodes: Sequence[Node],
     selectors: SelectorCache,
+    static: _Static,
 ) -> RequestDiagnosis:
     excluded = dict.fromkeys(REASONS, 0)
     by_reason: dict[str, list[DeviceId]] = {}
     in_class = free = 0
-    near: list[Device] = []
     holders: set[str] = set()
     free_per_node: dict[str, int] = {}
     room: dict[str, float] = {}
     error = ""
     usable = _Usable(usable_nodes, frozenset(n.name for n in usable_nodes))
     counters: _FreeCounters = {}
-    for seen in devices:
-        try:
-            reason = _reason(
-                seen,
-                spec=spec,
-                device_class=device_class,
-                state=state,
-                usable_nodes=usable,
-                selectors=selectors,
-                counters=counters,
-            )
-        except LookupError:
-            continue
+    for seen, code in zip(devices, static.codes, strict=True):
+        reason = _reason(seen, code, spec=spec, state=state, usable_nodes=usable, counters=counters)
         in_class += 1
         by_reason.setdefault(reason or "free", []).append(seen.id)
         if reason is None:
@@ -287,9 +332,7 @@ def diagnose_request(
                     room[node_name] = float("inf")
             continue
         excluded[reason] += 1
-        if reason == "not_selected":
-            near.append(seen.device)
-        elif reason == "selector_error" and not error:
+        if reason == "selector_error" and not error:
             error = _selector_error(seen, spec, device_class, selectors)
         elif reason in ("allocated", "capacity_used", "counters_spent"):
             holders.update(state.holders.get(seen.id, []))
@@ -304,7 +347,7 @@ def diagnose_request(
         excluded=excluded,
         most_free_on_one_node=max(free_per_node.values(), default=0),
         holders=tuple(sorted(holders)),
-        near_misses=summarize_kinds(near),
+        near_misses=static.near_misses,
         selector_error=error,
         devices={reason: tuple(ids) for reason, ids in by_reason.items()},
         room={n: max(room.get(n, 0.0), float(k)) for n, k in free_per_node.items()},
@@ -411,15 +454,25 @@ def explain_claim(
                     )
                 )
                 continue
+            in_class = _in_class(index, nodes, devices, device_class, selectors)
+            class_key = _class_key(nodes, device_class)
             diagnoses.append(
                 diagnose_request(
                     name,
                     spec=spec,
                     device_class=device_class,
-                    devices=_in_class(index, nodes, devices, device_class, selectors),
+                    devices=in_class,
                     state=state,
                     usable_nodes=usable,
                     selectors=selectors,
+                    static=_static(
+                        index,
+                        class_key,
+                        spec,
+                        device_class=device_class,
+                        devices=in_class,
+                        selectors=selectors,
+                    ),
                 )
             )
             rooms[-1].append((spec, diagnoses[-1]))

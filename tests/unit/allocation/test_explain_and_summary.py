@@ -14,8 +14,10 @@ from allocation_builders import (
 )
 
 from flexgpu.driver.allocation import Node
+from flexgpu.driver.allocation.allocator import SelectorCache
 from flexgpu.driver.allocation.describe import format_quantity
 from flexgpu.driver.allocation.explain import explain_claim
+from flexgpu.driver.allocation.pools import SliceIndex
 from flexgpu.driver.allocation.summary import capacity_summary
 
 A = f'device.attributes["{DRIVER}"]'
@@ -107,3 +109,45 @@ def test_format_quantity() -> None:
     assert format_quantity(24 * 2**30) == "24Gi"
     assert format_quantity(100) == "100"
     assert format_quantity(__import__("fractions").Fraction(1, 10)) == "100m"
+
+
+def test_explanations_sharing_one_index_match_fresh_ones() -> None:
+    """What an explanation keeps with the slice index for a kind of request (selector, taint
+    and size checks) must not leak into requests that differ in selectors, tolerations or
+    capacity: each explanation over a shared index equals one over a fresh index."""
+    tainted = device("t0", "80Gi", productName="H100", type="gpu")
+    tainted["taints"] = [{"key": "k", "value": "v", "effect": "NoSchedule"}]
+    shared = {
+        "name": "s0",
+        "allowMultipleAllocations": True,
+        "attributes": {"type": {"string": "gpu"}, "productName": {"string": "H200"}},
+        "capacity": {"memory": {"value": "140Gi"}},
+    }
+    slices = _cluster() + pool_slices("n2", [tainted, shared])
+    nodes = [NODE, Node("n2")]
+    others = [
+        holding("a", "h0"),
+        holding("b", "s0", node="n2", shareID="x", consumedCapacity={"memory": "120Gi"}),
+    ]
+    tolerate = [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}]
+    kinds = [
+        request("gpus", 3),
+        request("gpus", 3, BIG),
+        request("gpus", 3, tolerations=tolerate),
+        request("gpus", 1, capacity={"requests": {"memory": "30Gi"}}),
+        request("gpus", 1, capacity={"requests": {"memory": "10Gi"}}),
+        request("gpus", 1, capacity={"requests": {"memory": "100Gi"}}),
+    ]
+    index, selectors = SliceIndex(slices), SelectorCache()
+    seen = set()
+    for body in kinds + kinds:
+        target = claim(body)
+        everyone = [*others, target]
+        shared_result = explain_claim(
+            target, slices, device_class(), everyone, nodes, selectors=selectors, index=index
+        )
+        fresh = explain_claim(target, slices, device_class(), everyone, nodes)
+        assert shared_result == fresh
+        seen.add(tuple(sorted((r, n) for r, n in fresh.requests[0].excluded.items() if n)))
+    # The kinds really differ in what rules devices out (else the test proves nothing).
+    assert len(seen) == len(kinds)
