@@ -33,7 +33,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from flexgpu.driver.backend import GpuBackend
+from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import GpuInfo, MigProfile, ProcessSample
+from flexgpu.driver.loop import Loop
 from flexgpu.driver.names import mig_device_name
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.usage import GpuUsage, summed_memory, summed_utilization
@@ -44,6 +46,9 @@ from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_of
 log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
+RETRY_CAP_S = (
+    60.0  # longest delay between retries of failing samples (unless the interval is longer)
+)
 _PARENT = re.compile(r"gpu-(\d+)(-mig-|$)")
 _MIG_NAME = re.compile(r"gpu-\d+-mig-")
 CLASS_OF_KIND = {
@@ -204,26 +209,34 @@ class UsageSampler:
         self._totals: dict[str, ClaimTotals] = {}
         self._profiles: dict[int, dict[int, MigProfile]] = {}
         self._last: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # A sample at start, then one per interval; a failed sample (NVML hiccup) is logged
+        # and retried after a jittered delay growing from one interval to a minute at most.
+        interval_s = self.settings.interval_s
+        self._loop = Loop(
+            "usage",
+            self._sample_step,
+            interval_s,
+            backoff=Backoff(interval_s, max(interval_s, RETRY_CAP_S)),
+        )
 
     # -- thread --------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._loop.stop(timeout_s=5)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sample_once()
-            except Exception as err:  # a bad sample never stops sampling
-                log.warning("GPU usage sample failed: %s", err)
-            self._stop.wait(self.settings.interval_s)
+    @property
+    def running(self) -> bool:
+        return self._loop.running
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last sample failed; None after one that worked."""
+        return self._loop.last_error
+
+    def _sample_step(self) -> None:
+        self.sample_once()  # its snapshot is not returned: Loop would read it as the next wait
 
     @property
     def snapshot(self) -> UsageSnapshot:

@@ -19,6 +19,7 @@ from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRec
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_in
 from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from tests.conftest import wait_for
 
 NODE = "node-a"
 POD_A = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
@@ -215,3 +216,35 @@ def test_pod_uid_from_both_cgroup_drivers() -> None:
     systemd = f"0::/kubepods.slice/kubepods-pod{POD_B.replace('-', '_')}.slice/cri.scope"
     assert pod_uid_in(systemd) == POD_B
     assert pod_uid_in("0::/system.slice/containerd.service\n") is None
+
+
+def test_the_sampling_thread_survives_a_failing_sample_and_stops_cleanly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Started, the sampler samples at once; a sample that raises is logged and retried (the
+    thread lives on) and the next good one is published; stop() leaves no thread behind."""
+    backend = SimulatedBackend.from_topology("l4-2-pcie", NODE, state_path=tmp_path / "s.json")
+    calls: list[int] = []
+
+    def records() -> list[ClaimRecord]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("checkpoint unreadable")
+        return [record("busy", DeviceRecord(pool_name=NODE, device_name="gpu-0"))]
+
+    sampler = UsageSampler(
+        NODE,
+        backend,
+        devices=NodeDevices(backend),
+        records=records,
+        claim_object=lambda r: claim_object({}),
+        settings=UsageSettings(interval_s=0.01, proc_root=Path("/nonexistent")),
+    )
+    sampler.start()
+    try:
+        wait_for(lambda: bool(sampler.snapshot.devices), what="a sample after the failed one")
+        assert "checkpoint unreadable" in caplog.text
+        assert sampler.running
+    finally:
+        sampler.stop()
+    assert not sampler.running
