@@ -11,7 +11,6 @@ plugin may only record Events about its own Node.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,18 +18,17 @@ from kubernetes import client
 
 from flexgpu.controller.events import EventSink, EventTarget
 from flexgpu.controller.plugin_endpoints import Scrape, scrape
+from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.durations import human_duration
+from flexgpu.driver.loop import Loop
 
 log = logging.getLogger(__name__)
 
 REASON = "IdleGpuClaim"
 IDLE_FAMILY = "flexgpu_claim_idle_seconds"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes = round(seconds / 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+RETRY_CAP_S = (
+    300.0  # longest delay between retries of failing checks (unless the interval is longer)
+)
 
 
 def claim_reader(api: client.ApiClient) -> Callable[[str, str], Mapping[str, Any] | None]:
@@ -70,27 +68,36 @@ class IdleClaimNotifier:
         self._interval_s = interval_s
         self._read = read
         self._told: set[str] = set()  # claim keys told in their current idle stretch
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The first check one interval after start, then one per interval; a failed check
+        # is retried after a jittered delay growing from one interval to five minutes.
+        self._loop = Loop(
+            "idle-claims",
+            self._step,
+            interval_s,
+            backoff=Backoff(interval_s, max(interval_s, RETRY_CAP_S)),
+            first_run_s=interval_s,
+        )
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="idle-claims", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._loop.stop(timeout_s=5)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            if not self._is_leader():
-                self._told.clear()  # a later leadership starts afresh
-                continue
-            try:
-                self.check_once()
-            except Exception as err:  # never stop checking
-                log.warning("idle claim check failed: %s", err)
+    @property
+    def running(self) -> bool:
+        return self._loop.running
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last check failed; None after one that worked."""
+        return self._loop.last_error
+
+    def _step(self) -> None:
+        if not self._is_leader():
+            self._told.clear()  # a later leadership starts afresh
+            return
+        self.check_once()  # its keys are not returned: Loop would read them as the next wait
 
     def check_once(self) -> list[str]:
         """Tells newly idle claims and their pods; returns the keys told this time."""
@@ -127,7 +134,7 @@ class IdleClaimNotifier:
             ]
             message = (
                 f"GPU claim {key} has used less than the idle threshold of its devices' SM "
-                f"time for {_duration(seconds)} (on {', '.join(sorted(nodes))}); release it "
+                f"time for {human_duration(seconds)} (on {', '.join(sorted(nodes))}); release it "
                 "if the workload no longer needs a GPU"
             )
             for target in targets:
@@ -137,7 +144,7 @@ class IdleClaimNotifier:
             log.info(
                 "claim %s idle for %s: told it and %d pod(s)",
                 key,
-                _duration(seconds),
+                human_duration(seconds),
                 len(targets) - 1,
             )
         return told

@@ -1,9 +1,9 @@
 """Keeps this node's ResourceSlices equal to what the plugin wants published.
 
 The kubelet deletes a driver's slices when it starts and 30 s after the plugin disconnects,
-and anyone with RBAC can edit them, so publishing is a reconcile loop: a watch on our own
-slices wakes it, a periodic resync catches missed events, and API errors back off instead of
-spinning.
+and anyone with RBAC can edit them, so publishing is a reconcile loop (a driver.loop.Loop):
+a watch on our own slices wakes it, a periodic resync catches missed events, and API errors
+back off instead of spinning.
 
 The apiserver can go away (restart, upgrade, network): while it cannot be reached, both loops
 retry every 2 s at most (jittered, so a fleet of nodes does not reconnect in step), and every
@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.loop import Loop
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.resource_slice import SliceDevice, slice_specs
@@ -98,7 +99,12 @@ def new_backoff(rng: random.Random | None = None) -> Backoff:
 def retry_delay(backoff: Backoff, err: BaseException) -> float:
     """The next delay, capped at ``UNREACHABLE_RETRY_CAP_S`` while the server is unreachable
     (so slices are back seconds after it is) and at ``MAX_BACKOFF_S`` when it refused."""
-    return backoff.next(UNREACHABLE_RETRY_CAP_S if unreachable(err) else None)
+    return backoff.next(retry_cap_s(err))
+
+
+def retry_cap_s(err: BaseException) -> float | None:
+    """A lower cap for one retry's delay while the server is away; None: the usual one."""
+    return UNREACHABLE_RETRY_CAP_S if unreachable(err) else None
 
 
 class SlicePublisher:
@@ -113,15 +119,14 @@ class SlicePublisher:
         self._counters: list[dict[str, Any]] = []
         self._generation = 0
         self._content_key: str | None = None
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._reconciler = self._new_reconciler()
+        self._writes: deque[float] = deque(maxlen=RAPID_WRITES)
         self._stream: WatchStream | None = None
         self._node_uid: str | None = None
         self._own_counter_slices: bool | None = None
         self.reconciles = 0  # count of reconcile passes that wrote something, for tests
-        self.last_error: str | None = None
-        self.failures = 0  # failed reconcile passes, for the plugin's metrics
 
     # -- public API --------------------------------------------------------------------
     def set_devices(
@@ -136,24 +141,33 @@ class SlicePublisher:
             self._counters = list(shared_counters)
             self._content_key = key
             self._generation += 1
-        self._wake.set()
+        self._reconciler.poke()
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last reconcile pass failed; None after one that worked."""
+        return self._reconciler.last_error
+
+    @property
+    def failures(self) -> int:
+        """Failed reconcile passes in all, for the plugin's metrics."""
+        return self._reconciler.failures
 
     def start(self) -> None:
         self._stop.clear()
-        for target, name in (
-            (self._reconcile_loop, "slice-reconcile"),
-            (self._watch_loop, "slice-watch"),
-        ):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._reconciler.start()  # the same Loop again after a stop: no poke is lost
+        # The watch blocks in a streaming read that stop() ends by closing the stream, not
+        # a periodic step, so it keeps a thread of its own rather than a Loop.
+        thread = threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
         stream = self._stream
         if stream is not None:
             stream.close()  # ends a watch now instead of at its timeout
+        self._reconciler.stop(timeout_s=5)
         for thread in self._threads:
             thread.join(timeout=5)
         self._threads.clear()
@@ -164,40 +178,33 @@ class SlicePublisher:
             self._delete(item["metadata"]["name"])
 
     # -- reconcile ---------------------------------------------------------------------
-    def _reconcile_loop(self) -> None:
-        backoff = new_backoff()
-        writes: deque[float] = deque(maxlen=RAPID_WRITES)
-        while not self._stop.is_set():
-            self._wake.wait(timeout=self._resync_interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                if self.reconcile_once():
-                    writes.append(time.monotonic())
-                    if len(writes) == RAPID_WRITES and writes[-1] - writes[0] < RAPID_WINDOW_S:
-                        # Someone keeps changing our slices, or the server keeps what we
-                        # write in another form: do not fight it in a tight loop.
-                        log.error(
-                            "slices rewritten %d times in %.0fs; slowing down",
-                            RAPID_WRITES,
-                            RAPID_WINDOW_S,
-                        )
-                        writes.clear()
-                        if self._stop.wait(RAPID_PAUSE_S):
-                            return
-                if backoff.failures:
-                    log.info("publishing slices works again after %d failure(s)", backoff.failures)
-                self.last_error = None
-                backoff.reset()
-            except Exception as err:  # API or network errors: retry, never die
-                self.last_error = str(err)
-                self.failures += 1
-                delay = retry_delay(backoff, err)
-                log.warning("publishing slices failed, retrying in %.1fs: %s", delay, err)
-                if self._stop.wait(delay):
-                    return
-                self._wake.set()
+    def _new_reconciler(self) -> Loop:
+        # Waits a resync interval (or a poke: new devices, a watch event) before the first
+        # pass, as the watch's first list pokes it anyway. A failed pass waits out its
+        # delay whatever pokes come, since our own writes come back as watch events.
+        return Loop(
+            "slice-reconcile",
+            self._reconcile_step,
+            self._resync_interval_s,
+            backoff=new_backoff(),
+            first_run_s=self._resync_interval_s,
+            retry_cap_s=retry_cap_s,
+            pokes_end_backoff=False,
+        )
+
+    def _reconcile_step(self) -> None:
+        if not self.reconcile_once():
+            return
+        self._writes.append(time.monotonic())
+        writes = self._writes
+        if len(writes) == RAPID_WRITES and writes[-1] - writes[0] < RAPID_WINDOW_S:
+            # Someone keeps changing our slices, or the server keeps what we write in
+            # another form: do not fight it in a tight loop.
+            log.error(
+                "slices rewritten %d times in %.0fs; slowing down", RAPID_WRITES, RAPID_WINDOW_S
+            )
+            writes.clear()
+            self._reconciler.hold(RAPID_PAUSE_S)
 
     def _counters_in_own_slice(self) -> bool:
         """Kubernetes 1.35 moved shared counters into slices of their own; ask once."""
@@ -330,7 +337,7 @@ class SlicePublisher:
                     version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
                     # Resync: what changed while nobody watched (slices deleted during an
                     # apiserver restart) produces no event on the new watch.
-                    self._wake.set()
+                    self._reconciler.poke()
                     if backoff.failures:
                         log.info("slice watch back after %d failure(s)", backoff.failures)
                     backoff.reset()
@@ -369,7 +376,7 @@ class SlicePublisher:
                 if kind != "BOOKMARK":
                     # Any change to our slices (including our own writes) triggers a cheap
                     # compare; only a real difference leads to a write.
-                    self._wake.set()
+                    self._reconciler.poke()
                 if self._stop.is_set():
                     break
         finally:

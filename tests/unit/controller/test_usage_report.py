@@ -20,6 +20,7 @@ from flexgpu.controller.cli_usage import (
 from flexgpu.controller.events import EventTarget
 from flexgpu.controller.idle_events import IdleClaimNotifier
 from flexgpu.controller.plugin_endpoints import Scrape, endpoint_urls, parse
+from tests.conftest import wait_for
 
 LABELS = (
     'node="n1",namespace="{ns}",claim="{c}",device="{d}",class="{k}",product="{p}",'
@@ -187,3 +188,36 @@ def test_idle_claim_and_its_pods_get_one_event_per_idle_stretch() -> None:
     notifier.check_once()
     text[0] = EXPOSITION
     assert notifier.check_once() == []
+
+
+def test_the_idle_check_thread_survives_a_failing_scrape_and_stops_cleanly() -> None:
+    """Started, the notifier checks every interval; a scrape that raises is retried (the thread
+    lives on) and the next good one tells the idle claim; stop() leaves no thread behind."""
+    calls: list[int] = []
+
+    def read(endpoints: Sequence[str]) -> Scrape:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionRefusedError("plugin away")
+        return Scrape(parse(EXPOSITION))
+
+    sink = Sink()
+    notifier = IdleClaimNotifier(
+        ["n1:1"],
+        sink,
+        read_claim=lambda ns, name: {"metadata": {"uid": "uid-nb"}, "status": {}},
+        is_leader=lambda: True,
+        window_s=7200,
+        interval_s=0.01,
+        read=read,
+    )
+    notifier.start()
+    try:
+        wait_for(
+            lambda: bool(sink.events) and notifier.last_error is None,
+            what="an Event after the failed scrape",
+        )
+        assert notifier.running and len(calls) >= 2
+    finally:
+        notifier.stop()
+    assert not notifier.running
