@@ -13,13 +13,22 @@ from pathlib import Path
 
 
 def atomic_write_bytes(
-    path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, sync_directory: bool = True
+    path: str | os.PathLike[str],
+    data: bytes,
+    mode: int = 0o644,
+    *,
+    sync_data: bool = True,
+    sync_directory: bool = True,
 ) -> None:
     """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename, fsync dir.
 
-    ``sync_directory=False`` skips the directory fsync: the rename is then atomic but only a
-    kernel crash (never a killed process) can lose it. Callers whose records are void after a
-    reboot anyway use it to halve the syncs per write."""
+    Against a killed process the rename alone is enough: the page cache outlives the process,
+    so readers see the old or the new content whatever the syncs. The syncs only matter for a
+    kernel crash or power loss. ``sync_directory=False`` skips the directory fsync: after such
+    a crash the file may hold its old content. ``sync_data=False`` (which implies no directory
+    sync) also skips the file's fsync: after such a crash the file may be old, new, empty or
+    torn, so only callers that detect a torn file (a checksum) and whose content is void after
+    a reboot anyway should use it."""
     target = Path(path)
     directory = target.parent
     directory.mkdir(parents=True, exist_ok=True)
@@ -29,14 +38,15 @@ def atomic_write_bytes(
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync_data:
+                os.fsync(handle.fileno())
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    if sync_directory:
+    if sync_data and sync_directory:
         _fsync_directory(directory)
 
 

@@ -3,13 +3,18 @@
 Schema version 2 keeps one file per claim, ``claims/<uid>.json`` beside the version-1 path:
 ``{"checksum": "sha256:<hex>", "data": {"version": 2, "boot_id": ..., "claim": {...}}}``, the
 checksum covering the canonical JSON of "data" (sorted keys, no whitespace). Every state change
-of a claim replaces its file atomically (temp file, fsync, rename), so a SIGKILL leaves the old
-or the new state, and claims never wait for each other's I/O.
+of a claim replaces its file atomically (temp file, rename), so a SIGKILL leaves the old or the
+new state, and claims never wait for each other's I/O.
 
-The rename is not followed by a directory fsync: a record is only acted on in the boot that
-wrote it (records of an earlier boot are reset and dropped at start), and only a kernel crash,
-which is a reboot, can lose a rename that has returned. The file's own fsync still guarantees
-that a rename which survives never points at missing data.
+Record writes are not synced (no fsync of the file, none of its directory). A killed process
+loses nothing: the page cache outlives it, so the rename alone gives old-or-new. Only a kernel
+crash or power loss can lose or tear a write that has returned, and that is a reboot, after
+which no record is acted on as it stands: start-up resets and drops the records of an earlier
+boot (MIG instances, MPS daemons and time-slice settings do not survive a reboot anyway), and
+a file that is empty, torn or fails its checksum is set aside as corrupt and the claims are
+rebuilt from the CDI specs that survive (none, where the CDI folder is a tmpfs such as
+/var/run/cdi). So a sync would buy nothing a reboot does not already undo, and a prepare (two
+record writes) costs no fsync here; the CDI spec keeps its own (preparer.py).
 
 Version 1 was one file for the whole node (``checkpoint.json``, same envelope, "data" holding
 the boot id and every claim). Start-up migrates it; files of a newer version are left alone.
@@ -258,8 +263,9 @@ def _open_envelope(raw: bytes, newest: int) -> dict[str, Any]:
     return data
 
 
-def _durable_write(path: Path, data: bytes) -> None:
-    atomic_write_bytes(path, data, mode=0o600, sync_directory=False)
+def _write_record(path: Path, data: bytes) -> None:
+    # Unsynced on purpose: see the module docstring.
+    atomic_write_bytes(path, data, mode=0o600, sync_data=False)
 
 
 Writer = Callable[[Path, bytes], None]
@@ -280,7 +286,7 @@ class CheckpointStore:
         self.claims_dir = path.parent / CLAIMS_FOLDER
         self.boot_id_path = boot_id_path
         # Injectable so tests can make the disk "full" without filling one.
-        self._write: Writer = writer or _durable_write
+        self._write: Writer = writer or _write_record
         self._boot_id: str | None = None
         self._guard = threading.Lock()
         # Parsed records keyed by file name and identity (inode, mtime, size): while a file

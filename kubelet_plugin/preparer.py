@@ -513,7 +513,10 @@ class ClaimPreparerImpl:
             return  # nothing of ours in the claim: a spec needs at least one device
         identity = ClaimIdentity(claim.uid, claim.namespace, claim.name)
         spec = render_claim_spec(identity, devices, self.driver_edits)
-        atomic_write_bytes(self.spec_path(claim.uid), encode_spec(spec))
+        # The container runtime reads the spec without a checksum, so its data is synced: a
+        # rename that survives a power loss never names a torn spec. The directory is not: a
+        # lost rename only follows a reboot, after which the kubelet prepares again.
+        atomic_write_bytes(self.spec_path(claim.uid), encode_spec(spec), sync_directory=False)
 
     def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> list[str]:
         """Removes everything the record says was (or may have been) created or changed, and

@@ -36,3 +36,28 @@ def test_mode_is_applied(tmp_path: Path) -> None:
     target = tmp_path / "secret"
     atomic_write_bytes(target, b"x", mode=0o600)
     assert os.stat(target).st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, ["file", "directory"]),
+        ({"sync_directory": False}, ["file"]),
+        ({"sync_data": False}, []),
+    ],
+)
+def test_syncs_follow_the_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, bool], expected: list[str]
+) -> None:
+    target = tmp_path / "state.json"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append("directory" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    atomic_write_bytes(target, b"new", **options)
+    assert target.read_bytes() == b"new"
+    assert synced == expected

@@ -4,6 +4,7 @@ table standing in for the API server (the integration tests use the real one).""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,26 @@ def test_prepare_writes_cdi_and_records_prepared(
     assert preparer.load_checkpoint().claims["uid-c"].state == ClaimState.PREPARED
     # Idempotent: the same answer again, nothing rewritten.
     assert preparer.prepare([ref])["uid-c"] == result
+
+
+def test_a_prepare_syncs_only_the_cdi_spec_and_an_unprepare_nothing(
+    preparer: ClaimPreparerImpl, table: ClaimTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The records before and after are unsynced (checkpoint.py says why); the spec's data is
+    # synced because the container runtime reads it unchecked.
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    ref = table.add("c", gpu("gpu-1"))
+    assert preparer.prepare([ref])["uid-c"].error == ""
+    assert len(synced) == 1 and Path(synced[0]).parent == preparer.cdi_dir
+    assert preparer.unprepare([ref])["uid-c"] == UnprepareResult()
+    assert len(synced) == 1
 
 
 def test_only_our_driver_and_pool_are_prepared(
