@@ -104,6 +104,22 @@ def _context_namespace(kubeconfig: str | None, context: str | None) -> str | Non
     return str(namespace) if namespace else None
 
 
+def namespace_of(args: argparse.Namespace) -> str | None:
+    """The namespace a command that reads no namespaced API is about: None for -A, else -n,
+    else the context's namespace, else ``default``; without connecting to anything."""
+    if getattr(args, "all_namespaces", False):
+        return None
+    chosen: str | None = getattr(args, "namespace", None)
+    if chosen:
+        return chosen
+    kubeconfig: str | None = getattr(args, "kubeconfig", None)
+    if _kubeconfig_exists(kubeconfig):
+        chosen = _context_namespace(kubeconfig, getattr(args, "context", None))
+    elif _SERVICE_ACCOUNT_NAMESPACE.exists():
+        chosen = _SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    return chosen or "default"
+
+
 def _kubeconfig_exists(kubeconfig: str | None) -> bool:
     if kubeconfig:
         return True

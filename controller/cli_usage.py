@@ -10,6 +10,11 @@ Two sources, one report:
   the kubelet plugin found through the API server (its ``metrics`` port, read through the pod
   proxy). Their counters run from when each claim was prepared, or its plugin last started.
 
+Namespaces as kubectl has them: ``-n`` one, ``-A`` every one, by default the kubeconfig
+context's (else ``default``); ``--kubeconfig`` and ``--context`` also choose the cluster when
+the plugin pods are found through the API server. Errors are one line, exit status as in
+``cli_options.ExitCode``; idle time reads ``3h20m`` in tables and stays in seconds in JSON/YAML.
+
 A GPU-hour is one whole GPU for an hour: a MIG instance counts for its share of the GPU's
 multiprocessors, a share of a shared GPU for its compute share; "used" is SM utilisation
 times that.
@@ -20,17 +25,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import yaml
-
+from flexgpu.controller.cli_options import (
+    REQUEST_TIMEOUT_S,
+    CliError,
+    ExitCode,
+    add_cluster_options,
+    call,
+    connect,
+    emit,
+    namespace_of,
+)
 from flexgpu.controller.plugin_endpoints import Sample, Scrape, parse, scrape
-from flexgpu.driver.durations import parse_duration
+from flexgpu.driver.durations import human_duration, parse_duration
 
 ALLOCATED = "flexgpu_claim_allocated_gpu_seconds_total"
 USED = "flexgpu_claim_used_gpu_seconds_total"
@@ -151,27 +163,28 @@ def from_prometheus(base: str, range_text: str, window_s: float) -> UsageReport:
     )
 
 
-def _plugin_pods_scrape(kubeconfig: str | None, namespace: str | None) -> Scrape:
+def _plugin_pods_scrape(args: argparse.Namespace) -> Scrape:
     """Every kubelet plugin pod's /metrics, read through the API server's pod proxy."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        if kubeconfig:
-            api = config.new_client_from_config(config_file=kubeconfig)
-        else:
-            config.load_config()
-            api = client.ApiClient()
-        core = client.CoreV1Api(api)
-        pods = (
-            core.list_namespaced_pod(namespace, label_selector=PLUGIN_SELECTOR)
-            if namespace
-            else core.list_pod_for_all_namespaces(label_selector=PLUGIN_SELECTOR)
-        ).items
-    except Exception as err:
-        raise UsageError(f"cannot list the kubelet plugin pods: {err}") from None
+    connection = connect(args)
+    core = client.CoreV1Api(connection.api)
+    what = "list the kubelet plugin pods"
+    if args.plugin_namespace:
+        listed = call(
+            connection,
+            what,
+            core.list_namespaced_pod,
+            args.plugin_namespace,
+            label_selector=PLUGIN_SELECTOR,
+        )
+    else:
+        listed = call(
+            connection, what, core.list_pod_for_all_namespaces, label_selector=PLUGIN_SELECTOR
+        )
+    pods: list[dict[str, Any]] = listed.get("items") or []
     result = Scrape()
-    for item in pods:
-        pod: dict[str, Any] = api.sanitize_for_serialization(item)
+    for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         name, pod_namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
         port = next(
@@ -189,7 +202,7 @@ def _plugin_pods_scrape(kubeconfig: str | None, namespace: str | None) -> Scrape
             continue
         try:
             text = core.connect_get_namespaced_pod_proxy_with_path(
-                f"{name}:{port}", pod_namespace, "metrics"
+                f"{name}:{port}", pod_namespace, "metrics", _request_timeout=REQUEST_TIMEOUT_S
             )
             result.samples.extend(parse(str(text)))
         except Exception as err:
@@ -241,7 +254,7 @@ def render_table(report: UsageReport, wide: bool) -> str:
     ]
     if report.idle:
         idle = [
-            [i.namespace, i.claim, f"{i.idle_seconds / 3600:.1f}h", ",".join(i.nodes) or "-"]
+            [i.namespace, i.claim, human_duration(i.idle_seconds), ",".join(i.nodes) or "-"]
             for i in report.idle
         ]
         parts += ["", "Idle claims:", _table(["NAMESPACE", "CLAIM", "IDLE FOR", "NODES"], idle)]
@@ -281,28 +294,27 @@ def run_usage(args: argparse.Namespace) -> int:
         window_s = parse_duration(args.idle_window)
         if args.prometheus:
             parse_duration(args.range)
+    except ValueError as err:
+        raise CliError(f"usage: {err}", ExitCode.USAGE) from None
+    try:
+        if args.prometheus:
             report = from_prometheus(args.prometheus, args.range, window_s)
         elif args.plugin:
             report = from_plugins(scrape(args.plugin), window_s)
         else:
-            report = from_plugins(
-                _plugin_pods_scrape(args.kubeconfig, args.plugin_namespace), window_s
-            )
+            report = from_plugins(_plugin_pods_scrape(args), window_s)
     except (UsageError, ValueError) as err:
-        print(f"flexgpu usage: {err}", file=sys.stderr)
-        return 1
-    if args.namespace:
-        report.rows = [r for r in report.rows if r.namespace == args.namespace]
-        report.idle = [i for i in report.idle if i.namespace == args.namespace]
-    wide = args.output == "wide"
-    if args.output == "json":
-        print(json.dumps(report_document(report, True), indent=2))
-    elif args.output == "yaml":
-        print(yaml.safe_dump(report_document(report, True), sort_keys=False), end="")
+        raise CliError(" ".join(str(err).split())) from None
+    namespace = namespace_of(args)
+    if namespace is not None:
+        report.rows = [r for r in report.rows if r.namespace == namespace]
+        report.idle = [i for i in report.idle if i.namespace == namespace]
+    if args.output in ("json", "yaml"):
+        emit(report_document(report, True), args.output)
     else:
-        print(render_table(report, wide))
+        print(render_table(report, args.output == "wide"))
     # Nothing read from anywhere: say so in the exit status too.
-    return 1 if report.unreachable and not report.rows else 0
+    return ExitCode.FAILED if report.unreachable and not report.rows else ExitCode.OK
 
 
 def add_usage(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -311,11 +323,12 @@ def add_usage(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="GPU-hours allocated and used per namespace and claim, and idle claims",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("--prometheus", metavar="URL", help="read from this Prometheus")
-    parser.add_argument(
+    source = parser.add_argument_group("source")
+    source.add_argument("--prometheus", metavar="URL", help="read from this Prometheus")
+    source.add_argument(
         "--range", default="24h", help="with --prometheus: the period (default 24h)"
     )
-    parser.add_argument(
+    source.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -323,19 +336,12 @@ def add_usage(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="read this kubelet plugin's metrics endpoint (repeatable); default: every plugin "
         "pod, through the API server",
     )
-    parser.add_argument("--plugin-namespace", help="namespace of the plugin pods (default: all)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: the usual lookup)")
-    parser.add_argument("-n", "--namespace", help="only this namespace")
+    source.add_argument("--plugin-namespace", help="namespace of the plugin pods (default: all)")
     parser.add_argument(
         "--idle-window",
         default="2h",
         help="a claim idle this long is listed as idle (default 2h, the chart's default)",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "wide", "json", "yaml"),
-        default="table",
-        help="table (per namespace), wide (per claim), json or yaml (both, per claim too)",
-    )
+    # -o: a table per namespace by default, wide per claim, json/yaml with both.
+    add_cluster_options(parser, outputs=("json", "yaml", "wide"))
     parser.set_defaults(handler=run_usage)

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import yaml
 
+from flexgpu.controller import cli_usage
+from flexgpu.controller.cli import main as cli_main
+from flexgpu.controller.cli_options import ExitCode
 from flexgpu.controller.cli_usage import (
     UsageReport,
     by_namespace,
@@ -124,7 +128,7 @@ def test_idle_claims_are_idle_on_every_node_for_the_window() -> None:
 def test_table_json_and_yaml() -> None:
     table = render_table(report(), wide=False)
     assert "ml         gpu.flexgpu.dev" in table and "Idle claims:" in table
-    assert "2.5h" in table  # nb, idle for 9000 s
+    assert "2h30m" in table  # nb, idle for 9000 s
     wide = render_table(report(), wide=True)
     assert "share-a" in wide and "train" in wide
     document = report_document(report(), wide=True)
@@ -221,3 +225,50 @@ def test_the_idle_check_thread_survives_a_failing_scrape_and_stops_cleanly() -> 
     finally:
         notifier.stop()
     assert not notifier.running
+
+
+def _run_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> int:
+    """``flexgpu usage --plugin n1:1 ARGS`` reading EXPOSITION, with a kubeconfig whose
+    context's namespace is ``ml``."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "contexts": [{"name": "c", "context": {"cluster": "k", "namespace": "ml"}}],
+                "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [],
+            }
+        )
+    )
+    monkeypatch.setattr(cli_usage, "scrape", lambda endpoints: Scrape(parse(EXPOSITION)))
+    return cli_main(["usage", "--plugin", "n1:1", "--kubeconfig", str(kubeconfig), *args])
+
+
+def test_cli_namespaces_outputs_and_idle_durations(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The context's namespace by default, -n another, -A all; idle time humane in tables and
+    in seconds in JSON."""
+    assert _run_cli(monkeypatch, tmp_path) == 0
+    table = capsys.readouterr().out
+    assert "ml " in table and "web" not in table and "2h30m" in table
+    assert _run_cli(monkeypatch, tmp_path, "-n", "web", "-o", "json") == 0
+    document = json.loads(capsys.readouterr().out)
+    assert {r["namespace"] for r in document["namespaces"]} == {"web"}
+    assert _run_cli(monkeypatch, tmp_path, "-A", "-o", "json") == 0
+    document = json.loads(capsys.readouterr().out)
+    assert {r["namespace"] for r in document["namespaces"]} == {"ml", "web"}
+    assert [(i["claim"], i["idle_seconds"]) for i in document["idleClaims"]] == [("nb", 9000)]
+    assert _run_cli(monkeypatch, tmp_path, "-A", "-o", "wide") == 0
+    assert "share-a" in capsys.readouterr().out
+
+
+def test_cli_bad_window_is_one_line_and_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run_cli(monkeypatch, tmp_path, "--idle-window", "two hours") == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'two hours' is not a duration" in err
