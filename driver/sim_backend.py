@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,12 +68,13 @@ class SimulatedBackend(GpuBackend):
     ) -> None:
         self._topology = topology
         # Where simulated MPS pipe and log folders go (containers mount them via CDI).
+        # Without a state file or a root the node lives only in memory, and so do its
+        # daemons: their temporary root is made on first use and removed with the backend.
+        self._mps_root: Path | None = None
         if mps_root is not None:
             self._mps_root = Path(mps_root)
         elif state_path is not None:
             self._mps_root = Path(state_path).parent / "mps"
-        else:
-            self._mps_root = Path(tempfile.mkdtemp(prefix="flexgpu-sim-mps-"))
         self._node_name = node_name
         self._state_path = Path(state_path) if state_path is not None else None
         self._lock = threading.RLock()
@@ -326,8 +329,15 @@ class SimulatedBackend(GpuBackend):
             self._gpu(index).time_slice = interval
             self._save()
 
+    def _mps_folder(self) -> Path:
+        if self._mps_root is None:
+            root = tempfile.mkdtemp(prefix="flexgpu-sim-mps-")
+            weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+            self._mps_root = Path(root)
+        return self._mps_root
+
     def _mps_daemon(self, index: int) -> MpsDaemon:
-        folder = self._mps_root / self._uuids[index]
+        folder = self._mps_folder() / self._uuids[index]
         return MpsDaemon(
             gpu_index=index,
             gpu_uuid=self._uuids[index],

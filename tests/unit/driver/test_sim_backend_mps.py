@@ -3,7 +3,11 @@ exclusive while it runs."""
 
 from __future__ import annotations
 
+import gc
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from flexgpu.driver.gpu_model import ComputeMode
 from flexgpu.driver.sim_backend import SimulatedBackend
@@ -27,3 +31,21 @@ def test_daemon_lifecycle_survives_a_backend_restart(tmp_path: Path) -> None:
     restarted.stop_mps_daemon(1)  # idempotent
     assert restarted.mps_daemons() == []
     assert restarted.get_compute_mode(1) == ComputeMode.DEFAULT
+
+
+def test_an_in_memory_node_makes_its_mps_folder_on_use_and_removes_it_with_the_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without a state file the backend's MPS folders live in a temporary root; tests build
+    # many such backends, so none may be left behind once a backend is gone.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    backend = SimulatedBackend.from_topology("l4-2-pcie", "n")
+    assert list(tmp_path.iterdir()) == []  # nothing made until a daemon needs it
+    daemon = backend.start_mps_daemon(0)
+    root = Path(daemon.pipe_dir).parents[1]
+    assert root.parent == tmp_path and root.name.startswith("flexgpu-sim-mps-")
+    assert Path(daemon.pipe_dir).is_dir()
+    assert backend.mps_daemons() == [daemon]  # the same folders while the backend lives
+    del backend
+    gc.collect()
+    assert not root.exists()
