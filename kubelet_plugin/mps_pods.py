@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,9 @@ from typing import Any
 
 from flexgpu.driver.backend import GpuBackend
 from flexgpu.driver.backend_errors import GpuBackendError
+from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
+from flexgpu.driver.loop import Loop
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
@@ -81,8 +82,7 @@ class MpsDaemonPods:
         self._resources = dict(resources)
         self._ready_timeout_s = ready_timeout_s
         self._node_uid: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop: Loop | None = None
 
     # -- MpsDaemons ----------------------------------------------------------------------
     def start(self, index: int) -> MpsDaemon:
@@ -141,15 +141,19 @@ class MpsDaemonPods:
         """Every ``interval_s``, starts again the daemon of each GPU that shares still use
         whose pod has ended, under the GPU's lock."""
 
-        def loop() -> None:
-            while not self._stop.wait(interval_s):
-                try:
-                    self.restart_ended(in_use, locked)
-                except Exception:  # the API may be down; try again next round
-                    log.exception("checking MPS daemon pods")
+        def step() -> None:
+            self.restart_ended(in_use, locked)
 
-        self._thread = threading.Thread(target=loop, name="mps-daemon-watch", daemon=True)
-        self._thread.start()
+        # A failed check (API away) is logged by the loop and tried again about one
+        # interval later, as an ordinary round would be.
+        self._loop = Loop(
+            "mps-daemon-watch",
+            step,
+            interval_s,
+            backoff=Backoff(interval_s, interval_s),
+            first_run_s=interval_s,
+        )
+        self._loop.start()
 
     def restart_ended(
         self,
@@ -170,9 +174,8 @@ class MpsDaemonPods:
         return restarted
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._loop is not None:
+            self._loop.stop(timeout_s=10)
 
     # -- helpers -------------------------------------------------------------------------
     def _restarted(self, daemon: MpsDaemon, pod: Mapping[str, Any]) -> None:
