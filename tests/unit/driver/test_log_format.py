@@ -3,10 +3,13 @@ their own and the traceback; the level filters; bad settings are refused by name
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
+import pkgutil
 from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 
@@ -70,3 +73,30 @@ def test_second_call_replaces_the_handler() -> None:
 def test_bad_settings_are_refused(level: str, fmt: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         configure_logging(level, fmt, io.StringIO())
+
+
+def _flexgpu_modules() -> list[ModuleType]:
+    modules = []
+    for package_name in ("flexgpu.driver", "flexgpu.kubelet_plugin", "flexgpu.controller"):
+        package = importlib.import_module(package_name)
+        for found in pkgutil.walk_packages(package.__path__, f"{package_name}."):
+            modules.append(importlib.import_module(found.name))
+    return modules
+
+
+def test_every_daemon_logger_is_under_flexgpu_and_follows_the_log_level() -> None:
+    """Each module's logger is named under ``flexgpu`` (getLogger(__name__) since the packages
+    import as flexgpu.*), none pins a level of its own, so --log-level reaches all of them."""
+    modules = _flexgpu_modules()
+    loggers = {
+        (module.__name__, value.name)
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, logging.Logger)
+    }
+    assert len(loggers) > 20  # the walk found the daemons' modules
+    assert [pair for pair in loggers if not pair[1].startswith("flexgpu.")] == []
+    configure_logging("error", "text", io.StringIO())
+    assert {name: logging.getLogger(name).getEffectiveLevel() for _, name in loggers} == {
+        name: logging.ERROR for _, name in loggers
+    }
