@@ -126,13 +126,14 @@ def apply_load(api: Any, node_roots: dict[str, Path], namespace: str = NAMESPACE
 
 
 def usage_report(endpoints: list[str], kubeconfig: Path) -> str:
-    """`flexgpu usage -o wide` over the plugins' endpoints, as a user would run it."""
+    """`flexgpu usage -A -o wide` over the plugins' endpoints, as a user would run it."""
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "flexgpu.controller.cli",
             "usage",
+            "-A",
             f"--kubeconfig={kubeconfig}",
             f"--idle-window={IDLE_WINDOW}",
             "-o",
