@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from flexgpu.driver.log_format import configure_logging
 from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig, load_config
-from flexgpu.kubelet_plugin.kubeletplugin import Server
+from flexgpu.kubelet_plugin.kubeletplugin import DraDriver, Server
 from flexgpu.kubelet_plugin.startup_gate import StartupGate
 
 if TYPE_CHECKING:
@@ -64,7 +64,6 @@ def make_api(config: PluginConfig) -> KubeApi:
 def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     """Everything after the sockets: returns what stops it again."""
     from flexgpu.driver.backend_errors import GpuBackendError
-    from flexgpu.kubelet_plugin import metrics, metrics_setup
     from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
     from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
     from flexgpu.kubelet_plugin.claim_source import ApiClaimSource
@@ -72,23 +71,30 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     from flexgpu.kubelet_plugin.driver_edits import DriverEditsError
     from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
     from flexgpu.kubelet_plugin.kube_api import KubeConfigError
+    from flexgpu.kubelet_plugin.metrics_settings import MetricsSettingError, settings_from_env
     from flexgpu.kubelet_plugin.node_devices import NodeDevices
     from flexgpu.kubelet_plugin.node_events import NodeEventRecorder
-    from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
     from flexgpu.kubelet_plugin.policy_agent import PolicyAgent
     from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
     from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
     from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 
     try:
-        metric_settings = metrics_setup.settings_from_env(os.environ)
-        backend = ObservedBackend(make_backend(config), config.node_name)
-    except metrics_setup.MetricsSettingError as err:
+        metric_settings = settings_from_env(os.environ)
+        backend = make_backend(config)
+    except MetricsSettingError as err:
         raise StartupFailed(str(err)) from None
     except GpuBackendError as err:
         raise StartupFailed(f"no GPUs: {err}") from None
     except DriverEditsError as err:
         raise StartupFailed(str(err)) from None
+    # Without a metrics port nothing would read the counters: prometheus_client and the
+    # counting wrappers are left out (about 6 MiB of resident memory).
+    observed = metric_settings.port is not None
+    if observed:
+        from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
+
+        backend = ObservedBackend(backend, config.node_name)
     try:
         api = make_api(config)
     except KubeConfigError as err:
@@ -133,7 +139,12 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
 
     health = HealthMonitor(backend, devices, config.node_name, on_unhealthy=republish)
     # Prepares are served from here on; what follows only publishes and watches.
-    gate.open(metrics.ObservedPreparer(preparer, config.node_name), health)
+    served: DraDriver = preparer
+    if observed:
+        from flexgpu.kubelet_plugin import metrics
+
+        served = metrics.ObservedPreparer(preparer, config.node_name)
+    gate.open(served, health)
     publisher = _make_publisher(config, api)
     republish()
     publisher.start()
@@ -149,21 +160,26 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
             in_use=lambda: _mps_gpus(store),
             locked=lambda index: lock.resources({gpu_key(index)}),
         )
-    stop_metrics = metrics_setup.observe_node(
-        metric_settings,
-        node_name=config.node_name,
-        backend=backend,
-        devices=devices,
-        preparer=preparer,
-        objects=objects,
-        api=api,
-        publisher=publisher,
-    )
+    stop_metrics: Callable[[], None] | None = None
+    if observed:
+        from flexgpu.kubelet_plugin import metrics_setup
+
+        stop_metrics = metrics_setup.observe_node(
+            metric_settings,
+            node_name=config.node_name,
+            backend=backend,
+            devices=devices,
+            preparer=preparer,
+            objects=objects,
+            api=api,
+            publisher=publisher,
+        )
 
     def stop() -> None:
         # Slices stay: the kubelet removes them 30 s after we disconnect, and a restarted
         # plugin takes them over without a window where nothing is published.
-        stop_metrics()
+        if stop_metrics is not None:
+            stop_metrics()
         if mps_pods is not None:
             mps_pods.close()  # the daemon pods stay: their clients keep running
         agent.stop()

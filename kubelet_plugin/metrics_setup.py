@@ -16,77 +16,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flexgpu.driver.backend import GpuBackend
-from flexgpu.driver.durations import parse_duration
 from flexgpu.kubelet_plugin import metrics
 from flexgpu.kubelet_plugin.checkpoint import ClaimRecord
 from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
 from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
+from flexgpu.kubelet_plugin.metrics_settings import (
+    MetricsSettingError,
+    MetricsSettings,
+    settings_from_env,
+)
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
-from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler
+
+__all__ = ["MetricsSettingError", "MetricsSettings", "observe_node", "settings_from_env"]
 
 log = logging.getLogger(__name__)
 
 # A prepared claim is read again at most this often: pods may join a shared claim later.
 CLAIM_REREAD_S = 300.0
 CLAIM_RETRY_S = 30.0
-
-
-class MetricsSettingError(ValueError):
-    """A metrics variable has a value the plugin cannot use; the text names it."""
-
-
-@dataclass(frozen=True)
-class MetricsSettings:
-    port: int | None = None
-    address: str = "0.0.0.0"
-    usage: UsageSettings = field(default_factory=UsageSettings)
-
-
-def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not low <= value <= high:
-        raise MetricsSettingError(
-            f"{name}: {text!r} is not allowed; allowed: a number from {low:g} to {high:g}"
-        )
-    return value
-
-
-def settings_from_env(env: Mapping[str, str]) -> MetricsSettings:
-    port_text = env.get("FLEXGPU_METRICS_PORT", "").strip()
-    if port_text and not (port_text.isdigit() and int(port_text) <= 65535):
-        raise MetricsSettingError(
-            f"FLEXGPU_METRICS_PORT: {port_text!r} is not allowed; allowed: a port number "
-            "0-65535 (0 or empty: no metrics endpoint)"
-        )
-    window_text = env.get("FLEXGPU_IDLE_WINDOW", "").strip() or "2h"
-    try:
-        window = parse_duration(window_text)
-    except ValueError:
-        raise MetricsSettingError(
-            f"FLEXGPU_IDLE_WINDOW: {window_text!r} is not allowed; allowed: a duration such "
-            "as 90s, 30m, 2h or 1h30m"
-        ) from None
-    usage = UsageSettings(
-        interval_s=_number(env, "FLEXGPU_USAGE_INTERVAL", 15.0, 0.1, 3600.0),
-        idle_threshold=_number(env, "FLEXGPU_IDLE_THRESHOLD", 0.05, 0.0, 1.0),
-        idle_window_s=window,
-        proc_root=Path(env.get("FLEXGPU_PROC_ROOT", "").strip() or "/proc"),
-    )
-    port = int(port_text) if port_text and int(port_text) > 0 else None
-    return MetricsSettings(port, env.get("FLEXGPU_METRICS_ADDRESS", "").strip() or "0.0.0.0", usage)
 
 
 class ClaimReader:
