@@ -1,7 +1,7 @@
 """What this version of the driver can carry out, beyond what the config's schema describes.
 
 The ``gpu.flexgpu.dev/v1alpha1`` schema keeps room for settings that prepare cannot apply yet
-(a MIG device shared by time-slicing or MPS). Admission and prepare both call
+(a MIG device shared by MPS). Admission and prepare both call
 ``unsupported_settings`` on every parsed config (through ``driver.config_resolution``), so a
 config that prepare would refuse is already refused when the claim is created, with the same
 text. Pure: no I/O.
@@ -29,11 +29,14 @@ def unsupported_settings(config: OpaqueConfig) -> list[ConfigProblem]:
     allowed."""
     if isinstance(config, MigConfig):
         strategy = config.effective_sharing.strategy
-        if strategy is not SharingStrategy.EXCLUSIVE:
-            # Time-slicing and MPS on MIG devices need per-instance daemons; not built yet.
+        # TimeSlicing needs nothing set: a MIG device's processes are time-sliced by default
+        # and it has no interval of its own (NVIDIA's driver accepts it and sets nothing).
+        # MPS needs a control daemon per MIG device; not built yet.
+        if strategy is SharingStrategy.MPS:
             detail = (
                 f"{show_value(strategy.value)} is not supported on MIG devices yet; "
-                f"allowed: {SharingStrategy.EXCLUSIVE.value}"
+                f"allowed: {SharingStrategy.EXCLUSIVE.value}, "
+                f"{SharingStrategy.TIME_SLICING.value}"
             )
             return [ConfigProblem(("sharing", "strategy"), detail)]
     return []

@@ -74,8 +74,9 @@ def plan_sharing(
             problems = OpaqueConfigError(unsupported).render(where)
             raise SharingError(f"claim {_claim_name(claim)}: {'; '.join(problems)}")
         if isinstance(config, MigConfig):
-            # Exclusive is all a MIG device supports yet; resolve_configs refused the rest
-            # (driver.config_support), exactly as admission does.
+            # Exclusive and TimeSlicing leave the device as it is (a MIG device has no
+            # time-slice setting); MPS was refused by resolve_configs (driver.config_support),
+            # exactly as admission refuses it.
             continue
         sharing = config.effective_sharing
         _check_multi_user(claim, config, gpu)

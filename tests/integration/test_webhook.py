@@ -88,7 +88,8 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
             "mig.flexgpu.dev",
             ["gpu"],
         ),
-        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; allowed: Exclusive',
+        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; '
+        "allowed: Exclusive, TimeSlicing",
     ),
     (
         "wrong-kind-for-mig-class",

@@ -122,7 +122,8 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
     (
         "MPS on a MIG device",
         claim({**MIG, "sharing": {"strategy": "MPS"}}, "mig.flexgpu.dev", ["gpu"]),
-        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; allowed: Exclusive',
+        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; '
+        "allowed: Exclusive, TimeSlicing",
     ),
     (
         "wrong apiVersion",

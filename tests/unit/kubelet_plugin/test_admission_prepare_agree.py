@@ -60,7 +60,14 @@ def gpu(sharing: dict[str, Any] | None = None) -> dict[str, Any]:
 TABLE: list[tuple[str, object, bool]] = [
     (MIG_DEVICE_CLASS, mig(), False),
     (MIG_DEVICE_CLASS, mig({"strategy": "Exclusive"}), False),
-    (MIG_DEVICE_CLASS, mig({"strategy": "TimeSlicing"}), True),
+    (MIG_DEVICE_CLASS, mig({"strategy": "TimeSlicing"}), False),
+    (MIG_DEVICE_CLASS, {**mig({"strategy": "TimeSlicing"}), "kind": "MigDeviceConfig"}, False),
+    # A MIG device has no time-slice interval to set: the block is not part of its config.
+    (
+        MIG_DEVICE_CLASS,
+        mig({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+        True,
+    ),
     (MIG_DEVICE_CLASS, mig({"strategy": "MPS"}), True),
     (
         MIG_DEVICE_CLASS,
@@ -164,7 +171,7 @@ def test_sharing_on_a_mig_device_is_refused_naming_field_value_and_allowed() -> 
     (problem,) = admission_problems(MIG_DEVICE_CLASS, mig({"strategy": "MPS"}))
     assert problem == (
         'spec.devices.config[0].opaque.parameters.sharing.strategy: "MPS" is not supported '
-        "on MIG devices yet; allowed: Exclusive"
+        "on MIG devices yet; allowed: Exclusive, TimeSlicing"
     )
 
 
