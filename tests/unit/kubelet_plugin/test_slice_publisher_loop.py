@@ -1,0 +1,40 @@
+"""The slice publisher's reconcile loop (a driver.loop.Loop) and its watch thread: a failed
+pass is counted, kept as last_error and retried until it works; stop() ends both threads."""
+
+from __future__ import annotations
+
+import threading
+
+from flexgpu.kubelet_plugin.kube_api import path_of
+from flexgpu.kubelet_plugin.slice_publisher import SLICES, SlicePublisher
+from tests.conftest import wait_for
+from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
+
+NODE = "node-a"
+
+
+def _threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("slice-")}
+
+
+def test_a_failed_pass_is_retried_until_it_publishes_and_stop_ends_both_threads() -> None:
+    api = FakeKubeApi()
+    api.put_object("/version", {"major": "1", "minor": "37"})
+    api.lists[SLICES] = []
+    publisher = SlicePublisher(api, NODE, resync_interval_s=3600)  # type: ignore[arg-type]
+    publisher.set_devices([{"name": "gpu-0"}])  # before start: the first pass runs at once
+    publisher.start()
+    try:
+        # The Node is not there yet: the owner reference cannot be made, the pass fails.
+        wait_for(lambda: publisher.failures >= 1, what="a failed reconcile pass")
+        assert "not found" in (publisher.last_error or "")
+        assert api.count("POST") == 0
+        api.put_object(path_of("api", "v1", "nodes", NODE), {"metadata": {"uid": "uid-a"}})
+        wait_for(
+            lambda: api.count("POST") == 1 and publisher.last_error is None,
+            what="the retried pass publishing the slice",
+        )
+        assert _threads() == {"slice-reconcile", "slice-watch"}
+    finally:
+        publisher.stop()
+    assert _threads() == set()
