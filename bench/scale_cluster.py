@@ -174,6 +174,24 @@ def allocated_device(api: Any, namespace: str, claim: str) -> str | None:
     return str(allocation.devices.results[0].device)
 
 
+def settle(
+    pid: int | None, *, busy: float = 0.1, window_s: float = 1.0, deadline_s: float = 90.0
+) -> float:
+    """Waits until the process uses under ``busy`` of a core over ``window_s``, so a timed
+    batch does not also pay for digesting what came before it (a publication's slices, the
+    load's claims, the last batch's deletions). Returns the seconds waited; gives up quietly
+    after ``deadline_s`` (a busy machine is then reported as it is)."""
+    if pid is None:
+        return 0.0
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        cpu0, t0 = process_cpu_s(pid), time.monotonic()
+        time.sleep(window_s)  # the sampling window of a rate, not a wait for a result
+        if (process_cpu_s(pid) - cpu0) / (time.monotonic() - t0) < busy:
+            break
+    return time.monotonic() - start
+
+
 def process_cpu_s(pid: int | None) -> float:
     """User+system CPU seconds a process has used (Linux /proc)."""
     if pid is None:
