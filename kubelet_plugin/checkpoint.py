@@ -227,8 +227,12 @@ def checksum(data: Any) -> str:
 
 
 def seal(data: dict[str, Any]) -> bytes:
-    """The on-disk envelope of ``data``."""
-    return canonical_json({"checksum": checksum(data), "data": data})
+    """The on-disk envelope of ``data``: the canonical JSON of {"checksum", "data"}, built
+    around the one encoding of ``data`` that the checksum needs (keys sorted: "checksum"
+    comes first)."""
+    body = canonical_json(data)
+    digest = _CHECKSUM_PREFIX + hashlib.sha256(body).hexdigest()
+    return b'{"checksum":' + json.dumps(digest).encode() + b',"data":' + body + b"}"
 
 
 def record_file_uid(file_name: str) -> str | None:

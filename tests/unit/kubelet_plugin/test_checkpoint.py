@@ -140,6 +140,18 @@ def test_a_state_change_is_one_unsynced_file_write(
     assert [p.name for p in store.claims_dir.iterdir()] == []  # no temp file left
 
 
+def test_a_sealed_file_is_the_canonical_json_of_checksum_and_data(store: CheckpointStore) -> None:
+    # seal() builds the envelope around one encoding of the data; the bytes must still be what
+    # a reader (this release or the schema-1 rollback guard) canonicalises and checks.
+    data = {"version": 2, "boot_id": "b", "claim": {"uid": "u", "name": "é", "x": [1, None]}}
+    document = json.loads(seal(data))
+    assert document == {"checksum": checksum(data), "data": data}
+    assert (
+        seal(data)
+        == json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    )
+
+
 CORRUPTIONS = {
     "truncated": lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
     "empty": lambda p: p.write_bytes(b""),
