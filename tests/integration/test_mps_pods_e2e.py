@@ -7,6 +7,7 @@ deletes the pod."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -74,6 +75,7 @@ def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
         yield started
     finally:
         started.cleanup()
+        shutil.rmtree(root, ignore_errors=True)  # the fake driver root and the daemons' folders
 
 
 def _daemon_pods(api: Any) -> list[Any]:
