@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flexgpu.driver.claim_results import AllocatedDevice, parse_allocated_device
 from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
-
-
-@dataclass(frozen=True)
-class AllocatedDevice:
-    """One entry of ``status.allocation.devices.results``."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False
-    share_id: str | None = None
-    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def base_request(self) -> str:
-        """``gpu/h100`` (a firstAvailable subrequest) -> ``gpu``: what the kubelet matches."""
-        return self.request.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -45,6 +28,8 @@ class ClaimSource(Protocol):
 
 
 def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
+    """The claim as the preparer needs it. A malformed allocation result (a consumed capacity
+    that is not a quantity) raises ``ClaimResultError`` naming the field."""
     meta = obj.get("metadata", {})
     allocation = (obj.get("status") or {}).get("allocation") or {}
     devices = allocation.get("devices") or {}
@@ -55,16 +40,8 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
         name=str(meta.get("name", "")),
         allocated=bool(allocation),
         devices=tuple(
-            AllocatedDevice(
-                request=str(r.get("request", "")),
-                driver=str(r.get("driver", "")),
-                pool=str(r.get("pool", "")),
-                device=str(r.get("device", "")),
-                admin_access=bool(r.get("adminAccess", False)),
-                share_id=r.get("shareID"),
-                consumed_capacity=dict(r.get("consumedCapacity") or {}),
-            )
-            for r in results
+            parse_allocated_device(r, f"status.allocation.devices.results[{i}]")
+            for i, r in enumerate(results)
         ),
         configs=tuple(devices.get("config") or []),
     )

@@ -27,6 +27,7 @@ from flexgpu.driver.cdi import (
     render_claim_spec,
     spec_file_name,
 )
+from flexgpu.driver.claim_results import AllocatedDevice, ClaimResultError
 from flexgpu.driver.gpu_model import MigDevice, TimeSliceInterval
 from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.names import DRIVER_NAME
@@ -42,7 +43,7 @@ from flexgpu.kubelet_plugin.checkpoint import (
     MigInstanceRecord,
     MpsShareRecord,
 )
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimSource, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimSource, ClaimView
 from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
 from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
@@ -231,7 +232,11 @@ class ClaimPreparerImpl:
         existing = self._store.get(ref.uid)
         if existing is not None and existing.state == ClaimState.PREPARED:
             return _prepared_devices(existing)  # idempotent repeat
-        claim = self._claims.get(ref.namespace, ref.name)
+        try:
+            claim = self._claims.get(ref.namespace, ref.name)
+        except ClaimResultError as err:
+            # Bad data in the claim, not trouble reaching it: a plain error, no traceback.
+            raise PrepareError(f"claim {ref.namespace}/{ref.name}: {err}") from None
         if claim is None:
             raise PrepareError(f"claim {ref.namespace}/{ref.name} not found")
         if claim.uid != ref.uid:
@@ -359,7 +364,7 @@ class ClaimPreparerImpl:
                 data["migProfile"] = part.profile_name
                 data["placement"] = {"start": part.placement.start, "size": part.placement.size}
             if allocated.share_id is not None:
-                data["granted"] = dict(allocated.consumed_capacity)
+                data["granted"] = allocated.consumed_texts()
             if plan.mps is not None:
                 data["mps"] = {
                     k: v
@@ -492,13 +497,14 @@ class ClaimPreparerImpl:
         for other in others:
             for device in other.devices:
                 if device.share_id is not None:
-                    _add(held.setdefault(device.device_name, {}), device.consumed_capacity)
+                    _add(held.setdefault(device.device_name, {}), _recorded(device))
         for share in shares:
             gpu = self.devices.gpu(share.device)
             if gpu is None:
                 continue
             totals = held.setdefault(share.device, {})
-            _add(totals, share.consumed_capacity)
+            granted = share.consumed_capacity or {}
+            _add(totals, {name: q.ceil() for name, q in granted.items()})
             limits = {"memory": gpu.memory_mib * MIB, "compute": 100}
             for name, limit in limits.items():
                 if totals.get(name, 0) > limit:
@@ -608,12 +614,21 @@ def _with_ids(created: CreatedResources, devices: Sequence[MigDevice]) -> Create
     return created.model_copy(update={"mig_instances": records})
 
 
-def _add(totals: dict[str, int], consumed: Mapping[str, str]) -> None:
-    for name, text in consumed.items():
+def _add(totals: dict[str, int], amounts: Mapping[str, int]) -> None:
+    for name, amount in amounts.items():
+        totals[name] = totals.get(name, 0) + amount
+
+
+def _recorded(device: DeviceRecord) -> dict[str, int]:
+    """What a checkpoint record says its share holds; a value that is not a quantity (a record
+    no current plugin writes) is left out rather than failing every later prepare."""
+    amounts = {}
+    for name, text in device.consumed_capacity.items():
         try:
-            totals[name] = totals.get(name, 0) + parse_quantity(text).ceil()
+            amounts[name] = parse_quantity(text).ceil()
         except QuantityError:
             continue
+    return amounts
 
 
 def _show(name: str, value: int) -> str:
@@ -633,7 +648,7 @@ def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[De
             device_name=d.device,
             cdi_device_ids=[cdi_device_id(claim.uid, d.device, d.share_id)],
             share_id=d.share_id,
-            consumed_capacity=dict(d.consumed_capacity),
+            consumed_capacity=d.consumed_texts(),
             admin_access=d.admin_access,
         )
     return list(by_device.values())

@@ -8,14 +8,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.config_resolution import ConfigResolutionError, resolve_configs
 from flexgpu.driver.config_support import unsupported_on_device
 from flexgpu.driver.gpu_model import GpuInfo, MpsDaemon, TimeSliceInterval
 from flexgpu.driver.mps_limits import ConfiguredDevice, PinnedLimitError, pinned_memory_limits
 from flexgpu.driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
-from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.user_text import shorten
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 MIB = 1024 * 1024
@@ -116,13 +116,12 @@ def _share_client(
     sharing = config.effective_sharing
     memory_mib = total_mib
     compute = 0
-    try:
-        if "memory" in allocated.consumed_capacity:
-            memory_mib = parse_quantity(allocated.consumed_capacity["memory"]).ceil() // MIB
-        if "compute" in allocated.consumed_capacity:
-            compute = parse_quantity(allocated.consumed_capacity["compute"]).ceil()
-    except QuantityError as err:
-        raise SharingError(f"device {allocated.device}: granted capacity {err}") from None
+    # Parsed with the claim: a malformed value already failed the prepare (ClaimResultError).
+    granted = allocated.consumed_capacity or {}
+    if "memory" in granted:
+        memory_mib = granted["memory"].ceil() // MIB
+    if "compute" in granted:
+        compute = granted["compute"].ceil()
     plan.shares[allocated.device] = {"memory_mib": memory_mib, "compute_percent": compute}
     mps = sharing.mpsConfig
     if compute > 0:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
+from flexgpu.driver.claim_results import AllocatedDevice, parse_allocated_device
 from flexgpu.driver.quantity import parse_quantity
 
 AttributeKind = Literal["int", "bool", "string", "version", "ints", "bools", "strings", "versions"]
@@ -171,19 +172,6 @@ class Constraint:
     kind: Literal["matchAttribute", "distinctAttribute"]
     attribute: str
     requests: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class AllocatedDevice:
-    """One entry of a claim's ``status.allocation.devices.results``."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False
-    share_id: str | None = None
-    consumed_capacity: Mapping[str, Fraction] | None = None
 
 
 @dataclass(frozen=True)
@@ -436,7 +424,10 @@ def parse_claim(data: Any) -> ResourceClaim:
     status_alloc = _dict(body.get("status"), "status").get("allocation")
     if status_alloc is not None:
         results = _dict(_dict(status_alloc, "allocation").get("devices"), "devices").get("results")
-        allocation = tuple(_allocated_device(r) for r in _list(results, "results"))
+        allocation = tuple(
+            parse_allocated_device(r, f"results[{i}]")
+            for i, r in enumerate(_list(results, "results"))
+        )
     return ResourceClaim(
         name=name,
         namespace=str(meta.get("namespace") or ""),
@@ -444,22 +435,6 @@ def parse_claim(data: Any) -> ResourceClaim:
         requests=tuple(requests),
         constraints=tuple(constraints),
         allocation=allocation,
-    )
-
-
-def _allocated_device(data: Any) -> AllocatedDevice:
-    body = _dict(data, "result")
-    consumed = body.get("consumedCapacity")
-    return AllocatedDevice(
-        request=str(body.get("request", "")),
-        driver=str(body.get("driver", "")),
-        pool=str(body.get("pool", "")),
-        device=str(body.get("device", "")),
-        admin_access=bool(body.get("adminAccess") or False),
-        share_id=body.get("shareID") or None,
-        consumed_capacity=None
-        if consumed is None
-        else {k: quantity(v) for k, v in _dict(consumed, "consumedCapacity").items()},
     )
 
 

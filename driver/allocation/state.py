@@ -46,7 +46,8 @@ def allocated_state(claims: Iterable[ResourceClaim], skip: Iterable[str] = ()) -
             if result.share_id is not None:
                 state.shared.add(device)
                 if result.consumed_capacity is not None:
-                    add_amounts(state.consumed.setdefault(device, {}), result.consumed_capacity)
+                    amounts = {k: q.value for k, q in result.consumed_capacity.items()}
+                    add_amounts(state.consumed.setdefault(device, {}), amounts)
             else:
                 state.exclusive.add(device)
     return state

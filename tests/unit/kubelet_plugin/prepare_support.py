@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flexgpu.driver.claim_results import AllocatedDevice, parse_consumed_capacity
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, Writer
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
@@ -52,7 +53,9 @@ def device(name: str, request: str = "gpu", **kw: Any) -> AllocatedDevice:
 
 
 def share(name: str, share_id: str, memory: str) -> AllocatedDevice:
-    return device(name, share_id=share_id, consumed_capacity={"memory": memory})
+    return device(
+        name, share_id=share_id, consumed_capacity=parse_consumed_capacity({"memory": memory})
+    )
 
 
 def time_slicing(interval: str = "Long") -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from flexgpu.controller.admission import validate_resource_claim
+from flexgpu.driver.claim_results import AllocatedDevice, parse_consumed_capacity
 from flexgpu.driver.names import (
     DRIVER_NAME,
     GPU_DEVICE_CLASS,
@@ -24,7 +25,7 @@ from flexgpu.driver.names import (
 )
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
@@ -43,7 +44,7 @@ DEVICE_OF_CLASS = {
         NODE,
         "gpu-1",
         share_id="s1",
-        consumed_capacity={"memory": "8Gi", "compute": "0"},
+        consumed_capacity=parse_consumed_capacity({"memory": "8Gi", "compute": "0"}),
     ),
 }
 

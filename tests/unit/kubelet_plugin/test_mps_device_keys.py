@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock

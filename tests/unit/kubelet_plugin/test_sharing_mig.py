@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.gpu_model import ComputeMode, TimeSliceInterval
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from flexgpu.driver.claim_results import AllocatedDevice, parse_consumed_capacity
 from flexgpu.driver.gpu_model import ComputeMode, TimeSliceInterval
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.claim_source import AllocatedDevice, ClaimView
+from flexgpu.kubelet_plugin.claim_source import ClaimView, parse_claim
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
@@ -55,7 +56,7 @@ def share(device: str, share_id: str, memory: str, compute: str = "0") -> Alloca
         NODE,
         device,
         share_id=share_id,
-        consumed_capacity={"memory": memory, "compute": compute},
+        consumed_capacity=parse_consumed_capacity({"memory": memory, "compute": compute}),
     )
 
 
@@ -159,6 +160,50 @@ def test_shares_get_the_granted_limits_and_one_daemon_serves_them_all(
     assert [d.gpu_index for d in backend.mps_daemons()] == [1]  # b still uses it
     preparer.unprepare([b])
     assert backend.mps_daemons() == []
+
+
+class RawClaims:
+    """Claims kept as the API's JSON and parsed as ApiClaimSource parses them."""
+
+    def __init__(self, *objects: dict[str, Any]) -> None:
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+
+    def get(self, namespace: str, name: str) -> ClaimView | None:
+        obj = self.objects.get(name)
+        return None if obj is None else parse_claim(obj)
+
+
+def raw_share(name: str, memory: str) -> dict[str, Any]:
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1"}
+    result |= {"shareID": f"s-{name}", "consumedCapacity": {"memory": memory}}
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def test_a_malformed_consumed_capacity_fails_only_that_claim_naming_the_field(
+    tmp_path: Path, backend: SimulatedBackend
+) -> None:
+    preparer = ClaimPreparerImpl(
+        node_name=NODE,
+        claims=RawClaims(raw_share("bad", "8GB"), raw_share("good", "8Gi")),
+        devices=NodeDevices(backend, shared={1}),
+        store=CheckpointStore(tmp_path / "data" / "checkpoint.json"),
+        lock=PrepareLock(tmp_path / "data" / "lock"),
+        cdi_dir=tmp_path / "cdi",
+    )
+    bad, good = ClaimRef("ns", "bad", "uid-bad"), ClaimRef("ns", "good", "uid-good")
+    results = preparer.prepare([bad, good])
+    assert results[bad.uid].error == (
+        "claim ns/bad: status.allocation.devices.results[0].consumedCapacity.memory: "
+        "'8GB' is not a Kubernetes quantity: unknown suffix \"GB\""
+    )
+    assert results[good.uid].error == ""
+    records = preparer.load_checkpoint().claims
+    assert set(records) == {good.uid}
+    # The granted amount is recorded as the claim wrote it, not as a number.
+    assert records[good.uid].devices[0].consumed_capacity == {"memory": "8Gi"}
 
 
 def test_a_share_beyond_the_devices_capacity_is_refused(
