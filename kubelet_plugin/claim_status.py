@@ -169,7 +169,10 @@ class ClaimStatusWriter:
         except ApiError as err:
             if err.status in (404, 422):  # gone, or refused as written: nothing to retry
                 self._objects.forget(pending.uid)
-                log.warning(
+                # A claim deleted once its pod ended is the normal case, not a problem.
+                level = logging.INFO if err.status == 404 else logging.WARNING
+                log.log(
+                    level,
                     "claim %s/%s status: %s",
                     pending.namespace,
                     pending.name,

@@ -3,6 +3,7 @@ GET of their own), only this node's entries touched, conflicts re-read and retri
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -201,6 +202,19 @@ def test_transient_failure_is_retried_later_and_a_missing_claim_dropped(
     clock.now += 1.0
     writer.write_due()
     assert writer.pending() == 0
+
+
+def test_a_deleted_claim_is_dropped_without_a_warning(
+    api: FakeKubeApi, writer: ClaimStatusWriter, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Claims are deleted when their pods end, often before the last status write is due.
+    writer.prepared("ns", "gone", "u2", [GPU1])
+    clock.now += 1.0
+    with caplog.at_level(logging.INFO, logger="flexgpu.kubelet_plugin"):
+        writer.write_due()
+    assert writer.pending() == 0
+    dropped = [r for r in caplog.records if "ns/gone status" in r.getMessage()]
+    assert dropped and all(r.levelno == logging.INFO for r in dropped)
 
 
 def test_prepared_never_waits_for_the_api(
