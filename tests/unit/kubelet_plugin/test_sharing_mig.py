@@ -9,38 +9,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.gpu_model import ComputeMode, TimeSliceInterval
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
 from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
+from tests.unit.kubelet_plugin.prepare_support import API, DRIVER, NODE, ClaimTable, device
 
-NODE = "node-a"
-DRIVER = "gpu.flexgpu.dev"
-API = "gpu.flexgpu.dev/v1alpha1"
 MIG_DEVICE = "gpu-0-mig-1g10gb-0"
 
 
-class _Claims:
-    def __init__(self) -> None:
-        self.views: dict[str, ClaimView] = {}
-
-    def add(self, name: str, parameters: dict[str, Any]) -> ClaimRef:
-        entry = {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}
-        device = AllocatedDevice("gpu", DRIVER, NODE, MIG_DEVICE)
-        self.views[name] = ClaimView(f"uid-{name}", "ns", name, True, (device,), (entry,))
-        return ClaimRef("ns", name, f"uid-{name}")
-
-    def get(self, namespace: str, name: str) -> ClaimView | None:
-        return self.views.get(name)
+def _claim(claims: ClaimTable, name: str, parameters: dict[str, Any]) -> ClaimRef:
+    """A claim holding the MIG device, with one opaque config from the claim."""
+    entry = {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}
+    return claims.add(name, device(MIG_DEVICE), configs=(entry,))
 
 
-def _preparer(tmp_path: Path, backend: SimulatedBackend, claims: _Claims) -> ClaimPreparerImpl:
+def _preparer(tmp_path: Path, backend: SimulatedBackend, claims: ClaimTable) -> ClaimPreparerImpl:
     return ClaimPreparerImpl(
         node_name=NODE,
         claims=claims,
@@ -63,10 +51,10 @@ def _env(preparer: ClaimPreparerImpl, uid: str) -> dict[str, str]:
 def test_time_slicing_on_a_mig_device_prepares_sets_nothing_and_survives_a_restart(
     tmp_path: Path,
 ) -> None:
-    backend, claims = _backend(tmp_path), _Claims()
+    backend, claims = _backend(tmp_path), ClaimTable()
     preparer = _preparer(tmp_path, backend, claims)
     sharing = {"strategy": "TimeSlicing"}
-    ref = claims.add("ts", {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": sharing})
+    ref = _claim(claims, "ts", {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": sharing})
     assert preparer.prepare([ref])[ref.uid].error == ""
     (created,) = backend.list_mig_devices(0)
     env = _env(preparer, ref.uid)
@@ -91,10 +79,10 @@ def test_time_slicing_on_a_mig_device_prepares_sets_nothing_and_survives_a_resta
 
 
 def test_mps_on_a_mig_device_is_refused_at_prepare_and_creates_nothing(tmp_path: Path) -> None:
-    backend, claims = _backend(tmp_path), _Claims()
+    backend, claims = _backend(tmp_path), ClaimTable()
     preparer = _preparer(tmp_path, backend, claims)
     sharing = {"strategy": "MPS"}
-    ref = claims.add("mps", {"apiVersion": API, "kind": "MigConfig", "sharing": sharing})
+    ref = _claim(claims, "mps", {"apiVersion": API, "kind": "MigConfig", "sharing": sharing})
     error = preparer.prepare([ref])[ref.uid].error
     assert error == (
         'claim ns/mps: config[0].opaque.parameters.sharing.strategy: "MPS" is not supported '
