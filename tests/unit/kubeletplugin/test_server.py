@@ -25,6 +25,7 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
     ServerError,
     serve,
 )
+from flexgpu.kubelet_plugin.kubeletplugin.grpc_handlers import MAX_REQUEST_BYTES
 from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2_grpc as dra_v1_grpc
@@ -48,6 +49,7 @@ from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2_grpc as reg_grpc,
 )
+from flexgpu.kubelet_plugin.kubeletplugin.server import DRA_WORKERS
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -384,3 +386,41 @@ def test_rolling_update_instances_serve_side_by_side(options: Options) -> None:
             assert probe(new.registration_socket) is None
         assert not old.dra_socket.exists() and not old.registration_socket.exists()
         assert probe(new.registration_socket) is None
+
+
+def test_oversized_request_is_refused_and_the_server_goes_on(
+    dra_channel: grpc.Channel, preparer: MemoryPreparer
+) -> None:
+    """A request over 4 MiB (what gRPC servers accept by default) is refused before it is
+    parsed, naming its size and the limit; the next call on the same channel is served."""
+    stub = dra_v1_grpc.DRAPluginStub(dra_channel)
+    huge = dra_v1.Claim(namespace="ns", name="x" * (MAX_REQUEST_BYTES + 1), uid="u-huge")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.NodePrepareResources(
+            dra_v1.NodePrepareResourcesRequest(claims=[huge]), timeout=TIMEOUT
+        )
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"over the limit of {MAX_REQUEST_BYTES} bytes" in str(info.value.details())
+    assert preparer.calls == []
+    small = dra_v1.Claim(namespace="ns", name="ok", uid="u-ok")
+    response = stub.NodePrepareResources(
+        dra_v1.NodePrepareResourcesRequest(claims=[small]), timeout=TIMEOUT
+    )
+    assert response.claims["u-ok"].error == ""
+
+
+def test_a_stream_does_not_hold_a_worker(options: Options, health: MemoryHealth) -> None:
+    """More open health streams than worker threads: prepares are still served (streams wait
+    on the event loop, unary calls on the workers)."""
+    with Server(MemoryPreparer(), options, health), _channel(options.dra_socket) as channel:
+        streams = [_watch(channel, health_v1_grpc, health_v1) for _ in range(DRA_WORKERS + 2)]
+        for stream in streams:
+            next(stream)
+        stub = dra_v1_grpc.DRAPluginStub(channel)
+        claim = dra_v1.Claim(namespace="ns", name="a", uid="u-a")
+        response = stub.NodePrepareResources(
+            dra_v1.NodePrepareResourcesRequest(claims=[claim]), timeout=TIMEOUT
+        )
+        assert response.claims["u-a"].error == ""
+        for stream in streams:
+            stream.cancel()
