@@ -28,7 +28,7 @@ import logging
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from flexgpu.controller.cli_options import (
@@ -282,7 +282,15 @@ def report_document(report: UsageReport, wide: bool) -> dict[str, Any]:
         "range": report.range,
         "namespaces": [row(r) for r in by_namespace(report.rows)],
         **({"claims": [row(r) for r in report.rows]} if wide else {}),
-        "idleClaims": [asdict(i) | {"nodes": list(i.nodes)} for i in report.idle],
+        "idleClaims": [
+            {
+                "namespace": i.namespace,
+                "claim": i.claim,
+                "idleSeconds": i.idle_seconds,
+                "nodes": list(i.nodes),
+            }
+            for i in report.idle
+        ],
         "unreachable": report.unreachable,
     }
 

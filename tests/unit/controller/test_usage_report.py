@@ -261,7 +261,7 @@ def test_cli_namespaces_outputs_and_idle_durations(
     assert _run_cli(monkeypatch, tmp_path, "-A", "-o", "json") == 0
     document = json.loads(capsys.readouterr().out)
     assert {r["namespace"] for r in document["namespaces"]} == {"ml", "web"}
-    assert [(i["claim"], i["idle_seconds"]) for i in document["idleClaims"]] == [("nb", 9000)]
+    assert [(i["claim"], i["idleSeconds"]) for i in document["idleClaims"]] == [("nb", 9000)]
     assert _run_cli(monkeypatch, tmp_path, "-A", "-o", "wide") == 0
     assert "share-a" in capsys.readouterr().out
 
