@@ -58,12 +58,23 @@ def test_the_cli_reports_the_source_version() -> None:
 
 @pytest.mark.timeout(300)
 def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
+    # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds.
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".run", "build", "*.egg-info", "__pycache__", ".*_cache"
+        ),
+    )
+    out = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("flexgpu-*.whl")
+    (wheel,) = out.glob("flexgpu-*.whl")
     version = stamp_version.current()["driver/version.py"]
     assert wheel.name.startswith(f"flexgpu-{version}-")
     with zipfile.ZipFile(wheel) as archive:
@@ -71,6 +82,10 @@ def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         text = archive.read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text
+    # The plugin serves gRPC with grpclib; grpcio is only the tests' client.
+    requires = [line for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    assert any(r.startswith("Requires-Dist: grpclib") for r in requires), requires
+    assert not any(r.startswith("Requires-Dist: grpcio") and "extra ==" not in r for r in requires)
     assert any(n.endswith("licenses/LICENSE") for n in names)
     # One namespace installed: nothing that could collide with another project's `driver`.
     top_level = {n.split("/")[0] for n in names if not n.startswith(f"flexgpu-{version}")}
