@@ -161,10 +161,21 @@ def _string_attribute(device: SliceDevice, name: str) -> str:
     return str(value.get("string", "")) if isinstance(value, dict) else ""
 
 
-def allocation_order(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
+# ``allocation_order``'s place for the whole-GPU devices of dynamic-MIG GPUs: behind this many
+# MIG profiles (in publication order, smallest first). 0 puts them before every partition;
+# WHOLE_GPUS_LAST (or any number at least the profile count) behind every partition.
+WHOLE_GPUS_FIRST = 0
+WHOLE_GPUS_LAST = 1 << 30
+
+
+def allocation_order(
+    devices: Sequence[SliceDevice], *, whole_after_profiles: int = WHOLE_GPUS_FIRST
+) -> list[SliceDevice]:
     """Devices in the order the scheduler should try them (it takes the first that fits):
     devices without shared counters as given (whole and shared GPUs), then the whole GPUs of
     dynamic-MIG GPUs, then the partitions profile by profile, each profile GPU by GPU.
+    ``whole_after_profiles`` moves the dynamic-MIG GPUs' whole-GPU devices behind that many
+    profiles' partitions (docs/admin.md, "Scale", for what each place costs which claim).
 
     The scheduler runs the class and request selectors (CEL) on every free device it passes
     on each node it tries, and that is most of its cost; ordered GPU by GPU, a 1g claim on a
@@ -173,17 +184,21 @@ def allocation_order(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
     Packing is unchanged: a profile still fills the first GPU with room, in each GPU's
     placement order (``driver.mig_devices.placement_order``). Profiles keep their first
     order (``dynamic_mig_devices`` lists them smallest first), and the order is stable."""
+    if whole_after_profiles < 0:
+        raise ValueError(f"whole_after_profiles {whole_after_profiles}: must be 0 or more")
     rank: dict[str, int] = {}
     for device in devices:
         if "consumesCounters" in device and _string_attribute(device, "type") == "mig":
             rank.setdefault(_string_attribute(device, "profile"), len(rank))
+    whole_at = 2 * min(whole_after_profiles, len(rank))
 
+    # Partitions of profile r sort at 2r+1, the whole GPUs at an even place between them.
     def key(device: SliceDevice) -> tuple[int, int]:
         if "consumesCounters" not in device:
             return (0, 0)
         if _string_attribute(device, "type") != "mig":
-            return (1, 0)
-        return (2, rank[_string_attribute(device, "profile")])
+            return (1, whole_at)
+        return (1, 2 * rank[_string_attribute(device, "profile")] + 1)
 
     return sorted(devices, key=key)
 
@@ -205,6 +220,7 @@ def slice_specs(
     shared_counters: Sequence[dict[str, Any]] = (),
     *,
     counters_in_own_slice: bool = True,
+    whole_after_profiles: int = WHOLE_GPUS_FIRST,
 ) -> list[dict[str, Any]]:
     """The ``spec`` of every slice in the node's pool, consistent in generation and count.
 
@@ -212,6 +228,7 @@ def slice_specs(
     each), placed first so the pool is complete in one pass. A 1.34 server wants each counter
     set in the same slice as the devices that consume it (``counters_in_own_slice=False``):
     then every counter set travels with its consumers and the other devices are chunked.
+    ``whole_after_profiles`` is passed to ``allocation_order`` (1.35+ layout only).
     """
     for device in devices:
         check_device(device)
@@ -222,7 +239,7 @@ def slice_specs(
             bodies.append(
                 {"sharedCounters": list(shared_counters[i : i + MAX_COUNTER_SETS_PER_SLICE])}
             )
-        rest = allocation_order(devices)
+        rest = allocation_order(devices, whole_after_profiles=whole_after_profiles)
     else:
         rest = []
         by_set: dict[str, list[SliceDevice]] = {c["name"]: [] for c in shared_counters}

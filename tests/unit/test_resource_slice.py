@@ -174,3 +174,33 @@ def test_partitions_are_published_profile_by_profile_after_every_whole_gpu() -> 
     assert names[3 : 3 + len(ones)] == ones
     assert ones == [f"gpu-{g}-mig-1g10gb-{s}" for g in (0, 1) for s in range(6, -1, -1)]
     assert names[-2:] == ["gpu-0-mig-7g80gb-0", "gpu-1-mig-7g80gb-0"]
+
+
+def test_dynamic_mig_whole_gpus_can_follow_some_or_every_profile() -> None:
+    from flexgpu.driver.mig_catalog import mig_profiles_for
+    from flexgpu.driver.mig_devices import dynamic_mig_devices
+    from flexgpu.driver.resource_slice import WHOLE_GPUS_LAST, allocation_order
+
+    profiles = list(mig_profiles_for("H100-80GB"))
+    devices = [whole_gpu_device(_gpu(2))]
+    for index in (0, 1):
+        devices += dynamic_mig_devices(_gpu(index), profiles)[0]
+    first = [d["name"] for d in allocation_order(devices)]
+    ones = [f"gpu-{g}-mig-1g10gb-{s}" for g in (0, 1) for s in range(6, -1, -1)]
+
+    after_1g = [d["name"] for d in allocation_order(devices, whole_after_profiles=1)]
+    assert after_1g[: 1 + len(ones) + 2] == ["gpu-2", *ones, "gpu-0", "gpu-1"]
+    last = [d["name"] for d in allocation_order(devices, whole_after_profiles=WHOLE_GPUS_LAST)]
+    assert last[:1] == ["gpu-2"] and last[-2:] == ["gpu-0", "gpu-1"]
+    assert last[-4:-2] == ["gpu-0-mig-7g80gb-0", "gpu-1-mig-7g80gb-0"]
+    # Only the two whole GPUs move: the partitions keep their order relative to each other.
+    for moved in (after_1g, last):
+        assert sorted(moved) == sorted(first)
+        assert [n for n in moved if "-mig-" in n] == [n for n in first if "-mig-" in n]
+    # A number past the profile count is the same as last; a negative one is refused.
+    past = allocation_order(devices, whole_after_profiles=len(profiles))
+    assert [d["name"] for d in past] == last
+    with pytest.raises(ValueError, match="whole_after_profiles"):
+        allocation_order(devices, whole_after_profiles=-1)
+    specs = slice_specs("n", devices, 1, [], whole_after_profiles=1)
+    assert [d["name"] for s in specs for d in s["devices"]] == after_1g
