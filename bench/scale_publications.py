@@ -1,7 +1,8 @@
-"""The same GPU node published three ways, as ResourceSlice specs for hollow nodes (no plugin
+"""The same GPU node published several ways, as ResourceSlice specs for hollow nodes (no plugin
 process): flexgpu's own publication (the plugin's ``NodeDevices`` over a simulated HGX H100
-node, chunked by ``slice_specs``), the NVIDIA-style publication of the same hardware, and whole
-GPUs only.
+node, chunked by ``slice_specs``), the same with the dynamic-MIG GPUs' whole-GPU devices in
+another place of the device order (``FLEXGPU_ORDERS``), the NVIDIA-style publication of the
+same hardware, and whole GPUs only.
 
 NVIDIA-style follows NVIDIA's k8s-dra-driver-gpu in DynamicMIG mode (cmd/gpu-kubelet-plugin:
 partitions.go, mig.go, driver.go), written from its behaviour, not its code:
@@ -31,6 +32,7 @@ from flexgpu.driver.mig_catalog import MEMORY_SLICES
 from flexgpu.driver.mig_devices import mig_attributes
 from flexgpu.driver.names import DRIVER_NAME, mig_device_name
 from flexgpu.driver.resource_slice import (
+    WHOLE_GPUS_LAST,
     SliceDevice,
     shared_gpu_device,
     slice_specs,
@@ -43,7 +45,14 @@ TOPOLOGY = "hgx-h100-8"
 DYNAMIC = frozenset({0, 1, 2, 3})
 SHARED = frozenset({4, 5})
 WHOLE = frozenset({6, 7})
-PUBLICATIONS = ("flexgpu", "nvidia-style", "whole-only")
+# flexgpu's publication with the dynamic-MIG GPUs' whole-GPU devices behind this many MIG
+# profiles (``allocation_order``'s ``whole_after_profiles``); "flexgpu" is the plugin's default.
+FLEXGPU_ORDERS: dict[str, int | None] = {
+    "flexgpu": None,
+    "flexgpu-whole-after-1g": 1,
+    "flexgpu-whole-last": WHOLE_GPUS_LAST,
+}
+PUBLICATIONS = (*FLEXGPU_ORDERS, "nvidia-style", "whole-only")
 
 
 @dataclass
@@ -154,9 +163,15 @@ def nvidia_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
     return [_spec(node, body, len(bodies)) for body in bodies]
 
 
-def flexgpu_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
-    """What the plugin publishes for this node (Kubernetes 1.35+ slice layout)."""
-    return slice_specs(node, inv.devices.slice_devices(), 1, inv.devices.counter_sets())
+def flexgpu_specs(
+    node: str, inv: NodeInventory, whole_after_profiles: int | None = None
+) -> list[dict[str, Any]]:
+    """What the plugin publishes for this node (Kubernetes 1.35+ slice layout), by default in
+    the plugin's own device order."""
+    devices, counters = inv.devices.slice_devices(), inv.devices.counter_sets()
+    if whole_after_profiles is None:
+        return slice_specs(node, devices, 1, counters)
+    return slice_specs(node, devices, 1, counters, whole_after_profiles=whole_after_profiles)
 
 
 def whole_only_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
@@ -164,8 +179,8 @@ def whole_only_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
 
 
 def node_specs(publication: str, node: str, inv: NodeInventory) -> list[dict[str, Any]]:
-    if publication == "flexgpu":
-        return flexgpu_specs(node, inv)
+    if publication in FLEXGPU_ORDERS:
+        return flexgpu_specs(node, inv, FLEXGPU_ORDERS[publication])
     if publication == "nvidia-style":
         return nvidia_specs(node, inv)
     if publication == "whole-only":

@@ -1,24 +1,28 @@
-"""The real scheduler placing a workload mix on hundreds of hollow GPU nodes, for three
+"""The real scheduler placing a workload mix on hundreds of hollow GPU nodes, for several
 publications of the same hardware, in one run:
 
-    python -m bench.scale_scheduling [--nodes 100] [--pods 80] [--rounds 2]
+    python -m bench.scale_scheduling [--nodes 100] [--pods 80] [--rounds 2] [--publications ...]
 
 Each node is an HGX H100 (8 GPUs): GPUs 0-3 dynamic MIG, 4-5 shared, 6-7 whole. It is published
-as flexgpu publishes it, NVIDIA-style (every profile x placement in NVIDIA's order and counter
-layout, see ``bench.scale_publications``), and as 8 whole GPUs. Every node already carries
-load, written as allocated claims: GPUs 0 and 1 hold seven 1g partitions each, GPU 2 a 3g at
-slice 0 and 1g at slices 4-6, GPU 6 is taken (whole-only: GPUs 0-6 are taken). So a 1g claim
-must pass three full GPUs before it finds room, as it would in a busy cluster.
+as flexgpu publishes it, as flexgpu with the dynamic-MIG GPUs' whole-GPU devices behind the 1g
+partitions or behind every partition, NVIDIA-style (every profile x placement in NVIDIA's order
+and counter layout), and as 8 whole GPUs (see ``bench.scale_publications``). Every node already
+carries load, written as allocated claims: GPUs 0 and 1 hold seven 1g partitions each, GPU 2 a
+3g at slice 0 and 1g at slices 4-6, GPU 6 is taken (whole-only: GPUs 0-6 are taken). So a 1g
+claim must pass three full GPUs before it finds room, as it would in a busy cluster.
 
 Per publication and round, batches of ``--pods`` pods, one claim each, of each kind (whole GPU;
-1g.10gb partition; 10 GiB share), kind order rotating. Pods are created first; the scheduler
-cannot try them until their claims exist, then the claims are created by several callers at
-once and the clock runs from the first claim to the last pod bound. Publications alternate
+1g.10gb partition; 10 GiB share), the same kind order for every publication of a round and
+rotating between rounds, after an untimed warm-up batch of ``--warmup`` pods (the first batch
+after a publication ran slower than later ones, so it landed on whichever kind came first,
+even with the scheduler idle). Pods are created first; the scheduler cannot try them until
+their claims exist, then the claims are created by several callers at once and the clock runs
+from the first claim to the last pod bound. Publications alternate
 within every round, so machine noise hits all alike. Reported per publication and kind: pods/s
 (median of rounds) and the scheduler's CPU ms per pod, each batch timed once the scheduler is
-idle (it digests a publication and the last batch's deletions for seconds, which landed on
-whichever kind came first); per publication: slice objects, devices and JSON bytes in the
-apiserver. Nothing is asserted.
+idle (it digests a publication and the last batch's deletions for seconds); per publication:
+slice objects, devices and JSON bytes in the apiserver; the machine's 1-minute load average
+at every batch. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -50,7 +54,13 @@ from bench.scale_cluster import (
     unpublish,
     wait_for,
 )
-from bench.scale_publications import PUBLICATIONS, NodeInventory, mig_device, scratch
+from bench.scale_publications import (
+    FLEXGPU_ORDERS,
+    PUBLICATIONS,
+    NodeInventory,
+    mig_device,
+    scratch,
+)
 from flexgpu.driver.names import DRIVER_NAME
 from tools.cluster import ControlPlane
 
@@ -75,6 +85,13 @@ class Figures:
     cpu_ms: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     publish_s: dict[str, list[float]] = field(default_factory=dict)
+    load: list[float] = field(default_factory=list)
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average (the apiserver, etcd and scheduler share it)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def background(publication: str, inv: NodeInventory) -> list[str]:
@@ -175,18 +192,26 @@ def run(args: argparse.Namespace, figures: Figures) -> None:
                 make_namespace(api, probe_ns)
                 placed = probe(api, probe_ns, kinds[0])
                 client.CoreV1Api(api).delete_namespace(probe_ns)
+                if args.warmup:
+                    warm_ns = f"warmup-{publication}-{round_}"
+                    seconds, cpu = batch(api, warm_ns, kinds[0], args.warmup, pid)
+                    print(
+                        f"  round {round_ + 1} {publication:24s} warm-up {kinds[0]:6s} "
+                        f"{args.warmup / seconds:6.1f} pods/s  scheduler {cpu:5.0f} ms CPU/pod"
+                        " (not counted)",
+                        flush=True,
+                    )
                 for kind in kinds:
                     namespace = f"{publication}-{kind}-{round_}"
                     seconds, cpu = batch(api, namespace, kind, args.pods, pid)
                     figures.rates.setdefault((publication, kind), []).append(args.pods / seconds)
                     figures.cpu_ms.setdefault((publication, kind), []).append(cpu)
+                    figures.load.append(load_average())
                     print(
-                        f"  round {round_ + 1} {publication:12s} {kind:6s} "
+                        f"  round {round_ + 1} {publication:24s} {kind:6s} "
                         f"{args.pods / seconds:6.1f} pods/s  scheduler {cpu:5.0f} ms CPU/pod"
-                        f"  (probe took {placed})"
-                        if kind == kinds[0]
-                        else f"  round {round_ + 1} {publication:12s} {kind:6s} "
-                        f"{args.pods / seconds:6.1f} pods/s  scheduler {cpu:5.0f} ms CPU/pod",
+                        f"  load {figures.load[-1]:.1f}"
+                        + (f"  (probe took {placed})" if kind == kinds[0] else ""),
                         flush=True,
                     )
                 clear_namespace(api, bg)
@@ -199,16 +224,21 @@ def report(args: argparse.Namespace, figures: Figures) -> None:
         f"{args.nodes} nodes x 8 H100 (4 dynamic MIG, 2 shared, 2 whole), {args.pods} pods per "
         f"batch, {args.rounds} rounds, publications alternating"
     )
-    print(f"{'publication':14s}{'slices':>8s}{'devices':>9s}{'MiB':>8s}{'publish s':>11s}")
+    if figures.load:
+        print(
+            f"1-minute load average at the batches: {min(figures.load):.1f}-{max(figures.load):.1f}"
+        )
+    print(f"{'publication':24s}{'slices':>8s}{'devices':>9s}{'MiB':>8s}{'publish s':>11s}")
     for publication, (count, devices, size) in figures.slices.items():
         publish_s = statistics.median(figures.publish_s[publication])
-        print(f"{publication:14s}{count:8d}{devices:9d}{size / 2**20:8.1f}{publish_s:11.0f}")
-    print(f"{'publication':14s}{'kind':8s}{'pods/s':>8s}{'sched CPU ms/pod':>18s}  rounds")
+        print(f"{publication:24s}{count:8d}{devices:9d}{size / 2**20:8.1f}{publish_s:11.0f}")
+    print(f"{'publication':24s}{'kind':8s}{'pods/s':>8s}{'sched CPU ms/pod':>18s}  rounds")
     for (publication, kind), rates in figures.rates.items():
-        cpu = statistics.median(figures.cpu_ms[(publication, kind)])
+        cpus = figures.cpu_ms[(publication, kind)]
         print(
-            f"{publication:14s}{kind:8s}{statistics.median(rates):8.1f}{cpu:18.0f}  "
-            + ", ".join(f"{r:.1f}" for r in rates)
+            f"{publication:24s}{kind:8s}{statistics.median(rates):8.1f}"
+            f"{statistics.median(cpus):18.0f}  "
+            + ", ".join(f"{r:.1f} ({c:.0f} ms)" for r, c in zip(rates, cpus, strict=True))
         )
     med = {k: statistics.median(v) for k, v in figures.rates.items()}
     for publication in args.publications:
@@ -217,11 +247,12 @@ def report(args: argparse.Namespace, figures: Figures) -> None:
                 f"1g / whole on {publication}: "
                 f"{med[(publication, '1g')] / med[(publication, 'whole')]:.2f}"
             )
-    if ("flexgpu", "1g") in med and ("whole-only", "whole") in med:
-        print(
-            "flexgpu 1g / whole-only whole: "
-            f"{med[('flexgpu', '1g')] / med[('whole-only', 'whole')]:.2f}"
-        )
+    for publication in FLEXGPU_ORDERS:
+        if (publication, "1g") in med and ("whole-only", "whole") in med:
+            print(
+                f"{publication} 1g / whole-only whole: "
+                f"{med[(publication, '1g')] / med[('whole-only', 'whole')]:.2f}"
+            )
     if ("flexgpu", "1g") in med and ("nvidia-style", "1g") in med:
         print(
             "flexgpu 1g / NVIDIA-style 1g: "
@@ -234,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--pods", type=int, default=80)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--warmup", type=int, default=10, help="untimed pods before each publication's batches"
+    )
     parser.add_argument("--publications", type=lambda s: s.split(","), default=list(PUBLICATIONS))
     parser.add_argument("--max-minutes", type=float, default=20.0)
     args = parser.parse_args(argv)
