@@ -153,7 +153,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     agent = PolicyAgent(
         api, config.node_name, devices=devices, preparer=preparer, lock=lock, republish=republish
     )
-    preparer.on_unprepared = agent.poke
+    preparer.on_unprepared = agent.claim_unprepared
     agent.start()
     if mps_pods is not None:
         mps_pods.watch(

@@ -112,6 +112,9 @@ class PolicyAgent:
         # after a jittered delay of at most RETRY_S.
         self._loop = Loop("node-policy", self._step, interval_s, backoff=Backoff(1.0, RETRY_S))
         self._announced = False
+        # Whether a GPU waits for its claims to go (or a pass failed, or none has run yet):
+        # only then can an unprepare let a change proceed, so only then does it poke.
+        self._waiting = True
         self.passes = 0  # evaluations finished, for tests
 
     def start(self) -> None:
@@ -138,8 +141,14 @@ class PolicyAgent:
             self.poke()
 
     def poke(self) -> None:
-        """Re-evaluate soon (a claim was unprepared: a waiting change may proceed)."""
+        """Re-evaluate soon."""
         self._loop.poke()
+
+    def claim_unprepared(self) -> None:
+        """A claim was unprepared: a change waiting for its GPU may proceed now. Without one
+        waiting, a pass would find nothing to do (and cost CPU on every unprepare)."""
+        if self._waiting:
+            self.poke()
 
     def _step(self) -> None:
         # Until both copies are filled, "no policy" would only mean "not read yet": acting on
@@ -158,6 +167,8 @@ class PolicyAgent:
 
     # -- one pass ------------------------------------------------------------------------
     def reconcile_once(self) -> None:
+        # Until this pass has finished, an unprepare may be what a change waits for.
+        self._waiting = True
         policies = self._policies()
         node = self.node.get(self.node_name)
         if node is None:
@@ -170,6 +181,7 @@ class PolicyAgent:
             for policy in choice.conflict:
                 self._write_status(policy, {}, message)
             log.warning("%s", message)
+            self._waiting = False  # only a policy change (a watch event) can end a conflict
             return
         wants = self._wants(choice.policy, gpus)
         busy = self._busy_gpus()
@@ -187,6 +199,8 @@ class PolicyAgent:
         self._republish()
         if choice.policy is not None:
             self._write_status(choice.policy, statuses, "")
+        # A taint marks every GPU whose change is pending (busy or failed).
+        self._waiting = bool(taints)
 
     def _reconcile_gpu(
         self,

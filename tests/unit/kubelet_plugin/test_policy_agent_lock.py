@@ -107,3 +107,36 @@ def test_a_prepare_holding_the_gpu_lock_finishes_before_the_agent_changes_the_gp
     assert node.backend.list_mig_devices(GPU) == []
     (published,) = [d for d in node.devices.slice_devices() if d["name"] == f"gpu-{GPU}"]
     assert published["taints"][0]["value"] == "reconfiguring"
+
+
+def test_the_unprepare_of_the_last_user_lets_the_waiting_change_proceed(
+    node: Node, agent: PolicyAgent
+) -> None:
+    claim = node.table.add("whole-0", device(f"gpu-{GPU}"))
+    assert node.preparer.prepare([claim])[claim.uid].error == ""
+    node.preparer.on_unprepared = agent.claim_unprepared
+    agent.start()
+    wait_for(lambda: agent.passes >= 1, what="the agent's first pass")
+    assert not _mig_on(node)  # in use: the change waits
+    passes = agent.passes
+    assert node.preparer.unprepare([claim])[claim.uid].error == ""
+    wait_for(lambda: _mig_on(node), what="GPU 0 switched to MIG after its claim went")
+    assert agent.passes > passes
+    assert sorted(d.profile_name for d in node.backend.list_mig_devices(GPU)) == ["3g.40gb"] * 2
+
+
+def test_an_unprepare_with_nothing_waiting_costs_no_pass(node: Node, agent: PolicyAgent) -> None:
+    """Once every GPU is as its policy wants it, unprepares do not wake the agent: a pass
+    would find nothing to do, and the kubelet unprepares on every pod's end."""
+    claim = node.table.add("whole-3", device("gpu-3"))  # a GPU the policy does not change
+    node.preparer.on_unprepared = agent.claim_unprepared
+    agent.start()
+    wait_for(lambda: _mig_on(node), what="the policy applied to the idle GPU 0")
+    wait_for(lambda: agent.passes >= 1, what="the pass that applied it")
+    passes = agent.passes
+    for _ in range(5):
+        assert node.preparer.prepare([claim])[claim.uid].error == ""
+        assert node.preparer.unprepare([claim])[claim.uid].error == ""
+    agent.poke()  # a pass of its own, to be sure no earlier wake-up is still on its way
+    wait_for(lambda: agent.passes == passes + 1, what="the poked pass")
+    assert agent.passes == passes + 1

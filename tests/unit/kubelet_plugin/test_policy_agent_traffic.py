@@ -1,6 +1,6 @@
 """The node policy agent works from watched copies: after its first LIST of policies and of
-its Node, re-evaluating (every unprepare pokes it) sends nothing to the API server unless a
-status changes, and a policy or label change arrives through the watch."""
+its Node, re-evaluating (a poke, or an unprepare while a change waits) sends nothing to the
+API server unless a status changes, and a policy or label change arrives through the watch."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def agent(
         lock=PrepareLock(tmp_path / "data" / "lock"),
         republish=lambda: None,
     )
-    preparer.on_unprepared = running.poke
+    preparer.on_unprepared = running.claim_unprepared
     running.start()
     yield running
     running.stop()
@@ -98,7 +98,7 @@ def status_patches(api: FakeKubeApi) -> int:
     return api.sent.count(("PATCH", f"{POLICIES}/split/status"))
 
 
-def test_unprepare_re_evaluates_without_any_request(
+def test_re_evaluating_sends_no_request(
     api: FakeKubeApi, agent: PolicyAgent, parts: tuple[NodeDevices, ClaimPreparerImpl]
 ) -> None:
     devices, preparer = parts
@@ -110,7 +110,8 @@ def test_unprepare_re_evaluates_without_any_request(
     for i in range(20):
         passes = agent.passes
         preparer.unprepare([ClaimRef("ns", f"c{i}", f"u{i}")])
-        wait_for(lambda p=passes: agent.passes > p, what="a pass after the unprepare")
+        agent.poke()
+        wait_for(lambda p=passes: agent.passes > p, what="a pass after the poke")
     assert api.sent[sent:] == []
     assert [v for v, _ in api.sent].count("GET") == 2  # the two first LISTs, nothing since
 
