@@ -23,6 +23,7 @@ from flexgpu.driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.usage import GpuUsage, usage_from_processes
 
 
@@ -39,6 +40,8 @@ class GpuBackend(ABC):
             "set_time_slice",
             "start_mps_daemon",
             "stop_mps_daemon",
+            "start_mig_mps_daemon",
+            "stop_mig_mps_daemon",
         }
     )
 
@@ -102,8 +105,23 @@ class GpuBackend(ABC):
         """Stop the GPU's MPS daemon and restore the default compute mode; no-op if none."""
 
     @abstractmethod
+    def start_mig_mps_daemon(self, spec: MigMpsDaemonSpec) -> MpsDaemon:
+        """Start the MPS control daemon of a claim's MIG devices, or return the one already
+        running under ``spec.key``. It sees only ``spec.device_uuids`` and gets the claim's
+        limits as its defaults (``spec.control_commands()``). The parent GPU's compute mode
+        is left as it is: its other partitions belong to other claims. The daemon returned
+        has ``gpu_index`` = ``spec.parent_index`` and ``gpu_uuid`` = ``spec.key``.
+        NotFoundError when a UUID is not a MIG device of this node."""
+
+    @abstractmethod
+    def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
+        """Stop the MIG device daemon keyed by ``uuid``; no-op if none runs. Nothing else
+        changes on the parent GPU."""
+
+    @abstractmethod
     def mps_daemons(self) -> list[MpsDaemon]:
-        """MPS daemons running on this node's GPUs."""
+        """MPS daemons running on this node: one per whole GPU that has one, and one per
+        claim's MIG device set (``driver.mps_daemon_spec.serves_mig`` tells them apart)."""
 
     @abstractmethod
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:

@@ -45,6 +45,7 @@ from flexgpu.driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
 from flexgpu.driver.pci_address import normalize_pci_bus_id
@@ -580,10 +581,17 @@ class NvmlBackend(GpuBackend):
             return False
         return Path(f"/proc/{pid}").exists()
 
-    def _mps_command(self, daemon: MpsDaemon, index: int, action: str, *argv: str) -> None:
+    def _mps_command(
+        self,
+        daemon: MpsDaemon,
+        index: int,
+        action: str,
+        *argv: str,
+        visible: str | None = None,
+    ) -> None:
         env = [
             "env",
-            f"CUDA_VISIBLE_DEVICES={daemon.gpu_uuid}",
+            f"CUDA_VISIBLE_DEVICES={visible or daemon.gpu_uuid}",
             f"CUDA_MPS_PIPE_DIRECTORY={daemon.pipe_dir}",
             f"CUDA_MPS_LOG_DIRECTORY={daemon.log_dir}",
         ]
@@ -609,10 +617,13 @@ class NvmlBackend(GpuBackend):
         daemon = self._mps_daemon(index, uuid)
         if self._mps_alive(daemon):
             return daemon
-        Path(daemon.pipe_dir).mkdir(parents=True, exist_ok=True)
-        Path(daemon.log_dir).mkdir(parents=True, exist_ok=True)
-        Path(daemon.shm_dir).mkdir(parents=True, exist_ok=True)
         self.set_compute_mode(index, ComputeMode.EXCLUSIVE_PROCESS)
+        self._launch_mps(daemon, index, uuid)
+        return daemon
+
+    def _launch_mps(self, daemon: MpsDaemon, index: int, visible: str) -> None:
+        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
+            Path(folder).mkdir(parents=True, exist_ok=True)
         # The daemon gets a mount namespace of its own whose /dev/shm is the GPU's shm folder;
         # clients get the same folder at /dev/shm through their CDI mounts.
         script = f"mount --bind {daemon.shm_dir} /dev/shm && exec {self._mps_control} -d"
@@ -627,7 +638,35 @@ class NvmlBackend(GpuBackend):
             "sh",
             "-c",
             script,
+            visible=visible,
         )
+
+    def start_mig_mps_daemon(self, spec: MigMpsDaemonSpec) -> MpsDaemon:
+        live = {
+            m.uuid
+            for gpu in self.list_gpus()
+            for m in self.list_mig_devices(gpu.index)
+            if m.uuid is not None
+        }
+        missing = [u for u in spec.device_uuids if u not in live]
+        if missing:
+            raise NotFoundError(f"no MIG device {', '.join(missing)}: cannot start its MPS daemon")
+        daemon = self._mps_daemon(spec.parent_index, spec.key)
+        # No compute mode change: it is the parent GPU's, and its other partitions are
+        # other claims'.
+        if not self._mps_alive(daemon):
+            self._launch_mps(daemon, spec.parent_index, spec.visible_devices)
+        # Told again to an adopted daemon too: setting a default twice changes nothing.
+        for command in spec.control_commands():
+            self._mps_command(
+                daemon,
+                spec.parent_index,
+                "configure",
+                "sh",
+                "-c",
+                f"echo {command} | {self._mps_control}",
+                visible=spec.visible_devices,
+            )
         return daemon
 
     def stop_mps_daemon(self, index: int) -> None:
@@ -638,12 +677,22 @@ class NvmlBackend(GpuBackend):
             self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
         self.set_compute_mode(index, ComputeMode.DEFAULT)
 
+    def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
+        daemon = self._mps_daemon(parent_index, uuid)
+        if self._mps_alive(daemon):
+            self._mps_command(
+                daemon, parent_index, "stop", "sh", "-c", f"echo quit | {self._mps_control}"
+            )
+
     def mps_daemons(self) -> list[MpsDaemon]:
         running = []
         for gpu in self.list_gpus():
-            daemon = self._mps_daemon(gpu.index, gpu.uuid)
-            if self._mps_alive(daemon):
-                running.append(daemon)
+            # A MIG device daemon's folder is named after its first device's UUID.
+            keys = [gpu.uuid] + [m.uuid for m in self.list_mig_devices(gpu.index) if m.uuid]
+            for key in keys:
+                daemon = self._mps_daemon(gpu.index, key)
+                if self._mps_alive(daemon):
+                    running.append(daemon)
         return running
 
     # -- health and processes ------------------------------------------------------------

@@ -19,6 +19,7 @@ from flexgpu.driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 
 
 class ReadOnlyBackend(GpuBackend):
@@ -68,6 +69,12 @@ class ReadOnlyBackend(GpuBackend):
 
     def stop_mps_daemon(self, index: int) -> None:
         self._refuse("stop_mps_daemon")
+
+    def start_mig_mps_daemon(self, spec: MigMpsDaemonSpec) -> MpsDaemon:
+        self._refuse("start_mig_mps_daemon")
+
+    def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
+        self._refuse("stop_mig_mps_daemon")
 
     def mps_daemons(self) -> list[MpsDaemon]:
         return self._inner.mps_daemons()

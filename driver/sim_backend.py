@@ -41,11 +41,13 @@ from flexgpu.driver.gpu_model import (
     TimeSliceInterval,
 )
 from flexgpu.driver.mig_rules import check_mig_fit, gpu_instance_id_for
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.sim_faults import FaultPlan
 from flexgpu.driver.sim_state import (
     SimulatedGpuState,
     SimulatedMigInstance,
+    SimulatedMigMpsDaemon,
     SimulatedNodeState,
     SimulatedStateError,
     load_state,
@@ -302,6 +304,15 @@ class SimulatedBackend(GpuBackend):
                 raise NotFoundError(f"no GPU instance {gpu_instance_id} on GPU {index}")
             if any(p.gpu_instance_id == gpu_instance_id for p in self._processes.get(index, [])):
                 raise InUseError(f"processes are running on GPU instance {gpu_instance_id}")
+            # An MPS daemon's server holds a context on the devices it serves; NVML refuses
+            # to destroy an instance in use ("In use by another client").
+            for other in self._state.gpus:
+                for daemon in other.mig_mps:
+                    if instance.uuid in daemon.device_uuids:
+                        raise InUseError(
+                            f"GPU instance {gpu_instance_id} on GPU {index} ({instance.uuid}) "
+                            f"is in use by the MPS daemon of {daemon.device_uuids[0]}"
+                        )
             gpu.mig_instances.remove(instance)
             self._save()
 
@@ -336,11 +347,13 @@ class SimulatedBackend(GpuBackend):
             self._mps_root = Path(root)
         return self._mps_root
 
-    def _mps_daemon(self, index: int) -> MpsDaemon:
-        folder = self._mps_folder() / self._uuids[index]
+    def _mps_daemon(self, index: int, key: str | None = None) -> MpsDaemon:
+        """The daemon of GPU ``index``, or of the MIG devices keyed by ``key`` on it."""
+        uuid = key or self._uuids[index]
+        folder = self._mps_folder() / uuid
         return MpsDaemon(
             gpu_index=index,
-            gpu_uuid=self._uuids[index],
+            gpu_uuid=uuid,
             pipe_dir=str(folder / "pipe"),
             log_dir=str(folder / "log"),
             shm_dir=str(folder / "shm"),
@@ -370,13 +383,53 @@ class SimulatedBackend(GpuBackend):
                 gpu.compute_mode = ComputeMode.DEFAULT
                 self._save()
 
+    def start_mig_mps_daemon(self, spec: MigMpsDaemonSpec) -> MpsDaemon:
+        with self._lock:
+            self.faults.check("start_mig_mps_daemon")
+            parent = self._gpu(spec.parent_index)
+            daemon = self._mps_daemon(spec.parent_index, spec.key)
+            if any(d.device_uuids[0] == spec.key for d in parent.mig_mps):
+                return daemon  # adopted, as a restarted plugin finds it
+            live = {i.uuid for gpu in self._state.gpus if not gpu.lost for i in gpu.mig_instances}
+            missing = [u for u in spec.device_uuids if u not in live]
+            if missing:
+                raise NotFoundError(
+                    f"no MIG device {', '.join(missing)} on node {self._node_name}: cannot "
+                    "start its MPS daemon"
+                )
+            for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
+                Path(folder).mkdir(parents=True, exist_ok=True)
+            # No compute mode change: the parent's other partitions are other claims'.
+            parent.mig_mps.append(
+                SimulatedMigMpsDaemon(
+                    device_uuids=list(spec.device_uuids),
+                    active_thread_percentage=spec.active_thread_percentage,
+                    pinned_memory_mib=spec.pinned_by_uuid(),
+                )
+            )
+            parent.mps_starts += 1
+            self._save()
+            return daemon
+
+    def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
+        with self._lock:
+            self.faults.check("stop_mig_mps_daemon")
+            parent = self._gpu(parent_index)
+            kept = [d for d in parent.mig_mps if d.device_uuids[0] != uuid]
+            if len(kept) != len(parent.mig_mps):
+                parent.mig_mps = kept
+                self._save()
+
     def mps_daemons(self) -> list[MpsDaemon]:
         with self._lock:
-            return [
-                self._mps_daemon(i)
-                for i, gpu in enumerate(self._state.gpus)
-                if gpu.mps_running and not gpu.lost
-            ]
+            running = []
+            for i, gpu in enumerate(self._state.gpus):
+                if gpu.lost:
+                    continue
+                if gpu.mps_running:
+                    running.append(self._mps_daemon(i))
+                running += [self._mps_daemon(i, d.device_uuids[0]) for d in gpu.mig_mps]
+            return running
 
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
         self.faults.check("wait_health_event")
@@ -408,9 +461,20 @@ class SimulatedBackend(GpuBackend):
     # -- simulation controls (not part of GpuBackend) ------------------------------------
 
     def mps_starts(self, index: int) -> int:
-        """How often an MPS daemon was started on the GPU (adoption does not count)."""
+        """How often an MPS daemon was started on the GPU, its own or one of its MIG devices'
+        (adoption does not count)."""
         with self._lock:
             return self._gpu(index).mps_starts
+
+    def mig_mps_daemon(self, uuid: str) -> SimulatedMigMpsDaemon | None:
+        """What the MIG device daemon keyed by ``uuid`` was started with; ``None`` if none
+        runs."""
+        with self._lock:
+            for gpu in self._state.gpus:
+                for daemon in gpu.mig_mps:
+                    if daemon.device_uuids[0] == uuid:
+                        return daemon.model_copy(deep=True)
+            return None
 
     def time_slice(self, index: int) -> TimeSliceInterval:
         """The time slice last set; NVML offers no way to read it back, the simulator does."""

@@ -1,6 +1,6 @@
 """What the simulated hardware remembers across plugin restarts, as real GPUs do: MIG mode,
-MIG instances, compute mode, time slice, and GPUs that fell off the bus. Stored as JSON and
-replaced atomically after every change."""
+MIG instances, compute mode, time slice, MPS daemons, and GPUs that fell off the bus. Stored
+as JSON and replaced atomically after every change."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from flexgpu.driver.atomic_file import atomic_write_text
 from flexgpu.driver.gpu_model import ComputeMode, TimeSliceInterval
@@ -31,6 +38,15 @@ class SimulatedMigInstance(_State):
     uuid: str
 
 
+class SimulatedMigMpsDaemon(_State):
+    """An MPS control daemon of a claim's MIG devices on this GPU, with what it was started
+    with, so tests can read back which devices and limits it got."""
+
+    device_uuids: list[str]
+    active_thread_percentage: int | None = None
+    pinned_memory_mib: dict[str, int] = {}
+
+
 class SimulatedGpuState(_State):
     mig_enabled: bool = False
     compute_mode: ComputeMode = ComputeMode.DEFAULT
@@ -42,6 +58,17 @@ class SimulatedGpuState(_State):
     # A running MPS control daemon outlives the plugin, as the real one does.
     mps_running: bool = False
     mps_starts: int = 0
+    # Daemons of MIG devices whose first device (by UUID) is on this GPU.
+    mig_mps: list[SimulatedMigMpsDaemon] = []
+
+    @model_serializer(mode="wrap")
+    def _mig_mps_only_when_running(self, handler: SerializerFunctionWrapHandler) -> object:
+        # Left out while none runs, so an older plugin (a rollback) still reads the file:
+        # it forbids fields it does not know.
+        data = handler(self)
+        if isinstance(data, dict) and not self.mig_mps:
+            data.pop("mig_mps", None)
+        return data
 
 
 class SimulatedNodeState(_State):

@@ -21,6 +21,7 @@ from flexgpu.driver.gpu_model import (
     ProcessSample,
     TimeSliceInterval,
 )
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.usage import GpuUsage
 from flexgpu.kubelet_plugin import metrics
 
@@ -85,6 +86,18 @@ class ObservedBackend(GpuBackend):
         self._count(
             lambda result: metrics.mps_operation(self._node, "stop", result),
             lambda: self.inner.stop_mps_daemon(index),
+        )
+
+    def start_mig_mps_daemon(self, spec: MigMpsDaemonSpec) -> MpsDaemon:
+        return self._count(
+            lambda result: metrics.mps_operation(self._node, "start", result),
+            lambda: self.inner.start_mig_mps_daemon(spec),
+        )
+
+    def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
+        self._count(
+            lambda result: metrics.mps_operation(self._node, "stop", result),
+            lambda: self.inner.stop_mig_mps_daemon(parent_index, uuid),
         )
 
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:

@@ -14,6 +14,7 @@ from flexgpu.driver.backend import GpuBackend
 from flexgpu.driver.backend_errors import ReadOnlyViolationError
 from flexgpu.driver.gpu_model import ComputeMode, MigPlacement, TimeSliceInterval
 from flexgpu.driver.inventory import collect_inventory
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.readonly_backend import ReadOnlyBackend
 from flexgpu.driver.sim_backend import SimulatedBackend
 
@@ -85,6 +86,10 @@ def test_readonly_refuses_every_mutation_without_touching_the_backend() -> None:
         "set_time_slice": lambda: readonly.set_time_slice(0, TimeSliceInterval.LONG),
         "start_mps_daemon": lambda: readonly.start_mps_daemon(0),
         "stop_mps_daemon": lambda: readonly.stop_mps_daemon(0),
+        "start_mig_mps_daemon": lambda: readonly.start_mig_mps_daemon(
+            MigMpsDaemonSpec(0, ("MIG-0",))
+        ),
+        "stop_mig_mps_daemon": lambda: readonly.stop_mig_mps_daemon(0, "MIG-0"),
     }
     assert set(attempts) == GpuBackend.MUTATING_METHODS
     for name, attempt in attempts.items():

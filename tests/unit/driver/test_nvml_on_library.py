@@ -21,10 +21,12 @@ from conftest import LibraryNode
 from flexgpu.driver.backend_errors import (
     BackendUnavailableError,
     GpuBackendError,
+    NotFoundError,
     NotSupportedError,
     PermissionDeniedError,
 )
 from flexgpu.driver.gpu_model import MigPlacement, TimeSliceInterval
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from tests.nvml_library import ENV_DEV_DIR, REPO, library_dir
 
 
@@ -325,6 +327,52 @@ def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
     backend.stop_mps_daemon(0)
     assert calls[1][-3:] == ["sh", "-c", "echo quit | nvidia-cuda-mps-control"]
     assert backend.get_compute_mode(0).name == "DEFAULT"
+
+
+def test_mig_mps_daemon_sees_the_mig_devices_gets_the_limits_and_leaves_the_parent(
+    tmp_path: Path, library_node: LibraryNode
+) -> None:
+    calls: list[list[str]] = []
+    alive: dict[str, Path] = {}
+
+    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        env = dict(a.split("=", 1) for a in argv if "=" in a and a.startswith("CUDA_"))
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+        if argv[-1].endswith("-d"):
+            (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+            alive[pipe.parent.name] = pipe
+        if "echo quit" in argv[-1]:
+            (pipe / "nvidia-cuda-mps-control.pid").unlink()
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    backend, _ = library_node(_a100(), run_command=runner, mps_root=tmp_path / "mps")
+    first = backend.create_mig_device(0, 19, MigPlacement(start=0, size=1))
+    second = backend.create_mig_device(0, 19, MigPlacement(start=1, size=1))
+    uuids = tuple(sorted(u for u in (first.uuid, second.uuid) if u))
+    spec = MigMpsDaemonSpec(0, uuids, 40, (1024, None))
+    mode = backend.get_compute_mode(0)
+
+    daemon = backend.start_mig_mps_daemon(spec)
+
+    assert (daemon.gpu_index, daemon.gpu_uuid) == (0, uuids[0])
+    assert daemon.pipe_dir == str(tmp_path / "mps" / uuids[0] / "pipe")
+    start, *configure = calls
+    assert f"CUDA_VISIBLE_DEVICES={uuids[0]},{uuids[1]}" in start
+    assert start[-1].endswith("exec nvidia-cuda-mps-control -d")
+    assert [c[-1] for c in configure] == [
+        "echo set_default_active_thread_percentage 40 | nvidia-cuda-mps-control",
+        f"echo set_default_device_pinned_mem_limit {uuids[0]} 1024M | nvidia-cuda-mps-control",
+    ]
+    assert backend.get_compute_mode(0) == mode  # the parent's: other partitions share it
+    assert daemon in backend.mps_daemons()
+    backend.stop_mig_mps_daemon(0, uuids[0])
+    assert calls[-1][-1] == "echo quit | nvidia-cuda-mps-control"
+    assert backend.mps_daemons() == [] and backend.get_compute_mode(0) == mode
+    with pytest.raises(NotFoundError):
+        backend.start_mig_mps_daemon(
+            MigMpsDaemonSpec(0, ("MIG-00000000-0000-0000-0000-000000000000",))
+        )
 
 
 def test_gpu_usage_reads_device_figures(library_node: LibraryNode) -> None:
