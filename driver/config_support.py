@@ -1,7 +1,7 @@
 """What this version of the driver can carry out, beyond what the config's schema describes.
 
-The ``gpu.flexgpu.dev/v1alpha1`` schema keeps room for settings that prepare cannot apply yet
-(a MIG device shared by MPS). Admission and prepare both call
+The ``gpu.flexgpu.dev/v1alpha1`` schema may describe settings that prepare cannot apply.
+Admission and prepare both call
 ``unsupported_settings`` on every parsed config (through ``driver.config_resolution``), so a
 config that prepare would refuse is already refused when the claim is created, with the same
 text. Pure: no I/O.
@@ -15,7 +15,6 @@ from __future__ import annotations
 from flexgpu.driver.opaque_config import (
     ConfigProblem,
     GpuConfig,
-    MigConfig,
     OpaqueConfig,
     SharingStrategy,
     show_value,
@@ -26,19 +25,7 @@ from flexgpu.driver.user_text import shorten
 def unsupported_settings(config: OpaqueConfig) -> list[ConfigProblem]:
     """The settings of a valid ``config`` that prepare cannot apply; ``[]`` if none. Each
     problem names the field (from the root of ``parameters``), the value and what is
-    allowed."""
-    if isinstance(config, MigConfig):
-        strategy = config.effective_sharing.strategy
-        # TimeSlicing needs nothing set: a MIG device's processes are time-sliced by default
-        # and it has no interval of its own (NVIDIA's driver accepts it and sets nothing).
-        # MPS needs a control daemon per MIG device; not built yet.
-        if strategy is SharingStrategy.MPS:
-            detail = (
-                f"{show_value(strategy.value)} is not supported on MIG devices yet; "
-                f"allowed: {SharingStrategy.EXCLUSIVE.value}, "
-                f"{SharingStrategy.TIME_SLICING.value}"
-            )
-            return [ConfigProblem(("sharing", "strategy"), detail)]
+    allowed. Every sharing strategy of both kinds is carried out at present."""
     return []
 
 

@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from flexgpu.driver.atomic_file import atomic_write_bytes
 
@@ -114,14 +121,34 @@ class MigInstanceRecord(_Record):
 
 
 class MpsShareRecord(_Record):
-    """Per-claim MPS limits applied on a shared GPU."""
+    """The MPS daemon a claim's clients use and the limits they got.
+
+    Whole GPU: the GPU's daemon, shared by every claim on it, stopped with its last claim.
+    MIG (``mig``): a daemon of the claim's own over its MIG devices (``devices``, by name),
+    keyed by the first of their UUIDs (``gpu_uuids``, in UUID order: ordinal ``i`` of
+    ``pinned_memory_limits`` is ``gpu_uuids[i]``). Those UUIDs are recorded once prepare
+    knows them; until then (a partition not created yet) undo finds the daemon through the
+    record's MIG instances."""
 
     gpu_uuids: list[str]
-    # The GPU whose MPS daemon serves the claim; the daemon stops with its last claim.
+    # The GPU whose daemon serves the claim (for MIG, the parent of gpu_uuids[0]).
     gpu_index: int | None = None
     pipe_dir: str | None = None
     active_thread_percentage: int | None = None
     pinned_memory_limits: dict[str, str] = Field(default_factory=dict)
+    mig: bool = False
+    devices: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _only_mig_fields_in_use(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A whole-GPU share is written as plugins before MIG MPS wrote it, so its record
+        # (and checksum) is unchanged and any plugin of this schema reads it as it did.
+        data = handler(self)
+        if isinstance(data, dict) and not self.mig:
+            if not data.get("devices"):
+                data.pop("devices", None)
+            data.pop("mig", None)
+        return data
 
 
 class CreatedResources(_Record):

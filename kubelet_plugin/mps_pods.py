@@ -12,13 +12,22 @@ started again and a Warning Event on the Node says so.
 The pod runs ``nvidia-cuda-mps-control -f`` (foreground) from the driver root, with only the
 driver's NVIDIA libraries on ``LD_LIBRARY_PATH`` (a folder of links the plugin keeps under the
 MPS root), so the host's other libraries never mix with the image's.
+
+A claim's MIG devices shared with MPS get a pod of their own (``start_mig``), named after the
+first device's UUID and seeing only the claim's MIG devices (``CUDA_VISIBLE_DEVICES``); the
+parent GPU's compute mode is left alone. Once the daemon serves, the plugin tells it the
+claim's limits on its control pipe (``set_default_*``, as NVIDIA's daemon template does); the
+pod's annotations keep what it was started with, so a daemon that ended is started again the
+same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +38,7 @@ from flexgpu.driver.backend_errors import GpuBackendError
 from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
 from flexgpu.driver.loop import Loop
+from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec, serves_mig
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
@@ -38,6 +48,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "mps-control-daemon"
 GPU_INDEX_LABEL = "gpu.flexgpu.dev/gpu-index"
 GPU_UUID_ANNOTATION = "gpu.flexgpu.dev/gpu-uuid"
+# A MIG device daemon's devices and limits (JSON), to start it again as it was.
+MIG_SPEC_ANNOTATION = "gpu.flexgpu.dev/mig-mps"
 CONTROL = "usr/bin/nvidia-cuda-mps-control"
 TERMINATED = frozenset({"Succeeded", "Failed"})
 DEFAULT_RESOURCES: Mapping[str, Any] = {
@@ -66,6 +78,7 @@ class MpsDaemonPods:
         events: NodeEventSink | None = None,
         resources: Mapping[str, Any] = DEFAULT_RESOURCES,
         ready_timeout_s: float = 60.0,
+        run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
     ) -> None:
         self._api = api
         self._backend = backend
@@ -83,41 +96,105 @@ class MpsDaemonPods:
         self._ready_timeout_s = ready_timeout_s
         self._node_uid: str | None = None
         self._loop: Loop | None = None
+        # Runs the driver root's control program as a client of a daemon (its limits).
+        self._run = run
 
     # -- MpsDaemons ----------------------------------------------------------------------
     def start(self, index: int) -> MpsDaemon:
-        uuid = self._uuid(index)
-        daemon = self._daemon(index, uuid)
-        pod = self._get(pod_name(uuid))
-        if pod is not None and _phase(pod) not in TERMINATED:
+        daemon = self._daemon(index, self._uuid(index))
+        if self._create(daemon, lambda: self._pod(daemon), ComputeMode.EXCLUSIVE_PROCESS):
+            log.info(
+                "MPS daemon pod %s/%s created for GPU %d",
+                self._namespace,
+                pod_name(daemon.gpu_uuid),
+                index,
+            )
+        return daemon
+
+    def start_mig(self, spec: MigMpsDaemonSpec) -> MpsDaemon:
+        daemon = self._daemon(spec.parent_index, spec.key)
+        # No compute mode: the parent GPU's other partitions belong to other claims.
+        if self._create(daemon, lambda: self._pod(daemon, spec), None):
+            log.info(
+                "MPS daemon pod %s/%s created for MIG devices %s",
+                self._namespace,
+                pod_name(spec.key),
+                spec.visible_devices,
+            )
+        # Told again to an adopted daemon too: setting a default twice changes nothing.
+        self._configure(daemon, spec)
+        return daemon
+
+    def _create(
+        self, daemon: MpsDaemon, pod: Callable[[], dict[str, Any]], mode: ComputeMode | None
+    ) -> bool:
+        """Starts the daemon's pod unless it runs (then it is adopted), and waits until it
+        serves; whether a pod was created."""
+        existing = self._get(pod_name(daemon.gpu_uuid))
+        if existing is not None and _phase(existing) not in TERMINATED:
             self._wait_ready(daemon)
-            return daemon
-        if pod is not None:
-            self._restarted(daemon, pod)
+            return False
+        if existing is not None:
+            self._restarted(daemon, existing)
         for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
             Path(folder).mkdir(parents=True, exist_ok=True)
         # A control pipe left by a daemon that died would look like a live one.
         with contextlib.suppress(FileNotFoundError):
             (Path(daemon.pipe_dir) / "control").unlink()
-        self._backend.set_compute_mode(index, ComputeMode.EXCLUSIVE_PROCESS)
+        if mode is not None:
+            self._backend.set_compute_mode(daemon.gpu_index, mode)
         self._api.request(
             "POST",
             path_of("api", "v1", "namespaces", self._namespace, "pods"),
-            body=self._pod(daemon),
+            body=pod(),
         )
-        log.info("MPS daemon pod %s/%s created for GPU %d", self._namespace, pod_name(uuid), index)
         self._wait_ready(daemon)
-        return daemon
+        return True
+
+    def _configure(self, daemon: MpsDaemon, spec: MigMpsDaemonSpec) -> None:
+        """Sends the claim's limits to the daemon, one command per call as NVIDIA's template
+        does, through the driver root's control program used as a client."""
+        env = {
+            "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
+            "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
+            "LD_LIBRARY_PATH": os.fspath(self._library_dir()),
+        }
+        program = os.fspath(self._driver_root / CONTROL)
+        for command in spec.control_commands():
+            try:
+                done = self._run(
+                    [program],
+                    input=command + "\n",
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=False,
+                )
+            except (OSError, subprocess.SubprocessError) as err:
+                raise GpuBackendError(
+                    f"cannot tell the MPS daemon of {spec.key} {command!r}: {err}"
+                ) from None
+            if done.returncode != 0:
+                output = (done.stderr or done.stdout or "").strip()
+                raise GpuBackendError(
+                    f"MPS daemon of {spec.key} refused {command!r} (exit code "
+                    f"{done.returncode}): {output}; its log is in {daemon.log_dir}"
+                )
 
     def stop(self, index: int) -> None:
-        uuid = self._uuid(index)
-        name = pod_name(uuid)
+        self._remove(pod_name(self._uuid(index)))
+        self._backend.set_compute_mode(index, ComputeMode.DEFAULT)
+
+    def stop_mig(self, parent_index: int, uuid: str) -> None:
+        self._remove(pod_name(uuid))
+
+    def _remove(self, name: str) -> None:
         with contextlib.suppress(ApiError):
             self._delete(name)
         deadline = time.monotonic() + self._ready_timeout_s
         while self._get(name) is not None and time.monotonic() < deadline:
             time.sleep(0.1)
-        self._backend.set_compute_mode(index, ComputeMode.DEFAULT)
 
     def running(self) -> list[MpsDaemon]:
         daemons = []
@@ -160,18 +237,51 @@ class MpsDaemonPods:
         in_use: Callable[[], set[int]],
         locked: Callable[[int], contextlib.AbstractContextManager[None]],
     ) -> list[int]:
-        ended = {
-            int(p["metadata"]["labels"][GPU_INDEX_LABEL])
-            for p in self._pods()
-            if _phase(p) in TERMINATED
-        }
+        """Starts again the ended daemons that claims use: a whole GPU's while a share on it
+        is prepared, a MIG device daemon while its devices still exist (its claim's
+        unprepare deletes the pod under the same lock, so a pod still there is still its
+        claim's). Returns the GPU indices (for MIG, the parents) of what was started."""
+        ended = [p for p in self._pods() if _phase(p) in TERMINATED]
+        whole = {_index_of(p) for p in ended if not _serves_mig(p)}
         restarted = []
-        for index in sorted(ended & in_use()):
+        for index in sorted(whole & in_use()):
             with locked(index):
-                if index in in_use():  # its last share may have gone meanwhile
+                # Its last share may have gone meanwhile; and a GPU in MIG mode is in use for
+                # its MIG devices' daemons only: its own would take it exclusive.
+                if index in in_use() and not self._in_mig_mode(index):
                     self.start(index)
                     restarted.append(index)
+        for pod in ended:
+            spec = _mig_spec(pod)
+            if spec is None or spec.parent_index not in in_use():
+                continue
+            with locked(spec.parent_index):
+                if self._restart_mig(pod["metadata"]["name"], spec):
+                    restarted.append(spec.parent_index)
         return restarted
+
+    def _in_mig_mode(self, index: int) -> bool:
+        try:
+            return self._backend.get_mig_mode(index).current
+        except GpuBackendError:  # no MIG on this GPU (NotSupportedError), or it is gone
+            return False
+
+    def _restart_mig(self, name: str, spec: MigMpsDaemonSpec) -> bool:
+        current = self._get(name)
+        if current is None or _phase(current) not in TERMINATED:
+            return False  # unprepared meanwhile, or started again already
+        live = {
+            m.uuid
+            for gpu in self._backend.list_gpus()
+            for m in self._backend.list_mig_devices(gpu.index)
+            if m.uuid is not None
+        }
+        if not set(spec.device_uuids) <= live:
+            # Its partitions are gone: a leftover of a claim whose pod delete failed.
+            self._remove(name)
+            return False
+        self.start_mig(spec)
+        return True
 
     def close(self) -> None:
         if self._loop is not None:
@@ -180,8 +290,13 @@ class MpsDaemonPods:
     # -- helpers -------------------------------------------------------------------------
     def _restarted(self, daemon: MpsDaemon, pod: Mapping[str, Any]) -> None:
         why = _ended_how(pod)
+        what = (
+            f"MIG device {daemon.gpu_uuid} on GPU {daemon.gpu_index}"
+            if serves_mig(daemon)
+            else f"GPU {daemon.gpu_index} ({daemon.gpu_uuid})"
+        )
         message = (
-            f"MPS control daemon of GPU {daemon.gpu_index} ({daemon.gpu_uuid}) ended ({why}); "
+            f"MPS control daemon of {what} ended ({why}); "
             f"started it again as pod {self._namespace}/{pod['metadata']['name']}. Its clients "
             "must reconnect."
         )
@@ -244,10 +359,13 @@ class MpsDaemonPods:
                 temp.replace(link)
         return folder
 
-    def _pod(self, daemon: MpsDaemon) -> dict[str, Any]:
+    def _pod(self, daemon: MpsDaemon, mig: MigMpsDaemonSpec | None = None) -> dict[str, Any]:
         mps = os.fspath(self._root)
+        annotations = {GPU_UUID_ANNOTATION: daemon.gpu_uuid}
+        if mig is not None:
+            annotations[MIG_SPEC_ANNOTATION] = _spec_text(mig)
         env = {
-            "CUDA_VISIBLE_DEVICES": daemon.gpu_uuid,
+            "CUDA_VISIBLE_DEVICES": mig.visible_devices if mig else daemon.gpu_uuid,
             "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
             "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
             "LD_LIBRARY_PATH": os.fspath(self._library_dir()),
@@ -263,7 +381,7 @@ class MpsDaemonPods:
                     COMPONENT_LABEL: COMPONENT,
                     GPU_INDEX_LABEL: str(daemon.gpu_index),
                 },
-                "annotations": {GPU_UUID_ANNOTATION: daemon.gpu_uuid},
+                "annotations": annotations,
                 "ownerReferences": [
                     {
                         "apiVersion": "v1",
@@ -353,6 +471,46 @@ class MpsDaemonPods:
             },
         )
         return list(listed.get("items", []))
+
+
+def _index_of(pod: Mapping[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][GPU_INDEX_LABEL])
+
+
+def _serves_mig(pod: Mapping[str, Any]) -> bool:
+    uuid = (pod["metadata"].get("annotations") or {}).get(GPU_UUID_ANNOTATION, "")
+    return str(uuid).startswith(MIG_UUID_PREFIX)
+
+
+def _spec_text(spec: MigMpsDaemonSpec) -> str:
+    return json.dumps(
+        {
+            "parentIndex": spec.parent_index,
+            "devices": list(spec.device_uuids),
+            "activeThreadPercentage": spec.active_thread_percentage,
+            "pinnedMemoryMiB": list(spec.pinned_memory_mib),
+        },
+        sort_keys=True,
+    )
+
+
+def _mig_spec(pod: Mapping[str, Any]) -> MigMpsDaemonSpec | None:
+    """What a MIG device daemon's pod was started with; ``None`` for a whole GPU's pod (or an
+    annotation no plugin wrote)."""
+    text = (pod.get("metadata", {}).get("annotations") or {}).get(MIG_SPEC_ANNOTATION)
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return MigMpsDaemonSpec(
+            parent_index=int(data["parentIndex"]),
+            device_uuids=tuple(data["devices"]),
+            active_thread_percentage=data.get("activeThreadPercentage"),
+            pinned_memory_mib=tuple(data.get("pinnedMemoryMiB") or ()),
+        )
+    except (ValueError, KeyError, TypeError):
+        log.warning("MPS daemon pod %s: unreadable %s", pod["metadata"]["name"], text)
+        return None
 
 
 def _phase(pod: Mapping[str, Any]) -> str:

@@ -28,8 +28,10 @@ from flexgpu.driver.cdi import (
     spec_file_name,
 )
 from flexgpu.driver.claim_results import AllocatedDevice, ClaimResultError
-from flexgpu.driver.gpu_model import MigDevice, TimeSliceInterval
+from flexgpu.driver.gpu_model import MigDevice, MpsDaemon, TimeSliceInterval
 from flexgpu.driver.log_format import claim_fields
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec, serves_mig
+from flexgpu.driver.mps_limits import PinnedLimitError
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.kubelet_plugin.checkpoint import (
@@ -57,6 +59,7 @@ from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
 from flexgpu.kubelet_plugin.sharing import (
     SharingError,
     SharingPlan,
+    mig_mps_env,
     mps_env,
     mps_mounts,
     plan_sharing,
@@ -273,9 +276,9 @@ class ClaimPreparerImpl:
                 self._store.delete(existing.uid)
             prepared, cdi_devices = self._carry_out(claim, ours, plan, others)
         if self._status is not None:
-            self._status.prepared(
-                claim.namespace, claim.name, claim.uid, self._device_status(ours, cdi_devices, plan)
-            )
+            share = prepared.created.mps_share
+            status = self._device_status(ours, cdi_devices, plan, share)
+            self._status.prepared(claim.namespace, claim.name, claim.uid, status)
         log.info(
             "prepared claim %s/%s: %s",
             claim.namespace,
@@ -307,13 +310,16 @@ class ClaimPreparerImpl:
         try:
             materialised = [self._materialise(d) for d in _one_per_device(ours)]
             self._step("after-devices-created", claim.uid)
-            cdi_devices = self._apply_sharing(plan, [cdi for cdi, _ in materialised])
+            cdi_devices, mig_share = self._apply_sharing(
+                claim, plan, [cdi for cdi, _ in materialised]
+            )
+            self._step("after-mps-started", claim.uid)
             self._write_spec(claim, cdi_devices)
             self._step("after-cdi-written", claim.uid)
-            created = [mig for _, mig in materialised if mig is not None]
-            prepared = record.model_copy(
-                update={"state": ClaimState.PREPARED, "created": _with_ids(record.created, created)}
-            )
+            created = _with_ids(record.created, [mig for _, mig in materialised if mig])
+            if mig_share is not None:
+                created = created.model_copy(update={"mps_share": mig_share})
+            prepared = record.model_copy(update={"state": ClaimState.PREPARED, "created": created})
             self._put(prepared)
         except BaseException:
             # Half-way failure: take back what was done, so nothing is left and a retry
@@ -325,7 +331,20 @@ class ClaimPreparerImpl:
 
     def _intended(self, claim: ClaimView, plan: SharingPlan) -> CreatedResources:
         mps = None
-        if plan.mps is not None:
+        if plan.mig_mps is not None:
+            # The daemon's UUIDs come once the devices exist (_apply_sharing); until then undo
+            # finds it through the devices' names and the record's MIG instances.
+            mps = MpsShareRecord(
+                gpu_uuids=[],
+                mig=True,
+                devices=list(plan.mig_mps.devices),
+                active_thread_percentage=(
+                    plan.mig_mps.config.defaultActiveThreadPercentage
+                    if plan.mig_mps.config
+                    else None
+                ),
+            )
+        elif plan.mps is not None:
             gpu = self.devices.gpus_by_index().get(plan.mps.gpu_index)
             mps = MpsShareRecord(
                 gpu_uuids=[gpu.uuid] if gpu else [],
@@ -349,6 +368,7 @@ class ClaimPreparerImpl:
         ours: Sequence[AllocatedDevice],
         cdi_devices: Sequence[CdiDevice],
         plan: SharingPlan,
+        record_share: MpsShareRecord | None = None,
     ) -> list[DeviceStatus]:
         """What the user sees in the claim's status for each device."""
         result = []
@@ -365,7 +385,10 @@ class ClaimPreparerImpl:
                 data["placement"] = {"start": part.placement.start, "size": part.placement.size}
             if allocated.share_id is not None:
                 data["granted"] = allocated.consumed_texts()
-            if plan.mps is not None:
+            mig_mps = _mig_mps_status(record_share, cdi.uuid)
+            if mig_mps is not None:
+                data["mps"] = mig_mps
+            elif plan.mps is not None:
                 data["mps"] = {
                     k: v
                     for k, v in (
@@ -426,10 +449,13 @@ class ClaimPreparerImpl:
         if self.devices.partition(allocated.device) is None:
             self._device(allocated)
 
-    def _apply_sharing(self, plan: SharingPlan, devices: list[CdiDevice]) -> list[CdiDevice]:
+    def _apply_sharing(
+        self, claim: ClaimView, plan: SharingPlan, devices: list[CdiDevice]
+    ) -> tuple[list[CdiDevice], MpsShareRecord | None]:
         """Sets what the plan says on the GPUs and hands each device its part: the time-slice
         it runs under (told to the workload and to a rebuild after a lost checkpoint), the MPS
-        daemon's folders and the claim's limits."""
+        daemon's folders and the claim's limits. For MIG devices under MPS it also returns
+        the completed share record: the daemon's UUIDs and limits, known only now."""
         backend = self.devices.backend
         for index, interval in plan.time_slices.items():
             backend.set_time_slice(index, interval)
@@ -438,12 +464,28 @@ class ClaimPreparerImpl:
         if plan.mps is not None:
             daemon = self.mps.start(plan.mps.gpu_index)
             env, mounts = mps_env(daemon, plan.mps), mps_mounts(daemon)
+        mig_share = None
+        served: set[str] = set()
+        if plan.mig_mps is not None:
+            spec = self._mig_mps_spec(claim, plan, devices)
+            daemon = self.mps.start_mig(spec)
+            log.info(
+                "MPS daemon %s started for %s",
+                spec.key,
+                ", ".join(plan.mig_mps.devices),
+                extra=claim_fields(claim.namespace, claim.name, claim.uid),
+            )
+            env, mounts = mig_mps_env(daemon, spec), mps_mounts(daemon)
+            served = set(plan.mig_mps.devices)
+            mig_share = _mig_share_record(plan.mig_mps.devices, spec, daemon)
         result = []
         for device in devices:
             gpu = self.devices.gpu(device.device_name)
             where = gpu.index if gpu is not None else -1
             runs_under = plan.time_slices.get(where)
-            on_mps = plan.mps is not None and where == plan.mps.gpu_index
+            on_mps = device.device_name in served or (
+                plan.mps is not None and where == plan.mps.gpu_index
+            )
             result.append(
                 device.with_sharing(
                     env if on_mps else {},
@@ -451,7 +493,23 @@ class ClaimPreparerImpl:
                     str(runs_under) if runs_under is not None else None,
                 )
             )
-        return result
+        return result, mig_share
+
+    def _mig_mps_spec(
+        self, claim: ClaimView, plan: SharingPlan, devices: Sequence[CdiDevice]
+    ) -> MigMpsDaemonSpec:
+        assert plan.mig_mps is not None
+        uuids = {d.device_name: d.uuid for d in devices}
+        parents = {}
+        for name in plan.mig_mps.devices:
+            gpu = self.devices.gpu(name)
+            if gpu is None or name not in uuids:
+                raise PrepareError(f"MIG device {name} is not on node {self.node_name}")
+            parents[name] = gpu.index
+        try:
+            return plan.mig_mps.spec(uuids, parents)
+        except PinnedLimitError as err:  # a UUID key checked only now the UUIDs are known
+            raise PrepareError(f"claim {claim.namespace}/{claim.name}: {err}") from None
 
     def _step(self, step: str, uid: str) -> None:
         if self.on_step is not None:
@@ -542,6 +600,11 @@ class ClaimPreparerImpl:
                 backend.set_time_slice, int(index), TimeSliceInterval.DEFAULT
             ):
                 done.append(f"reset time-slice of gpu-{index} to Default")
+        # A MIG device's daemon holds it: stopped before its partition is destroyed.
+        stopped = self._stop_mig_daemon(record, others)
+        if stopped:
+            done += stopped
+            self._step("undo-mps-stopped", record.uid)
         for instance in record.created.mig_instances:
             try:
                 destroyed = self._destroy_partition(instance)
@@ -551,22 +614,55 @@ class ClaimPreparerImpl:
             if destroyed:
                 done.append(f"destroyed MIG instance {destroyed}")
         share = record.created.mps_share
-        gpu_in_use = share is not None and any(
-            r.created.mps_share and r.created.mps_share.gpu_index == share.gpu_index for r in others
+        if share is None or share.mig:
+            return done
+        gpu_in_use = any(
+            r.created.mps_share
+            and not r.created.mps_share.mig
+            and r.created.mps_share.gpu_index == share.gpu_index
+            for r in others
         )
-        if share is not None and share.gpu_index is not None and not gpu_in_use:
-            running = {d.gpu_index for d in self.mps.running()}
+        if share.gpu_index is not None and not gpu_in_use:
+            running = {d.gpu_index for d in self.mps.running() if not serves_mig(d)}
             if _ignore_lost_gpu(self.mps.stop, share.gpu_index) and (share.gpu_index in running):
                 done.append(f"stopped the MPS daemon of gpu-{share.gpu_index}")
         return done
 
-    def _destroy_partition(self, record: MigInstanceRecord) -> str:
-        """Destroys the recorded instance: by UUID once prepare has recorded it, else (a
-        crash before that) by profile and placement. Returns what it destroyed, or ''."""
+    def _stop_mig_daemon(self, record: ClaimRecord, others: Iterable[ClaimRecord]) -> list[str]:
+        """Stops the daemon of the record's MIG devices, wherever prepare got to: keyed by one
+        of their UUIDs, which the record holds once prepare knew them, and which a partition
+        created before the record was completed shows on the hardware."""
+        share = record.created.mps_share
+        if share is None or not share.mig:
+            return []
+        candidates = set(share.gpu_uuids)
+        for name in share.devices:
+            static = self.devices.resolve(name)  # None for a partition prepare creates
+            if static is not None:
+                candidates.add(static.uuid)
+        for instance in record.created.mig_instances:
+            live = self._live_instance(instance)
+            if live is not None and live.uuid is not None:
+                candidates.add(live.uuid)
+        # No other claim holds these devices; an admin-access claim's record might name them.
+        held = {u for r in others if r.created.mps_share for u in r.created.mps_share.gpu_uuids}
+        done = []
+        for daemon in self.mps.running():
+            ours = serves_mig(daemon) and daemon.gpu_uuid in candidates - held
+            if ours and _ignore_lost_gpu(self.mps.stop_mig, daemon.gpu_index, daemon.gpu_uuid):
+                done.append(f"stopped the MPS daemon of MIG device {daemon.gpu_uuid}")
+        return done
+
+    def _live_instance(self, record: MigInstanceRecord) -> MigDevice | None:
+        """The instance a record names: by UUID once prepare recorded it, else (a crash
+        before that) by profile and placement."""
         if record.parent_index is None:
-            return ""
-        backend = self.devices.backend
-        for instance in backend.list_mig_devices(record.parent_index):
+            return None
+        try:
+            instances = self.devices.backend.list_mig_devices(record.parent_index)
+        except (GpuLostError, NotFoundError):
+            return None
+        for instance in instances:
             if record.uuid is not None:
                 match = instance.uuid == record.uuid
             else:
@@ -574,14 +670,22 @@ class ClaimPreparerImpl:
                     record.profile_id is None or instance.profile_id == record.profile_id
                 )
             if match:
-                backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
-                what = (
-                    f"{record.profile}@{record.placement_start} on gpu-{record.parent_index}"
-                    f" ({instance.uuid})"
-                )
-                log.info("destroyed MIG instance %s", what)
-                return what
-        return ""
+                return instance
+        return None
+
+    def _destroy_partition(self, record: MigInstanceRecord) -> str:
+        """Destroys the recorded instance (found as ``_live_instance`` finds it). Returns
+        what it destroyed, or ''."""
+        instance = self._live_instance(record)
+        if instance is None or record.parent_index is None:
+            return ""
+        self.devices.backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
+        what = (
+            f"{record.profile}@{record.placement_start} on gpu-{record.parent_index}"
+            f" ({instance.uuid})"
+        )
+        log.info("destroyed MIG instance %s", what)
+        return what
 
 
 def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> bool:
@@ -612,6 +716,35 @@ def _with_ids(created: CreatedResources, devices: Sequence[MigDevice]) -> Create
             )
         records.append(intended)
     return created.model_copy(update={"mig_instances": records})
+
+
+def _mig_share_record(
+    devices: Sequence[str], spec: MigMpsDaemonSpec, daemon: MpsDaemon
+) -> MpsShareRecord:
+    return MpsShareRecord(
+        gpu_uuids=list(spec.device_uuids),
+        gpu_index=spec.parent_index,
+        pipe_dir=daemon.pipe_dir,
+        active_thread_percentage=spec.active_thread_percentage,
+        pinned_memory_limits={
+            str(i): f"{mib}Mi" for i, mib in enumerate(spec.pinned_memory_mib) if mib is not None
+        },
+        mig=True,
+        devices=list(devices),
+    )
+
+
+def _mig_mps_status(share: MpsShareRecord | None, uuid: str) -> dict[str, Any] | None:
+    """The MPS limits a MIG device's clients got, as its share record holds them."""
+    if share is None or not share.mig or uuid not in share.gpu_uuids:
+        return None
+    data: dict[str, Any] = {}
+    if share.active_thread_percentage is not None:
+        data["activeThreadPercentage"] = share.active_thread_percentage
+    pinned = share.pinned_memory_limits.get(str(share.gpu_uuids.index(uuid)))
+    if pinned is not None:
+        data["pinnedDeviceMemoryLimit"] = pinned
+    return data
 
 
 def _add(totals: dict[str, int], amounts: Mapping[str, int]) -> None:

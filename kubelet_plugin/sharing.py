@@ -1,19 +1,32 @@
-"""How a claim's devices are shared: time-slicing, MPS on whole GPUs, and MPS-enforced
-fractions of shared GPUs. Turns the claim's opaque configs and the scheduler's grants into a
-plan the preparer carries out and records."""
+"""How a claim's devices are shared: time-slicing, MPS on whole GPUs and on MIG devices, and
+MPS-enforced fractions of shared GPUs. Turns the claim's opaque configs and the scheduler's
+grants into a plan the preparer carries out and records."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.config_resolution import ConfigResolutionError, resolve_configs
 from flexgpu.driver.config_support import unsupported_on_device
 from flexgpu.driver.gpu_model import GpuInfo, MpsDaemon, TimeSliceInterval
-from flexgpu.driver.mps_limits import ConfiguredDevice, PinnedLimitError, pinned_memory_limits
-from flexgpu.driver.opaque_config import GpuConfig, MigConfig, OpaqueConfigError, SharingStrategy
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
+from flexgpu.driver.mps_limits import (
+    ConfiguredDevice,
+    PinnedLimitError,
+    pinned_memory_limits,
+    unmatched_keys,
+)
+from flexgpu.driver.opaque_config import (
+    GpuConfig,
+    MigConfig,
+    MpsConfig,
+    OpaqueConfigError,
+    SharingStrategy,
+)
+from flexgpu.driver.quantity import Quantity
 from flexgpu.driver.user_text import shorten
 from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
@@ -34,10 +47,40 @@ class MpsClient:
     pinned_memory_mib: int | None
 
 
+@dataclass(frozen=True)
+class MigMps:
+    """The claim's MIG devices shared with MPS: one daemon of the claim's own serves them.
+    Its limits are worked out once the devices have UUIDs (``spec``): NVIDIA's per-device
+    keys index the devices in UUID order, and a partition prepare creates gets its UUID
+    only then."""
+
+    devices: tuple[str, ...]  # device names, each once
+    config: MpsConfig | None
+
+    def spec(self, uuids: Mapping[str, str], parents: Mapping[str, int]) -> MigMpsDaemonSpec:
+        """What the daemon is started with, given each device's UUID and parent GPU index.
+        Raises ``PinnedLimitError`` as ``pinned_memory_limits`` does."""
+        order = sorted(self.devices, key=lambda name: uuids[name])
+        mps = self.config
+        pinned: tuple[int | None, ...] = ()
+        if mps is not None:
+            limits = pinned_memory_limits(mps, [ConfiguredDevice(n, uuids[n]) for n in order])
+            pinned = tuple(_mib(limits[name]) for name in order)
+            if all(p is None for p in pinned):
+                pinned = ()
+        return MigMpsDaemonSpec(
+            parent_index=parents[order[0]],
+            device_uuids=tuple(uuids[name] for name in order),
+            active_thread_percentage=mps.defaultActiveThreadPercentage if mps else None,
+            pinned_memory_mib=pinned,
+        )
+
+
 @dataclass
 class SharingPlan:
     time_slices: dict[int, TimeSliceInterval] = field(default_factory=dict)
     mps: MpsClient | None = None
+    mig_mps: MigMps | None = None
     # Per device name: what was granted (memory MiB, compute %), for status and checks.
     shares: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -53,6 +96,8 @@ def plan_sharing(
     clients: list[MpsClient] = []
     # Whole GPUs under MPS, per config: NVIDIA's per-device keys index the config's devices.
     mps_groups: dict[int, list[tuple[GpuConfig, AllocatedDevice, GpuInfo]]] = {}
+    # MIG devices under MPS, per config: each config would need a daemon of its own.
+    mig_groups: dict[int, tuple[MigConfig, dict[str, None]]] = {}
     for allocated in ours:
         gpu = devices.gpu(allocated.device)
         if gpu is None:
@@ -75,8 +120,10 @@ def plan_sharing(
             raise SharingError(f"claim {_claim_name(claim)}: {'; '.join(problems)}")
         if isinstance(config, MigConfig):
             # Exclusive and TimeSlicing leave the device as it is (a MIG device has no
-            # time-slice setting); MPS was refused by resolve_configs (driver.config_support),
-            # exactly as admission refuses it.
+            # time-slice setting, and its parent's is not this claim's to change).
+            if config.effective_sharing.strategy is SharingStrategy.MPS:
+                _, names = mig_groups.setdefault(id(config), (config, {}))
+                names[allocated.device] = None
             continue
         sharing = config.effective_sharing
         _check_multi_user(claim, config, gpu)
@@ -94,15 +141,19 @@ def plan_sharing(
     for group in mps_groups.values():
         clients += _whole_gpu_clients(claim, group)
     gpus = sorted({c.gpu_index for c in clients})
-    if len(gpus) > 1:
-        names = ", ".join(f"gpu-{i}" for i in gpus)
+    if len(gpus) + len(mig_groups) > 1:
+        used = [", ".join(f"gpu-{i}" for i in gpus)] if gpus else []
+        used += [f"MIG devices {', '.join(names)}" for _, names in mig_groups.values()]
         raise SharingError(
-            f"claim {_claim_name(claim)} uses MPS on {names}; a container talks to "
-            "one MPS daemon, so MPS sharing serves one GPU per claim: request one GPU per "
-            "claim, or use strategy Exclusive or TimeSlicing"
+            f"claim {_claim_name(claim)} uses MPS on {' and on '.join(used)}; a container "
+            "talks to one MPS daemon, so a claim's MPS devices must be served by one: one GPU "
+            "per claim, or the claim's MIG devices under one config; split the claim, or use "
+            "strategy Exclusive or TimeSlicing"
         )
     if clients:
         plan.mps = _merge(clients)
+    for config, names in mig_groups.values():
+        plan.mig_mps = _mig_mps(claim, config, tuple(names), devices)
     return plan
 
 
@@ -167,6 +218,27 @@ def _check_multi_user(claim: ClaimView, config: GpuConfig, gpu: GpuInfo) -> None
         )
 
 
+def _mig_mps(
+    claim: ClaimView, config: MigConfig, names: tuple[str, ...], devices: NodeDevices
+) -> MigMps:
+    """The claim's MIG MPS devices, their per-device keys checked before anything is created:
+    by index and name for a partition prepare creates (its UUID comes with it), by UUID too
+    for a static one."""
+    mps = config.effective_sharing.mpsConfig
+    if mps is not None:
+        known = {n: devices.resolve(n) for n in names}
+        configured = [ConfiguredDevice(n, d.uuid if d else None) for n, d in known.items()]
+        problems = unmatched_keys(mps, configured)
+        if problems:
+            text = "; ".join(p.render() for p in problems)
+            raise SharingError(f"claim {_claim_name(claim)}: {text}")
+    return MigMps(names, mps)
+
+
+def _mib(limit: Quantity | None) -> int | None:
+    return limit.ceil() // MIB if limit is not None else None
+
+
 def _merge(clients: Sequence[MpsClient]) -> MpsClient:
     """Several requests of one claim on one GPU add up."""
     threads = [c.active_thread_percentage for c in clients]
@@ -189,6 +261,24 @@ def mps_env(daemon: MpsDaemon, client: MpsClient) -> dict[str, str]:
         # Ordinal 0: the daemon serves only this GPU, so it is the client's first device.
         # (Limits given by UUID are not applied by some drivers; ordinals are.)
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={client.pinned_memory_mib}M"
+    return env
+
+
+def mig_mps_env(daemon: MpsDaemon, spec: MigMpsDaemonSpec) -> dict[str, str]:
+    """What every device the daemon serves hands its container: the daemon's folders and the
+    claim's limits, as a whole GPU's client gets them. The limits are the daemon's defaults
+    already; the client's own variables say the same, and keep it so if the daemon is
+    started again without them. Ordinal ``i`` is ``spec.device_uuids[i]``: clients see the
+    daemon's devices in that order."""
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
+    }
+    if spec.active_thread_percentage is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.active_thread_percentage)
+    pinned = [f"{i}={mib}M" for i, mib in enumerate(spec.pinned_memory_mib) if mib is not None]
+    if pinned:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(pinned)
     return env
 
 

@@ -14,7 +14,8 @@ order, each step safe to repeat after a crash:
    checked against the API; corrupt files are set aside only once the
    rebuilt records are written, files of a newer version are never touched;
 4. rolls back half-done claims, deletes CDI specs no record owns, then stops MPS daemons and
-   destroys dynamic-MIG instances that no record and no surviving spec uses.
+   destroys dynamic-MIG instances that no record and no surviving spec uses (a MIG device's
+   daemon first: it holds its partition).
 
 A write that fails (a full disk) does not stop the plugin: the record is held in memory, an
 Event says so, and unprepare, which frees space, keeps working.
@@ -46,6 +47,7 @@ from flexgpu.driver.cdi import (
     spec_env,
 )
 from flexgpu.driver.gpu_model import MigDevice
+from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, serves_mig
 from flexgpu.driver.names import CDI_KIND, DRIVER_NAME
 from flexgpu.kubelet_plugin.checkpoint import (
     SCHEMA_VERSION,
@@ -423,12 +425,19 @@ def _created_from_spec(
     pipe = env.get(ENV_MPS_PIPE)
     for daemon in preparer.mps.running() if pipe else []:
         if daemon.pipe_dir == pipe:
+            # A MIG device daemon is known by its key UUID, which is all undo needs; the
+            # other devices it serves are the spec's MIG devices.
+            on_mig = serves_mig(daemon)
             mps = MpsShareRecord(
                 gpu_uuids=[daemon.gpu_uuid],
                 gpu_index=daemon.gpu_index,
                 pipe_dir=pipe,
                 active_thread_percentage=_int(env.get(ENV_MPS_THREADS)),
                 pinned_memory_limits=_pinned(env.get(ENV_MPS_PINNED)),
+                mig=on_mig,
+                devices=[d.name for d in facts.devices if d.name and _is_mig_uuid(d.uuid)]
+                if on_mig
+                else [],
             )
     slices = {}
     for device in facts.devices:
@@ -438,6 +447,10 @@ def _created_from_spec(
     return CreatedResources(
         cdi_spec_path=spec_path, mig_instances=mig, mps_share=mps, time_slices=slices
     )
+
+
+def _is_mig_uuid(uuid: str) -> bool:
+    return uuid.startswith(MIG_UUID_PREFIX)
 
 
 def _int(text: str | None) -> int | None:
@@ -512,10 +525,20 @@ def _stop_unused_mps_daemons(
     in_specs: _SpecReferences,
     report: ReconcileReport,
 ) -> None:
-    """Daemons of prepared claims are adopted as they run; any other one is a leftover."""
-    in_use = {r.created.mps_share.gpu_index for r in records if r.created.mps_share is not None}
+    """Daemons of prepared claims are adopted as they run; any other one is a leftover. A
+    whole GPU's daemon is in use while a share on that GPU is; a MIG device daemon while a
+    record names its key UUID (one claim's own)."""
+    shares = [r.created.mps_share for r in records if r.created.mps_share is not None]
+    gpus_in_use = {s.gpu_index for s in shares if not s.mig}
+    keys_in_use = {u for s in shares if s.mig for u in s.gpu_uuids}
     for daemon in preparer.mps.running():
-        if daemon.gpu_index not in in_use and daemon.pipe_dir not in in_specs.mps_pipes:
+        if daemon.pipe_dir in in_specs.mps_pipes:
+            continue
+        if serves_mig(daemon):
+            if daemon.gpu_uuid not in keys_in_use:
+                preparer.mps.stop_mig(daemon.gpu_index, daemon.gpu_uuid)
+                report.mps_daemons_stopped.append(daemon.gpu_index)
+        elif daemon.gpu_index not in gpus_in_use:
             preparer.mps.stop(daemon.gpu_index)
             report.mps_daemons_stopped.append(daemon.gpu_index)
 

@@ -62,7 +62,7 @@ def test_admission_refuses_a_bad_claim_at_creation(
     body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": "mps-on-mig"},
+        "metadata": {"name": "mig-time-slice-interval"},
         "spec": {
             "devices": {
                 "requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.flexgpu.dev"}}],
@@ -74,7 +74,10 @@ def test_admission_refuses_a_bad_claim_at_creation(
                             "parameters": {
                                 "apiVersion": "gpu.flexgpu.dev/v1alpha1",
                                 "kind": "MigConfig",
-                                "sharing": {"strategy": "MPS"},
+                                "sharing": {
+                                    "strategy": "TimeSlicing",
+                                    "timeSlicingConfig": {"interval": "Long"},
+                                },
                             },
                         },
                     }
@@ -86,8 +89,8 @@ def test_admission_refuses_a_bad_claim_at_creation(
         resource.create_namespaced_resource_claim(namespace, body)
     assert refused.value.status == 422
     assert (
-        'spec.devices.config[0].opaque.parameters.sharing.strategy: \\"MPS\\" is not supported '
-        "on MIG devices yet; allowed: Exclusive"
+        "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig: unknown field (a "
+        "MIG device has no time-slice interval"
     ) in str(refused.value.body)
     assert resource.list_namespaced_resource_claim(namespace).items == []
 

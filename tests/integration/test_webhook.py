@@ -79,19 +79,6 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         '"gpu"; a share is enforced with MPS); allowed: Exclusive, MPS',
     ),
     (
-        "mps-on-a-mig-device",
-        claim_spec(
-            {
-                **MIG,
-                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}},
-            },
-            "mig.flexgpu.dev",
-            ["gpu"],
-        ),
-        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; '
-        "allowed: Exclusive, TimeSlicing",
-    ),
-    (
         "wrong-kind-for-mig-class",
         claim_spec(GPU, "mig.flexgpu.dev", ["gpu"]),
         'spec.devices.config[0]: request "gpu": GpuConfig cannot configure a MIG device; '
@@ -162,6 +149,11 @@ GOOD_CONFIGS: list[dict[str, Any]] = [
     claim_spec(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
     claim_spec({**GPU, "sharing": {"strategy": "MPS"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
     claim_spec({**MIG, "sharing": {"strategy": "Exclusive"}}, "mig.flexgpu.dev", ["gpu"]),
+    claim_spec(
+        {**MIG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}}},
+        "mig.flexgpu.dev",
+        ["gpu"],
+    ),
 ]
 BAD_POLICY_SPEC = {"gpus": [{"selector": {"all": True}, "mode": "MIG", "migLayout": {"1g10gb": 7}}]}
 BAD_POLICY_MESSAGE = (

@@ -168,13 +168,12 @@ def test_blanket_config_of_the_wrong_kind_is_skipped() -> None:
     )
 
 
-def test_mps_on_a_mig_device_is_refused_until_supported() -> None:
-    with pytest.raises(ConfigResolutionError) as caught:
-        resolve_configs([entry(params("MigConfig", "MPS"))], ["mig"])
-    assert caught.value.problems == [
-        'config[0].opaque.parameters.sharing.strategy: "MPS" is not supported on '
-        "MIG devices yet; allowed: Exclusive, TimeSlicing"
-    ]
+def test_mps_on_a_mig_device_is_accepted_as_nvidia_accepts_it() -> None:
+    # Prepare starts an MPS daemon of the claim's own for its MIG devices.
+    resolved = resolve_configs([entry(params("MigConfig", "MPS"))], ["mig"])["mig"]
+    config = resolved.for_device("mig", "gpu-0-mig-1g10gb-0")
+    assert isinstance(config, MigConfig)
+    assert config.effective_sharing.strategy is SharingStrategy.MPS
 
 
 def test_time_slicing_on_a_mig_device_is_accepted_as_nvidia_accepts_it() -> None:

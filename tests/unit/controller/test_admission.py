@@ -120,12 +120,6 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
         '"gpu"; a share is enforced with MPS); allowed: Exclusive, MPS',
     ),
     (
-        "MPS on a MIG device",
-        claim({**MIG, "sharing": {"strategy": "MPS"}}, "mig.flexgpu.dev", ["gpu"]),
-        f'{PARAMS}.sharing.strategy: "MPS" is not supported on MIG devices yet; '
-        "allowed: Exclusive, TimeSlicing",
-    ),
-    (
         "wrong apiVersion",
         claim({**GPU, "apiVersion": "resource.nvidia.com/v1beta1"}),
         f'{PARAMS}.apiVersion: "resource.nvidia.com/v1beta1" is not allowed; allowed: '
@@ -147,6 +141,15 @@ def test_bad_claims_are_rejected_with_the_exact_text(
         claim(GPU),
         claim(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
         claim(MIG, "mig.flexgpu.dev", ["gpu"]),
+        # MPS on a MIG device: its own daemon, as NVIDIA's driver starts it.
+        claim(
+            {
+                **MIG,
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+            },
+            "mig.flexgpu.dev",
+            ["gpu"],
+        ),
         claim({**GPU, "sharing": {"strategy": "MPS"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
         # A blanket config of the other kind applies to no device here: skipped, as in prepare.
         claim(MIG, "gpu.flexgpu.dev"),

@@ -1,5 +1,6 @@
 """A simulated H100 node for prepare tests: GPU 1 dynamic MIG, GPU 2 shared (MPS), the rest
-whole; claims from a table standing in for the API server; a settable boot id."""
+whole; claims from a table standing in for the API server; a settable boot id; opaque configs
+for time-slicing and for MPS on MIG devices."""
 
 from __future__ import annotations
 
@@ -71,6 +72,20 @@ def time_slicing(interval: str = "Long") -> dict[str, Any]:
                     "timeSlicingConfig": {"interval": interval},
                 },
             },
+        },
+    }
+
+
+def mig_mps(**mps_config: Any) -> dict[str, Any]:
+    """A claim's MigConfig sharing its MIG devices with MPS (``mpsConfig`` as given)."""
+    sharing: dict[str, Any] = {"strategy": "MPS"}
+    if mps_config:
+        sharing["mpsConfig"] = mps_config
+    return {
+        "source": "FromClaim",
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": API, "kind": "MigConfig", "sharing": sharing},
         },
     }
 

@@ -69,12 +69,33 @@ TABLE: list[tuple[str, object, bool]] = [
         mig({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
         True,
     ),
-    (MIG_DEVICE_CLASS, mig({"strategy": "MPS"}), True),
+    # MPS on a MIG device: a daemon of the claim's own, its limits keyed as NVIDIA keys them.
+    (MIG_DEVICE_CLASS, mig({"strategy": "MPS"}), False),
+    (MIG_DEVICE_CLASS, {**mig({"strategy": "MPS"}), "kind": "MigDeviceConfig"}, False),
     (
         MIG_DEVICE_CLASS,
         mig({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
+        False,
+    ),
+    (
+        MIG_DEVICE_CLASS,
+        mig(
+            {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultPinnedDeviceMemoryLimit": "2Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "3Gi"},
+                },
+            }
+        ),
+        False,
+    ),
+    (
+        MIG_DEVICE_CLASS,
+        mig({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
         True,
     ),
+    (MIG_DEVICE_CLASS, mig({"strategy": "MPS", "timeSlicingConfig": {}}), True),
     (MIG_DEVICE_CLASS, mig({"strategy": "Shared"}), True),
     (MIG_DEVICE_CLASS, mig({"strategy": "Exclusive", "extra": 1}), True),
     (GPU_DEVICE_CLASS, gpu(), False),
@@ -166,14 +187,6 @@ def test_admission_and_prepare_agree(
         return  # wrong kind: see test_a_config_of_the_wrong_kind_is_refused_by_both
     in_allocation = [p.removeprefix("spec.devices.") for p in problems]
     assert error == "claim ns/c: " + "; ".join(in_allocation)
-
-
-def test_sharing_on_a_mig_device_is_refused_naming_field_value_and_allowed() -> None:
-    (problem,) = admission_problems(MIG_DEVICE_CLASS, mig({"strategy": "MPS"}))
-    assert problem == (
-        'spec.devices.config[0].opaque.parameters.sharing.strategy: "MPS" is not supported '
-        "on MIG devices yet; allowed: Exclusive, TimeSlicing"
-    )
 
 
 def test_a_config_of_the_wrong_kind_is_refused_by_both(tmp_path: Path) -> None:

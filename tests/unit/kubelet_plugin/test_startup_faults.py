@@ -26,6 +26,7 @@ from tests.unit.kubelet_plugin.prepare_support import (
     ClaimTable,
     Node,
     device,
+    mig_mps,
     share,
     time_slicing,
 )
@@ -55,7 +56,15 @@ HOLDINGS: dict[str, Callable[[ClaimTable], ClaimRef]] = {
     "time-sliced": lambda t: t.add(
         "ts", device(f"gpu-{TIME_SLICED_GPU}"), configs=(time_slicing("Long"),)
     ),
+    # A partition with an MPS daemon of the claim's own (it holds the partition).
+    "mig-mps": lambda t: t.add(
+        "migmps",
+        device(f"gpu-{DYNAMIC_GPU}-mig-1g10gb-0"),
+        configs=(mig_mps(defaultActiveThreadPercentage=25, defaultPinnedDeviceMemoryLimit="2Gi"),),
+    ),
 }
+# What the plugin of schema version 1 prepared (data/checkpoint-v1): it had no MIG MPS.
+SCHEMA_1_HOLDINGS = ("whole-gpu", "mig-partition", "mps-share", "time-sliced")
 
 # What the Event says each holding was rebuilt with (MIG instances, MPS shares, time-slices).
 REBUILT_COUNTS = {
@@ -63,6 +72,7 @@ REBUILT_COUNTS = {
     "mig-partition": (1, 0, 0),
     "mps-share": (0, 1, 0),
     "time-sliced": (0, 0, 1),
+    "mig-mps": (1, 1, 0),
 }
 
 
@@ -74,15 +84,19 @@ class Holding:
     mps_gpus: tuple[int, ...]
     time_slice: TimeSliceInterval
     specs: tuple[str, ...]
+    # Each daemon's UUID (a GPU's, or a MIG device's) and its pipe folder.
+    mps_daemons: tuple[tuple[str, str], ...] = ()
 
 
 def _holding(node: Node) -> Holding:
     cdi = node.root / "cdi"
+    daemons = node.backend.mps_daemons()
     return Holding(
         tuple(m.uuid for m in node.backend.list_mig_devices(DYNAMIC_GPU)),
-        tuple(d.gpu_index for d in node.backend.mps_daemons()),
+        tuple(d.gpu_index for d in daemons),
         node.backend.time_slice(TIME_SLICED_GPU),
         tuple(sorted(p.name for p in cdi.iterdir())) if cdi.exists() else (),
+        tuple(sorted((d.gpu_uuid, d.pipe_dir) for d in daemons)),
     )
 
 
@@ -152,7 +166,7 @@ def test_all_holdings_survive_a_corrupt_version_1_checkpoint(node: Node) -> None
     assert _holding(node) == before
     assert sorted(report.rebuilt) == sorted(f"ns/{r.name}" for r in refs)
     (message,) = [m for r, m in events if r == "CheckpointCorrupt"]
-    assert "holding 1 MIG instance(s), 1 MPS share(s) and 1 time-slice setting(s)" in message
+    assert "holding 2 MIG instance(s), 2 MPS share(s) and 1 time-slice setting(s)" in message
     assert node.store.legacy_path.read_bytes() == marker_bytes()  # the rollback guard
     assert list(node.data_dir.glob("checkpoint.json.corrupt-*"))
 
@@ -247,7 +261,7 @@ def test_files_left_by_a_schema_1_plugin_are_migrated(tmp_path: Path) -> None:
     document["checksum"] = checksum(document["data"])
     (tmp_path / "data" / "checkpoint.json").write_bytes(canonical_json(document))
     table = ClaimTable()
-    refs = [make(table) for make in HOLDINGS.values()]
+    refs = [HOLDINGS[name](table) for name in SCHEMA_1_HOLDINGS]
     node = Node(tmp_path, table)
     before = _holding(node)
     assert len(before.mig_uuids) == 1 and before.mps_gpus == (SHARED_GPU,)
@@ -412,7 +426,8 @@ def test_reboot_resets_what_the_records_set_and_says_so(node: Node) -> None:
     refs = [make(node.table) for make in HOLDINGS.values()]
     for ref in refs:
         _prepare(node, ref)
-    mig_uuid = _holding(node).mig_uuids[0]
+    by_start = {m.placement.start: m.uuid for m in node.backend.list_mig_devices(DYNAMIC_GPU)}
+    mig_uuid, mig_mps_uuid = by_start[4], by_start[0]
 
     report, events = _restart(node, boot_id=BOOT_B)
 
@@ -422,10 +437,12 @@ def test_reboot_resets_what_the_records_set_and_says_so(node: Node) -> None:
     assert sorted(report.stale_dropped) == sorted(f"ns/{r.name}" for r in refs)
     ((reason, message),) = events
     assert reason == "CheckpointFromEarlierBoot"
-    assert f"this boot is {BOOT_B}): dropped 4 claim record(s)" in message
+    assert f"this boot is {BOOT_B}): dropped 5 claim record(s)" in message
     assert f"reset time-slice of gpu-{TIME_SLICED_GPU} to Default" in message
     assert f"stopped the MPS daemon of gpu-{SHARED_GPU}" in message
     assert f"destroyed MIG instance 3g.40gb@4 on gpu-{DYNAMIC_GPU} ({mig_uuid})" in message
+    assert f"stopped the MPS daemon of MIG device {mig_mps_uuid}" in message
+    assert f"destroyed MIG instance 1g.10gb@0 on gpu-{DYNAMIC_GPU} ({mig_mps_uuid})" in message
 
 
 def test_reboot_with_nothing_left_set_says_so(node: Node) -> None:
