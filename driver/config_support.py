@@ -1,10 +1,10 @@
 """What this version of the driver can carry out, beyond what the config's schema describes.
 
-The ``gpu.flexgpu.dev/v1alpha1`` schema may describe settings that prepare cannot apply.
-Admission and prepare both call
-``unsupported_settings`` on every parsed config (through ``driver.config_resolution``), so a
-config that prepare would refuse is already refused when the claim is created, with the same
-text. Pure: no I/O.
+The ``gpu.flexgpu.dev/v1alpha1`` schema keeps ``sharing.mpsConfig.multiUser``, which no MPS
+control daemon flexgpu starts can honour (docs/migrating.md says why). Admission and prepare
+both call ``unsupported_settings`` on every parsed config (through
+``driver.config_resolution``), so a config that prepare would refuse is already refused when
+the claim is created, with the same text. Pure: no I/O.
 
 ``unsupported_on_device`` does the same for what depends on the device a config lands on;
 admission knows that from the request's DeviceClass, prepare from the allocation.
@@ -21,11 +21,23 @@ from flexgpu.driver.opaque_config import (
 )
 from flexgpu.driver.user_text import shorten
 
+# Why multiUser: true is refused, and what to do instead (sources in docs/migrating.md).
+_MULTI_USER = (
+    "true is not supported: NVIDIA's DRA driver has no such setting, and the MPS control "
+    "daemon flexgpu starts (MPS protocol 2) has no multi-user mode: it runs one MPS server "
+    "per Linux user at a time, and clients of another user wait until that server exits "
+    "(only the opt-in MPS v3 interface has a --multiuser flag, which flexgpu does not run); "
+    "allowed: false, or leave it out and run the claim's containers as one user"
+)
+
 
 def unsupported_settings(config: OpaqueConfig) -> list[ConfigProblem]:
     """The settings of a valid ``config`` that prepare cannot apply; ``[]`` if none. Each
     problem names the field (from the root of ``parameters``), the value and what is
-    allowed. Every sharing strategy of both kinds is carried out at present."""
+    allowed."""
+    mps = config.effective_sharing.mpsConfig
+    if mps is not None and mps.multiUser:
+        return [ConfigProblem(("sharing", "mpsConfig", "multiUser"), _MULTI_USER)]
     return []
 
 

@@ -208,8 +208,9 @@ class MpsConfig(StrictModel):
     multiUser: bool | None = Field(
         default=None,
         description=(
-            "NVIDIA's multi-user MPS setting: accepted on GPUs of compute capability 7.0 or "
-            "newer, refused on older ones; it does not yet change how the daemon is started"
+            "Not supported: true in a claim's or class's config is refused (no MPS control "
+            "daemon flexgpu starts has a multi-user mode, and NVIDIA's DRA driver has no such "
+            "field; see docs/migrating.md); false changes nothing"
         ),
     )
 

@@ -126,7 +126,6 @@ def plan_sharing(
                 names[allocated.device] = None
             continue
         sharing = config.effective_sharing
-        _check_multi_user(claim, config, gpu)
         if kind == "shared":
             clients.append(_share_client(allocated, config, gpu.index, gpu.memory_mib, plan))
         elif sharing.strategy == SharingStrategy.TIME_SLICING:
@@ -202,20 +201,6 @@ def _whole_gpu_clients(
         pinned = limit.ceil() // MIB if limit is not None else None
         clients.append(MpsClient(gpu.index, mps.defaultActiveThreadPercentage, pinned))
     return clients
-
-
-def _check_multi_user(claim: ClaimView, config: GpuConfig, gpu: GpuInfo) -> None:
-    # As NVIDIA's driver: multi-user MPS needs Volta (compute capability 7.0) or newer.
-    mps = config.effective_sharing.mpsConfig
-    if mps is None or not mps.multiUser:
-        return
-    major = gpu.cuda_compute_capability.split(".", 1)[0]
-    if not major.isdigit() or int(major) < 7:
-        raise SharingError(
-            f"claim {_claim_name(claim)}: sharing.mpsConfig.multiUser: true is not supported "
-            f"on gpu-{gpu.index} (compute capability {gpu.cuda_compute_capability}); "
-            "allowed: false, or a GPU of compute capability 7.0 or newer"
-        )
 
 
 def _mig_mps(

@@ -79,6 +79,20 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         '"gpu"; a share is enforced with MPS); allowed: Exclusive, MPS',
     ),
     (
+        "multi-user-mps-on-a-mig-device",
+        claim_spec(
+            {**MIG, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}}},
+            "mig.flexgpu.dev",
+            ["gpu"],
+        ),
+        f"{PARAMS}.sharing.mpsConfig.multiUser: true is not supported: NVIDIA's DRA driver has "
+        "no such setting, and the MPS control daemon flexgpu starts (MPS protocol 2) has no "
+        "multi-user mode: it runs one MPS server per Linux user at a time, and clients of "
+        "another user wait until that server exits (only the opt-in MPS v3 interface has a "
+        "--multiuser flag, which flexgpu does not run); allowed: false, or leave it out and run "
+        "the claim's containers as one user",
+    ),
+    (
         "wrong-kind-for-mig-class",
         claim_spec(GPU, "mig.flexgpu.dev", ["gpu"]),
         'spec.devices.config[0]: request "gpu": GpuConfig cannot configure a MIG device; '

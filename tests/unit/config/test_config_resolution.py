@@ -176,6 +176,20 @@ def test_mps_on_a_mig_device_is_accepted_as_nvidia_accepts_it() -> None:
     assert config.effective_sharing.strategy is SharingStrategy.MPS
 
 
+@pytest.mark.parametrize("kind", ["GpuConfig", "MigConfig"])
+def test_multi_user_true_is_refused_on_every_kind(kind: str) -> None:
+    parameters = params(kind, "MPS")
+    parameters["sharing"]["mpsConfig"] = {"multiUser": True}
+    with pytest.raises(ConfigResolutionError) as caught:
+        resolve_configs([entry(parameters)], ["gpu"])
+    (problem,) = caught.value.problems
+    assert problem.startswith(
+        "config[0].opaque.parameters.sharing.mpsConfig.multiUser: true is not supported: "
+    )
+    parameters["sharing"]["mpsConfig"] = {"multiUser": False}
+    assert resolve_configs([entry(parameters)], ["gpu"])["gpu"].winner is not None
+
+
 def test_time_slicing_on_a_mig_device_is_accepted_as_nvidia_accepts_it() -> None:
     # Nothing to set on the device (no interval exists for a MIG device), so nothing refuses.
     resolved = resolve_configs([entry(params("MigConfig", "TimeSlicing"))], ["mig"])["mig"]

@@ -120,6 +120,20 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
         '"gpu"; a share is enforced with MPS); allowed: Exclusive, MPS',
     ),
     (
+        "multi-user MPS",
+        claim(
+            {**MIG, "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": True}}},
+            "mig.flexgpu.dev",
+            ["gpu"],
+        ),
+        f"{PARAMS}.sharing.mpsConfig.multiUser: true is not supported: NVIDIA's DRA driver has "
+        "no such setting, and the MPS control daemon flexgpu starts (MPS protocol 2) has no "
+        "multi-user mode: it runs one MPS server per Linux user at a time, and clients of "
+        "another user wait until that server exits (only the opt-in MPS v3 interface has a "
+        "--multiuser flag, which flexgpu does not run); allowed: false, or leave it out and run "
+        "the claim's containers as one user",
+    ),
+    (
         "wrong apiVersion",
         claim({**GPU, "apiVersion": "resource.nvidia.com/v1beta1"}),
         f'{PARAMS}.apiVersion: "resource.nvidia.com/v1beta1" is not allowed; allowed: '

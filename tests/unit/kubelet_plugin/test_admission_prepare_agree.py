@@ -96,6 +96,8 @@ TABLE: list[tuple[str, object, bool]] = [
         True,
     ),
     (MIG_DEVICE_CLASS, mig({"strategy": "MPS", "timeSlicingConfig": {}}), True),
+    (MIG_DEVICE_CLASS, mig({"strategy": "MPS", "mpsConfig": {"multiUser": True}}), True),
+    (MIG_DEVICE_CLASS, mig({"strategy": "MPS", "mpsConfig": {"multiUser": False}}), False),
     (MIG_DEVICE_CLASS, mig({"strategy": "Shared"}), True),
     (MIG_DEVICE_CLASS, mig({"strategy": "Exclusive", "extra": 1}), True),
     (GPU_DEVICE_CLASS, gpu(), False),
@@ -110,6 +112,9 @@ TABLE: list[tuple[str, object, bool]] = [
         False,
     ),
     (GPU_DEVICE_CLASS, gpu({"strategy": "MPS", "timeSlicingConfig": {}}), True),
+    (GPU_DEVICE_CLASS, gpu({"strategy": "MPS", "mpsConfig": {"multiUser": True}}), True),
+    (GPU_DEVICE_CLASS, gpu({"strategy": "MPS", "mpsConfig": {"multiUser": False}}), False),
+    (SHARED_GPU_DEVICE_CLASS, gpu({"strategy": "MPS", "mpsConfig": {"multiUser": True}}), True),
     (
         GPU_DEVICE_CLASS,
         gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Soon"}}),
@@ -187,6 +192,19 @@ def test_admission_and_prepare_agree(
         return  # wrong kind: see test_a_config_of_the_wrong_kind_is_refused_by_both
     in_allocation = [p.removeprefix("spec.devices.") for p in problems]
     assert error == "claim ns/c: " + "; ".join(in_allocation)
+
+
+def test_multi_user_is_refused_saying_why_and_what_to_do_instead() -> None:
+    parameters = mig({"strategy": "MPS", "mpsConfig": {"multiUser": True}})
+    (problem,) = admission_problems(MIG_DEVICE_CLASS, parameters)
+    assert problem.startswith(
+        "spec.devices.config[0].opaque.parameters.sharing.mpsConfig.multiUser: true is not "
+        "supported: NVIDIA's DRA driver has no such setting, and the MPS control daemon "
+        "flexgpu starts (MPS protocol 2) has no multi-user mode"
+    )
+    assert problem.endswith(
+        "allowed: false, or leave it out and run the claim's containers as one user"
+    )
 
 
 def test_a_config_of_the_wrong_kind_is_refused_by_both(tmp_path: Path) -> None:

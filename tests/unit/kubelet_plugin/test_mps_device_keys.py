@@ -103,9 +103,21 @@ def test_a_key_matching_no_device_of_the_claim_fails_it_and_starts_nothing(
     assert preparer.load_checkpoint().claims == {}
 
 
-def test_multi_user_is_accepted_on_a_gpu_that_supports_it(
+def test_multi_user_is_refused_and_starts_nothing(
     preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
 ) -> None:
+    """No MPS daemon flexgpu starts has a multi-user mode (docs/migrating.md): true is
+    refused, with why and what to do; false changes nothing."""
     ref = claims.add("m", "gpu-0", mps(multiUser=True))
+    error = preparer.prepare([ref])[ref.uid].error
+    assert error.startswith(
+        "claim ns/m: config[0].opaque.parameters.sharing.mpsConfig.multiUser: true is not "
+        "supported: NVIDIA's DRA driver has no such setting"
+    )
+    assert error.endswith(
+        "allowed: false, or leave it out and run the claim's containers as one user"
+    )
+    assert backend.mps_daemons() == []
+    ref = claims.add("f", "gpu-0", mps(multiUser=False))
     assert preparer.prepare([ref])[ref.uid].error == ""
     assert [d.gpu_index for d in backend.mps_daemons()] == [0]
