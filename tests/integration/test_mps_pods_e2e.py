@@ -2,10 +2,14 @@
 processes, so a daemon pod outlives the plugin process as it does on a node): an MPS claim
 starts its GPU's daemon pod, owned by the Node; a plugin restart leaves clients their daemon;
 a daemon that crashed is started again and a Node Event says so; the last share's unprepare
-deletes the pod."""
+deletes the pod. A claim's on-demand MIG partition shared with MPS gets a daemon pod of its
+own that sees only the partition and is told the claim's limits on its control pipe; the
+parent GPU stays in its compute mode, and the claim's end removes the pod, then the
+partition."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -35,6 +39,7 @@ from tools.node import driver_root
 pytestmark = pytest.mark.integration
 
 NODE = "mps-h100"
+DYNAMIC_GPU = 7
 MPS_NAMESPACE = "flexgpu-mps-e2e"
 PRINT = "env | grep -E '^(FLEXGPU_DEVICE_|CUDA_MPS)' | sort; echo DONE; sleep 300"
 API = "gpu.flexgpu.dev/v1alpha1"
@@ -67,6 +72,7 @@ def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
             f"--mps-namespace={MPS_NAMESPACE}",
             "--mps-image=flexgpu:test",
             f"--mps-root={root / 'mps'}",
+            f"--dynamic-mig-gpus={DYNAMIC_GPU}",
         ),
         plugin_env={**os.environ, "PATH": f"{tools_dir()}:{os.environ['PATH']}"},
     )
@@ -165,3 +171,81 @@ def test_mps_daemon_pod_outlives_the_plugin_restarts_after_a_crash_and_goes_with
     core.delete_namespaced_pod("client", namespace)
     wait_gone(api, namespace, "client")
     wait_for(lambda: _daemon_pods(api) == [], timeout_s=60, what="the daemon pod deleted")
+
+
+def _simulated_gpu(node: SimulatedGpuNode, index: int) -> dict[str, Any]:
+    gpus: list[dict[str, Any]] = json.loads((node.data_dir / "simulated-gpus.json").read_text())[
+        "gpus"
+    ]
+    return gpus[index]
+
+
+def test_a_mig_partition_shared_with_mps_gets_a_daemon_pod_of_its_own(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    mps = {
+        "opaque": {
+            "driver": "gpu.flexgpu.dev",
+            "parameters": {
+                "apiVersion": API,
+                "kind": "MigDeviceConfig",
+                "sharing": {
+                    "strategy": "MPS",
+                    "mpsConfig": {
+                        "defaultActiveThreadPercentage": 30,
+                        "defaultPinnedDeviceMemoryLimit": "2Gi",
+                    },
+                },
+            },
+        }
+    }
+    profile = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
+    request = {
+        "deviceClassName": "mig.flexgpu.dev",
+        "selectors": [{"cel": {"expression": profile}}],
+    }
+    create_claim(
+        api,
+        namespace,
+        "mig-mps",
+        {"requests": [{"name": "mig", "exactly": request}], "config": [mps]},
+    )
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        namespace, make_pod("mig-client", PRINT, {"g": {"resourceClaimName": "mig-mps"}}, NODE)
+    )
+    env = env_from_log(wait_container_output(node, namespace, "mig-client", "DONE", timeout_s=90))
+    (got,) = granted(env)
+    uuid = got["uuid"]
+    assert uuid.startswith("MIG-")
+    daemon = _running_daemon(api)
+    assert daemon.metadata.name == f"flexgpu-mps-{uuid.lower()}"[:63].rstrip("-")
+    assert daemon.metadata.annotations["gpu.flexgpu.dev/gpu-uuid"] == uuid
+    assert daemon.metadata.labels["gpu.flexgpu.dev/gpu-index"] == str(DYNAMIC_GPU)
+    pod_env = {e.name: e.value for e in daemon.spec.containers[0].env}
+    assert pod_env["CUDA_VISIBLE_DEVICES"] == uuid
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == pod_env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+    # The daemon heard the claim's limits on its control pipe (the driver root's daemon logs
+    # every command it serves).
+    log = Path(pod_env["CUDA_MPS_LOG_DIRECTORY"]) / "control.log"
+    wait_for(
+        lambda: (
+            "command set_default_active_thread_percentage 30" in log.read_text()
+            and f"command set_default_device_pinned_mem_limit {uuid} 2048M" in log.read_text()
+        ),
+        what="the claim's limits sent to the daemon",
+    )
+    assert f"started for {uuid}" in log.read_text()
+    gpu = _simulated_gpu(node, DYNAMIC_GPU)
+    assert gpu["compute_mode"] == "Default" and [i["uuid"] for i in gpu["mig_instances"]] == [uuid]
+
+    core.delete_namespaced_pod("mig-client", namespace)
+    wait_gone(api, namespace, "mig-client")
+    wait_for(lambda: _daemon_pods(api) == [], timeout_s=60, what="the daemon pod deleted")
+    wait_for(
+        lambda: _simulated_gpu(node, DYNAMIC_GPU)["mig_instances"] == [],
+        timeout_s=60,
+        what="the partition destroyed",
+    )
