@@ -9,7 +9,9 @@ partitions or behind every partition, NVIDIA-style (every profile x placement in
 and counter layout), and as 8 whole GPUs (see ``bench.scale_publications``). Every node already
 carries load, written as allocated claims: GPUs 0 and 1 hold seven 1g partitions each, GPU 2 a
 3g at slice 0 and 1g at slices 4-6, GPU 6 is taken (whole-only: GPUs 0-6 are taken). So a 1g
-claim must pass three full GPUs before it finds room, as it would in a busy cluster.
+claim must pass three full GPUs before it finds room, as it would in a busy cluster. With
+``--plain-taken`` GPU 7 is taken too, so a whole-GPU claim must go on to GPU 3, the free
+dynamic-MIG GPU (whole-only: every GPU but GPU 3 is taken).
 
 Per publication and round, batches of ``--pods`` pods, one claim each, of each kind (whole GPU;
 1g.10gb partition; 10 GiB share), the same kind order for every publication of a round and
@@ -94,22 +96,33 @@ def load_average() -> float:
         return float(f.read().split()[0])
 
 
-def background(publication: str, inv: NodeInventory) -> list[str]:
-    """The devices already taken on every node (the same silicon in every publication)."""
+def background(publication: str, inv: NodeInventory, plain_taken: bool = False) -> list[str]:
+    """The devices already taken on every node (the same silicon in every publication).
+    ``plain_taken`` takes GPU 7 too, so a whole-GPU claim must go on to a dynamic-MIG GPU's
+    whole-GPU device (whole-only: GPU 3 stays free instead of GPU 7)."""
     if publication == "whole-only":
-        return [f"gpu-{i}" for i in range(7)]
+        free = 3 if plain_taken else 7
+        return [f"gpu-{i}" for i in range(8) if i != free]
     by_name = {p.name: p for p in inv.profiles}
     one, three = by_name["1g.10gb"], by_name["3g.40gb"]
     taken = [mig_device(publication, g, one, s) for g in (0, 1) for s in range(7)]
     taken.append(mig_device(publication, 2, three, 0))
     taken += [mig_device(publication, 2, one, s) for s in (4, 5, 6)]
-    return [*taken, "gpu-6"]
+    return [*taken, "gpu-6", *(["gpu-7"] if plain_taken else [])]
 
 
-def load(api: Any, publication: str, namespace: str, nodes: dict[str, NodeInventory]) -> None:
+def load(
+    api: Any,
+    publication: str,
+    namespace: str,
+    nodes: dict[str, NodeInventory],
+    plain_taken: bool = False,
+) -> None:
     make_namespace(api, namespace)
     parallel(
-        lambda n: hold(api, namespace, f"bg-{n}", n, background(publication, nodes[n])),
+        lambda n: hold(
+            api, namespace, f"bg-{n}", n, background(publication, nodes[n], plain_taken)
+        ),
         list(nodes),
     )
 
@@ -185,7 +198,7 @@ def run(args: argparse.Namespace, figures: Figures) -> None:
                 figures.publish_s.setdefault(publication, []).append(time.perf_counter() - t0)
                 figures.slices.setdefault(publication, slice_stats(api))
                 bg = f"bg-{publication}-{round_}"
-                load(api, publication, bg, nodes)
+                load(api, publication, bg, nodes, args.plain_taken)
                 kinds = kinds_for(publication)
                 kinds = kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]
                 probe_ns = f"probe-{publication}-{round_}"
@@ -223,6 +236,7 @@ def report(args: argparse.Namespace, figures: Figures) -> None:
     print(
         f"{args.nodes} nodes x 8 H100 (4 dynamic MIG, 2 shared, 2 whole), {args.pods} pods per "
         f"batch, {args.rounds} rounds, publications alternating"
+        + (", both plain GPUs taken" if args.plain_taken else "")
     )
     if figures.load:
         print(
@@ -267,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--warmup", type=int, default=10, help="untimed pods before each publication's batches"
+    )
+    parser.add_argument(
+        "--plain-taken",
+        action="store_true",
+        help="the load takes both plain GPUs too (whole-GPU claims go to dynamic-MIG GPUs)",
     )
     parser.add_argument("--publications", type=lambda s: s.split(","), default=list(PUBLICATIONS))
     parser.add_argument("--max-minutes", type=float, default=20.0)

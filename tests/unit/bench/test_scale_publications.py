@@ -39,4 +39,8 @@ def test_flexgpu_variants_move_only_the_dynamic_mig_whole_gpus(tmp_path: Path) -
 def test_the_load_names_devices_every_publication_has(tmp_path: Path) -> None:
     inv = inventory("n", tmp_path)
     for publication in PUBLICATIONS:
-        assert set(background(publication, inv)) <= set(_names(node_specs(publication, "n", inv)))
+        names = set(_names(node_specs(publication, "n", inv)))
+        busy, plain_taken = background(publication, inv), background(publication, inv, True)
+        assert set(busy) <= names and set(plain_taken) <= names
+        assert len(plain_taken) == len(busy) + (0 if publication == "whole-only" else 1)
+        assert ("gpu-7" in plain_taken, "gpu-3" in plain_taken) == (True, False)
