@@ -424,3 +424,61 @@ def test_a_stream_does_not_hold_a_worker(options: Options, health: MemoryHealth)
         assert response.claims["u-a"].error == ""
         for stream in streams:
             stream.cancel()
+
+
+class _Held(MemoryPreparer):
+    """A preparer whose prepare waits until released, to have a call in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def prepare(self, claims):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        assert self.release.wait(TIMEOUT)
+        return super().prepare(claims)
+
+
+def test_stop_lets_an_in_flight_prepare_finish_within_the_grace_period(options: Options) -> None:
+    preparer = _Held()
+    server = Server(preparer, options)
+    server.start()
+    with _channel(options.dra_socket) as channel:
+        call = dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources.future(
+            dra_v1.NodePrepareResourcesRequest(
+                claims=[dra_v1.Claim(namespace="ns", name="a", uid="u")]
+            ),
+            timeout=TIMEOUT,
+        )
+        assert preparer.entered.wait(TIMEOUT)
+        stopping = threading.Thread(target=server.stop, kwargs={"grace": 3.0})
+        stopping.start()
+        time.sleep(0.3)
+        assert not options.dra_socket.exists()  # nobody new can connect meanwhile
+        preparer.release.set()
+        assert call.result(TIMEOUT).claims["u"].error == ""
+        stopping.join(TIMEOUT)
+        assert not stopping.is_alive()
+
+
+def test_stop_cancels_a_call_still_running_after_the_grace_period(options: Options) -> None:
+    preparer = _Held()
+    server = Server(preparer, options)
+    server.start()
+    try:
+        with _channel(options.dra_socket) as channel:
+            call = dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources.future(
+                dra_v1.NodePrepareResourcesRequest(
+                    claims=[dra_v1.Claim(namespace="ns", name="a", uid="u")]
+                ),
+                timeout=TIMEOUT,
+            )
+            assert preparer.entered.wait(TIMEOUT)
+            started = time.monotonic()
+            server.stop(grace=0.3)
+            assert time.monotonic() - started < 3
+            with pytest.raises(grpc.RpcError):
+                call.result(TIMEOUT)
+    finally:
+        preparer.release.set()
