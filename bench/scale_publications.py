@@ -1,8 +1,9 @@
 """The same GPU node published several ways, as ResourceSlice specs for hollow nodes (no plugin
 process): flexgpu's own publication (the plugin's ``NodeDevices`` over a simulated HGX H100
 node, chunked by ``slice_specs``), the same with the dynamic-MIG GPUs' whole-GPU devices in
-another place of the device order (``FLEXGPU_ORDERS``), the NVIDIA-style publication of the
-same hardware, and whole GPUs only.
+another place of the device order (``FLEXGPU_ORDERS``) or with the partitions placement by
+placement across the GPUs (``PLACEMENT_MAJOR``), the NVIDIA-style publication of the same
+hardware, and whole GPUs only.
 
 NVIDIA-style follows NVIDIA's k8s-dra-driver-gpu in DynamicMIG mode (cmd/gpu-kubelet-plugin:
 partitions.go, mig.go, driver.go), written from its behaviour, not its code:
@@ -52,7 +53,13 @@ FLEXGPU_ORDERS: dict[str, int | None] = {
     "flexgpu-whole-after-1g": 1,
     "flexgpu-whole-last": WHOLE_GPUS_LAST,
 }
-PUBLICATIONS = (*FLEXGPU_ORDERS, "nvidia-style", "whole-only")
+# Each profile's partitions placement by placement across the GPUs (every GPU's first
+# placement, then every GPU's second...) and the whole GPUs behind the 1g partitions: of the
+# orders that keep the plain and shared GPUs first, the one whose 1g claims pass the fewest
+# devices on the benchmark's loaded node. First fit then spreads small partitions over every
+# GPU instead of filling one, so it is measured for its scheduling cost only.
+PLACEMENT_MAJOR = "flexgpu-placement-major"
+PUBLICATIONS = (*FLEXGPU_ORDERS, PLACEMENT_MAJOR, "nvidia-style", "whole-only")
 
 
 @dataclass
@@ -174,6 +181,26 @@ def flexgpu_specs(
     return slice_specs(node, devices, 1, counters, whole_after_profiles=whole_after_profiles)
 
 
+def placement_major_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
+    """``PLACEMENT_MAJOR``: the plugin's devices re-ordered, then rendered by ``slice_specs``,
+    whose ``allocation_order`` groups by profile with a stable sort, so within a profile the
+    order given here stands."""
+    seen: dict[tuple[str, str], int] = {}
+
+    def rank(device: SliceDevice) -> int:
+        attrs = device.get("attributes", {})
+        if attrs.get("type", {}).get("string") != "mig":
+            return -1
+        key = (str(attrs["profile"]["string"]), str(attrs["parentUUID"]["string"]))
+        seen[key] = seen.get(key, -1) + 1  # devices come GPU by GPU, in placement order
+        return seen[key]
+
+    devices = inv.devices.slice_devices()
+    ranks = [rank(d) for d in devices]
+    ordered = [d for _, d in sorted(zip(ranks, devices, strict=True), key=lambda rd: rd[0])]
+    return slice_specs(node, ordered, 1, inv.devices.counter_sets(), whole_after_profiles=1)
+
+
 def whole_only_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
     return slice_specs(node, [whole_gpu_device(g) for g in inv.gpus], 1)
 
@@ -181,6 +208,8 @@ def whole_only_specs(node: str, inv: NodeInventory) -> list[dict[str, Any]]:
 def node_specs(publication: str, node: str, inv: NodeInventory) -> list[dict[str, Any]]:
     if publication in FLEXGPU_ORDERS:
         return flexgpu_specs(node, inv, FLEXGPU_ORDERS[publication])
+    if publication == PLACEMENT_MAJOR:
+        return placement_major_specs(node, inv)
     if publication == "nvidia-style":
         return nvidia_specs(node, inv)
     if publication == "whole-only":

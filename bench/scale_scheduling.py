@@ -5,11 +5,12 @@ publications of the same hardware, in one run:
 
 Each node is an HGX H100 (8 GPUs): GPUs 0-3 dynamic MIG, 4-5 shared, 6-7 whole. It is published
 as flexgpu publishes it, as flexgpu with the dynamic-MIG GPUs' whole-GPU devices behind the 1g
-partitions or behind every partition, NVIDIA-style (every profile x placement in NVIDIA's order
-and counter layout), and as 8 whole GPUs (see ``bench.scale_publications``). Every node already
-carries load, written as allocated claims: GPUs 0 and 1 hold seven 1g partitions each, GPU 2 a
-3g at slice 0 and 1g at slices 4-6, GPU 6 is taken (whole-only: GPUs 0-6 are taken). So a 1g
-claim must pass three full GPUs before it finds room, as it would in a busy cluster. With
+partitions or behind every partition, or with the partitions placement by placement across the
+GPUs, NVIDIA-style (every profile x placement in NVIDIA's order and counter layout), and as 8
+whole GPUs (see ``bench.scale_publications``). Every node already carries load, written as
+allocated claims: GPUs 0 and 1 hold seven 1g partitions each, GPU 2 a 3g at slice 0 and 1g at
+slices 4-6, GPU 6 is taken (whole-only: GPUs 0-6 are taken). So a 1g claim must pass three
+full GPUs before it finds room, as it would in a busy cluster. With
 ``--plain-taken`` GPU 7 is taken too, so a whole-GPU claim must go on to GPU 3, the free
 dynamic-MIG GPU (whole-only: every GPU but GPU 3 is taken).
 
@@ -58,6 +59,7 @@ from bench.scale_cluster import (
 )
 from bench.scale_publications import (
     FLEXGPU_ORDERS,
+    PLACEMENT_MAJOR,
     PUBLICATIONS,
     NodeInventory,
     mig_device,
@@ -261,7 +263,7 @@ def report(args: argparse.Namespace, figures: Figures) -> None:
                 f"1g / whole on {publication}: "
                 f"{med[(publication, '1g')] / med[(publication, 'whole')]:.2f}"
             )
-    for publication in FLEXGPU_ORDERS:
+    for publication in [*FLEXGPU_ORDERS, PLACEMENT_MAJOR]:
         if (publication, "1g") in med and ("whole-only", "whole") in med:
             print(
                 f"{publication} 1g / whole-only whole: "

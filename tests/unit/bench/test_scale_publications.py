@@ -7,7 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.scale_publications import FLEXGPU_ORDERS, PUBLICATIONS, inventory, node_specs
+from bench.scale_publications import (
+    FLEXGPU_ORDERS,
+    PLACEMENT_MAJOR,
+    PUBLICATIONS,
+    inventory,
+    node_specs,
+)
 from bench.scale_scheduling import background
 
 
@@ -34,6 +40,17 @@ def test_flexgpu_variants_move_only_the_dynamic_mig_whole_gpus(tmp_path: Path) -
     first_1g = next(i for i, n in enumerate(after_1g) if "-mig-1g10gb-" in n)
     assert after_1g[first_1g + 28 : first_1g + 32] == sorted(whole)  # 4 GPUs x 7 placements
     assert _names(node_specs("flexgpu-whole-last", "n", inv))[-4:] == sorted(whole)
+
+
+def test_placement_major_takes_every_gpus_first_placement_first(tmp_path: Path) -> None:
+    inv = inventory("n", tmp_path)
+    names = _names(node_specs(PLACEMENT_MAJOR, "n", inv))
+    assert sorted(names) == sorted(_names(node_specs("flexgpu", "n", inv)))
+    ones = [f"gpu-{g}-mig-1g10gb-{s}" for s in range(6, -1, -1) for g in range(4)]
+    assert names[4 : 4 + 28] == ones
+    assert names[32:36] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    sevens = [n for n in names if "-mig-7g80gb-" in n]
+    assert sevens == [f"gpu-{g}-mig-7g80gb-0" for g in range(4)]
 
 
 def test_the_load_names_devices_every_publication_has(tmp_path: Path) -> None:
