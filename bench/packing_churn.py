@@ -1,11 +1,13 @@
 """How well a publication packs MIG partitions while requests come and go: one trace of
 requests of mixed sizes (1g to 7g and whole GPUs), replayed step by step through the real
-scheduler against flexgpu's publication and the NVIDIA-style one side by side:
+scheduler against flexgpu's publication and the NVIDIA-style one side by side (or the
+publications named by ``--publications``, from ``bench.scale_publications.PUBLICATIONS``):
 
     python -m bench.packing_churn [--nodes 1] [--steps 40] [--seed 7] [--arrivals-per-gpu 0.3]
+        [--publications flexgpu,nvidia-style]
 
 Each publication gets its own ``--nodes`` hollow HGX H100 nodes with all 8 GPUs in dynamic MIG
-(``bench.scale_publications``); every request of the trace is made twice, once for each group
+(``bench.scale_publications``); every request of the trace is made once for each group
 (a pod pinned to the group by node selector, with its own claim). A request arrives at a step
 and, once placed, holds its partition for its lifetime in steps, then leaves; one that cannot
 be placed waits. After each step's arrivals and departures the scheduler is given until no pod
@@ -37,6 +39,7 @@ from bench.scale_cluster import (
     pod_body,
     publish,
 )
+from bench.scale_publications import PUBLICATIONS as KNOWN
 from bench.scale_publications import scratch
 from flexgpu.driver.names import DRIVER_NAME
 from tools.cluster import ControlPlane
@@ -98,7 +101,7 @@ def namespace_of(publication: str) -> str:
     return f"pack-{publication}"
 
 
-def arrive(api: Any, requests: Sequence[Request]) -> None:
+def arrive(api: Any, requests: Sequence[Request], publications: Sequence[str]) -> None:
     core: Any = client.CoreV1Api(api)
     resource: Any = client.ResourceV1Api(api)
 
@@ -108,7 +111,7 @@ def arrive(api: Any, requests: Sequence[Request]) -> None:
         resource.create_namespaced_resource_claim(ns, claim_body(name, request_spec(request.kind)))
         core.create_namespaced_pod(ns, pod_body(name, name, {GROUP_LABEL: publication}))
 
-    parallel(one, [(p, r) for r in requests for p in PUBLICATIONS])
+    parallel(one, [(p, r) for r in requests for p in publications])
 
 
 def leave(api: Any, items: Sequence[tuple[str, Request]]) -> None:
@@ -125,29 +128,29 @@ def leave(api: Any, items: Sequence[tuple[str, Request]]) -> None:
     parallel(one, items)
 
 
-def bound(api: Any) -> set[tuple[str, int]]:
+def bound(api: Any, publications: Sequence[str]) -> set[tuple[str, int]]:
     core: Any = client.CoreV1Api(api)
     found = set()
-    for publication in PUBLICATIONS:
+    for publication in publications:
         for pod in core.list_namespaced_pod(namespace_of(publication)).items:
             if pod.spec.node_name:
                 found.add((publication, int(pod.metadata.name[1:])))
     return found
 
 
-def settle(api: Any) -> set[tuple[str, int]]:
+def settle(api: Any, publications: Sequence[str]) -> set[tuple[str, int]]:
     """Waits until no new pod has been placed for QUIET_S (or STEP_LIMIT_S passed)."""
     start = last_change = time.monotonic()
-    seen = bound(api)
+    seen = bound(api, publications)
     while time.monotonic() - last_change < QUIET_S and time.monotonic() - start < STEP_LIMIT_S:
         time.sleep(0.5)
-        now = bound(api)
+        now = bound(api, publications)
         if now != seen:
             seen, last_change = now, time.monotonic()
     return seen
 
 
-def replay(api: Any, requests: list[Request], steps: int) -> None:
+def replay(api: Any, requests: list[Request], steps: int, publications: Sequence[str]) -> None:
     by_id = {r.ident: r for r in requests}
     for step in range(steps):
         leaving = [
@@ -157,12 +160,12 @@ def replay(api: Any, requests: list[Request], steps: int) -> None:
             if p not in r.gone and at + r.lifetime <= step
         ]
         leave(api, leaving)
-        arrive(api, [r for r in requests if r.arrives == step])
-        for publication, ident in settle(api):
+        arrive(api, [r for r in requests if r.arrives == step], publications)
+        for publication, ident in settle(api, publications):
             by_id[ident].placed.setdefault(publication, step)
         waiting = {
             p: sum(1 for r in requests if r.arrives <= step and p not in r.placed)
-            for p in PUBLICATIONS
+            for p in publications
         }
         print(
             f"  step {step + 1:3d}: {len(leaving):2d} left, "
@@ -179,10 +182,10 @@ def report(requests: Sequence[Request], args: argparse.Namespace) -> None:
         f"{args.nodes} nodes x 8 H100 in dynamic MIG per publication"
     )
     print(
-        f"{'publication':14s}{'size':7s}{'arrived':>9s}{'placed':>8s}{'mean wait':>11s}"
+        f"{'publication':24s}{'size':7s}{'arrived':>9s}{'placed':>8s}{'mean wait':>11s}"
         f"{'p90 wait':>10s}"
     )
-    for publication in PUBLICATIONS:
+    for publication in args.publications:
         for large in (True, False):
             mine = [r for r in requests if KINDS[r.kind][1] == large]
             waits = sorted(
@@ -191,14 +194,14 @@ def report(requests: Sequence[Request], args: argparse.Namespace) -> None:
             mean = statistics.mean(waits) if waits else 0.0
             p90 = waits[min(len(waits) - 1, round(0.9 * (len(waits) - 1)))] if waits else 0
             print(
-                f"{publication:14s}{'large' if large else 'small':7s}{len(mine):9d}"
+                f"{publication:24s}{'large' if large else 'small':7s}{len(mine):9d}"
                 f"{len(waits):8d}{mean:11.2f}{p90:10d}"
             )
-    print("per kind (placed flexgpu / NVIDIA-style of arrived):")
+    print(f"per kind (placed {' / '.join(args.publications)} of arrived):")
     for kind in KINDS:
         mine = [r for r in requests if r.kind == kind]
-        got = {p: sum(1 for r in mine if p in r.placed) for p in PUBLICATIONS}
-        print(f"  {kind:8s} {got['flexgpu']:3d} / {got['nvidia-style']:3d} of {len(mine)}")
+        got = [sum(1 for r in mine if p in r.placed) for p in args.publications]
+        print(f"  {kind:8s} " + " / ".join(f"{n:3d}" for n in got) + f" of {len(mine)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,14 +210,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--arrivals-per-gpu", type=float, default=0.3)
+    parser.add_argument("--publications", type=lambda s: s.split(","), default=list(PUBLICATIONS))
     args = parser.parse_args(argv)
+    unknown = set(args.publications) - set(KNOWN)
+    if unknown:
+        parser.error(f"--publications: unknown {sorted(unknown)}; allowed: {KNOWN}")
     requests = trace(args.steps, args.arrivals_per_gpu, 8 * args.nodes, args.seed)
     every = frozenset(range(8))
     with ControlPlane() as plane:
         api = plane.api_client()
         ensure_classes(api)
         folder = scratch()
-        for publication in PUBLICATIONS:
+        for publication in args.publications:
             names = [f"{publication}-{i}" for i in range(args.nodes)]
             nodes = create_nodes(
                 api,
@@ -227,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             publish(api, publication, nodes)
             make_namespace(api, namespace_of(publication))
         try:
-            replay(api, requests, args.steps)
+            replay(api, requests, args.steps, args.publications)
         finally:
             report(requests, args)
     return 0
