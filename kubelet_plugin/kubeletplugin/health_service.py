@@ -2,22 +2,18 @@
 
 Each NodeWatchResources stream sends the full device list at once, again whenever the
 HealthSource reports a change, and at least every interval so the kubelet never times the
-devices out. Streams live on the server's event loop, so an open stream holds no thread.
+devices out.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from grpclib.server import Stream
+import grpc
 
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource
@@ -45,18 +41,6 @@ def health_response(pb: ModuleType, devices: Sequence[DeviceHealth]) -> Any:
     )
 
 
-def _thread_safe_setter(event: asyncio.Event) -> Callable[[], None]:
-    """A function any thread may call to set `event` on the loop running now."""
-    loop = asyncio.get_running_loop()
-
-    def wake() -> None:
-        # A closed loop refuses the call: its stream is gone already.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(event.set)
-
-    return wake
-
-
 class HealthService:
     """Implements v1.DRAResourceHealth and v1alpha1.DRAResourceHealth over a HealthSource."""
 
@@ -65,58 +49,56 @@ class HealthService:
         self.interval_seconds = interval_seconds
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._wakers: set[Callable[[], None]] = set()
+        self._wakers: set[threading.Event] = set()
 
     def start(self) -> None:
         """Allow streams again (after a stop, when the server is restarted)."""
         self._stopping.clear()
 
     def stop(self) -> None:
-        """End all streams now (they would otherwise wait out their interval)."""
+        """End all streams now (they would otherwise hold server threads until the interval)."""
         self._stopping.set()
         with self._lock:
-            wakers = list(self._wakers)
-        for wake in wakers:
-            wake()
+            for wake in self._wakers:
+                wake.set()
 
-    async def watch(self, pb: ModuleType, stream: Stream[Any, Any]) -> None:
-        await stream.recv_message()
-        changed = asyncio.Event()
-        wake = _thread_safe_setter(changed)
+    def watch(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
+        wake = threading.Event()
         with self._lock:
             self._wakers.add(wake)
-        unsubscribe = self.source.subscribe(wake)
-        # A client that goes away cancels this coroutine at its next await; finally cleans up.
+        unsubscribe = self.source.subscribe(wake.set)
+        # Runs when the RPC ends for any reason (client gone, server stopping).
+        context.add_callback(wake.set)
         try:
-            while not self._stopping.is_set():
-                changed.clear()  # before the snapshot, so a change during it is not lost
+            while context.is_active() and not self._stopping.is_set():
+                wake.clear()  # before the snapshot, so a change during it is not lost
                 try:
                     devices = self.source.snapshot()
                 except Exception as exc:
                     log.exception("reading device health failed")
-                    raise GRPCError(Status.UNAVAILABLE, f"reading device health: {exc}") from exc
-                await stream.send_message(health_response(pb, devices))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), self.interval_seconds)
-            # Tell the kubelet this is not a normal end: it should reconnect.
-            raise GRPCError(Status.UNAVAILABLE, "the plugin is shutting down")
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"reading device health: {exc}")
+                yield health_response(pb, devices)
+                wake.wait(self.interval_seconds)
+            if self._stopping.is_set():
+                # Tell the kubelet this is not a normal end: it should reconnect.
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the plugin is shutting down")
         finally:
             unsubscribe()
             with self._lock:
                 self._wakers.discard(wake)
 
-    def handlers(self) -> list[h.Service]:
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
         result = []
         for pb in (v1, v1alpha1):
             method = h.server_stream(
-                self._behaviour(pb), pb.NodeWatchResourcesRequest, pb.NodeWatchResourcesResponse
+                self._behaviour(pb), pb.NodeWatchResourcesRequest.FromString, h.serialize
             )
             name = h.service_name(pb.DESCRIPTOR, "DRAResourceHealth")
-            result.append(h.Service(name, {"NodeWatchResources": method}))
+            result.append(h.service(name, {"NodeWatchResources": method}))
         return result
 
-    def _behaviour(self, pb: ModuleType) -> h.StreamMethod:
-        async def node_watch_resources(stream: Stream[Any, Any]) -> None:
-            await self.watch(pb, stream)
+    def _behaviour(self, pb: ModuleType) -> Any:
+        def node_watch_resources(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            return self.watch(pb, context)
 
         return node_watch_resources

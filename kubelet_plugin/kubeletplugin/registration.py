@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import grpc
+
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2 as reg,
@@ -65,7 +67,9 @@ class RegistrationService:
         with self._lock:
             return self._state
 
-    def get_info(self, request: reg.InfoRequest) -> reg.PluginInfo:
+    def get_info(
+        self, request: reg.InfoRequest, context: grpc.ServicerContext | None = None
+    ) -> reg.PluginInfo:
         return reg.PluginInfo(
             type=PLUGIN_TYPE,
             name=self.driver_name,
@@ -74,7 +78,7 @@ class RegistrationService:
         )
 
     def notify_registration_status(
-        self, request: reg.RegistrationStatus
+        self, request: reg.RegistrationStatus, context: grpc.ServicerContext | None = None
     ) -> reg.RegistrationStatusResponse:
         state = RegistrationState(request.plugin_registered, request.error, time.time())
         with self._lock:
@@ -86,14 +90,11 @@ class RegistrationService:
         # Acknowledge either way: an error reply would only be logged by the kubelet.
         return reg.RegistrationStatusResponse()
 
-    def handlers(self, calls: h.Calls) -> list[h.Service]:
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
         methods = {
-            "GetInfo": h.unary(calls, self.get_info, reg.InfoRequest, reg.PluginInfo),
+            "GetInfo": h.unary(self.get_info, reg.InfoRequest.FromString, h.serialize),
             "NotifyRegistrationStatus": h.unary(
-                calls,
-                self.notify_registration_status,
-                reg.RegistrationStatus,
-                reg.RegistrationStatusResponse,
+                self.notify_registration_status, reg.RegistrationStatus.FromString, h.serialize
             ),
         }
-        return [h.Service(h.service_name(reg.DESCRIPTOR, "Registration"), methods)]
+        return [h.service(h.service_name(reg.DESCRIPTOR, "Registration"), methods)]

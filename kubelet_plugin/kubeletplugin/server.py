@@ -5,29 +5,24 @@ listens on the DRA socket; the registration server listens in the kubelet's plug
 directory, where its appearance is what makes the kubelet call us. DRA starts first so it is
 ready when the kubelet follows the registration; on stop, registration goes first.
 
-The servers are grpclib's (HTTP/2 and gRPC in Python over asyncio) on one event loop of their
-own thread; prepare, checkpoints, file locks and device libraries are blocking calls, so each
-unary call runs on a worker thread (grpc_handlers.Calls) and health streams wait on the loop.
-grpclib rather than grpcio: grpcio's C core costs about 16 MiB of resident memory in every
-plugin process, grpclib about 2 MiB, and a kubelet makes a handful of calls per pod, so the
-C core's speed buys nothing here (docs/kubelet-plugin.md, "Memory").
+We use grpc's thread-pool server, not grpc.aio: prepare, checkpoints, file locks and device
+libraries are blocking calls, and the load is a handful of calls per pod, so worker threads are
+simpler than an event loop that would hand every call to an executor anyway.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
 
-from grpclib.server import Server as GrpcServer
+import grpc
 
-from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.claims import DraDriver
 from flexgpu.kubelet_plugin.kubeletplugin.dra_service import DRAService
 from flexgpu.kubelet_plugin.kubeletplugin.health import HealthSource
@@ -45,13 +40,9 @@ from flexgpu.kubelet_plugin.kubeletplugin.sockets import (
 
 log = logging.getLogger(__name__)
 
-# Threads for blocking unary calls (health streams need none).
+# Each open health stream holds a worker for its lifetime; the rest serve prepare/unprepare.
 DRA_WORKERS = 8
 REGISTRATION_WORKERS = 2
-# How long stop() waits for the servers' own shutdown once in-flight calls were cancelled.
-CLOSE_TIMEOUT_S = 2.0
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -85,31 +76,8 @@ class Options:
 class _Listener:
     name: str
     path: Path
-    server: GrpcServer
-    calls: h.Calls
-
-
-class _EventLoop:
-    """An asyncio loop running on a daemon thread of its own, for the gRPC servers."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="grpc-loop", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Runs coroutine on the loop and waits for its result (from another thread)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self.loop.close()
+    server: grpc.Server
+    pool: futures.ThreadPoolExecutor
 
 
 class Server:
@@ -132,7 +100,6 @@ class Server:
             options.driver_name, str(options.dra_socket), supported_versions(health is not None)
         )
         self._listeners: list[_Listener] = []
-        self._loop: _EventLoop | None = None
         self._lock = threading.Lock()
 
     @property
@@ -145,19 +112,14 @@ class Server:
                 raise ServerError("plugin server is already running")
             if self.health is not None:
                 self.health.start()
-            self._loop = _EventLoop()
             try:
-                dra_calls = h.Calls(DRA_WORKERS, "grpc-dra")
-                dra_handlers = self.dra.handlers(dra_calls) + (
-                    self.health.handlers() if self.health else []
-                )
-                self._listen("dra", self.options.dra_socket, dra_handlers, dra_calls)
-                registration_calls = h.Calls(REGISTRATION_WORKERS, "grpc-registration")
+                dra_handlers = self.dra.handlers() + (self.health.handlers() if self.health else [])
+                self._listen("dra", self.options.dra_socket, dra_handlers, DRA_WORKERS)
                 self._listen(
                     "registration",
                     self.options.registration_socket,
-                    self.registration.handlers(registration_calls),
-                    registration_calls,
+                    self.registration.handlers(),
+                    REGISTRATION_WORKERS,
                 )
             except BaseException:
                 self._stop_locked(grace=0)
@@ -218,53 +180,39 @@ class Server:
     ) -> None:
         self.stop()
 
-    def _listen(self, name: str, path: Path, services: list[h.Service], calls: h.Calls) -> None:
-        assert self._loop is not None
+    def _listen(
+        self,
+        name: str,
+        path: Path,
+        handlers: list[grpc.GenericRpcHandler],
+        workers: int,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(path)
-        server = self._loop.call(_new_server(services))
+        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{name}")
+        server = grpc.server(pool, handlers=handlers)
+        listener = _Listener(name, path, server, pool)
+        self._listeners.append(listener)
         try:
-            self._loop.call(server.start(path=str(path)))
-        except OSError as exc:
-            calls.shutdown()
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
             raise ServerError(f"cannot listen on {name} socket {path}: {exc}") from exc
-        self._listeners.append(_Listener(name, path, server, calls))
+        server.start()
 
     def _stop_locked(self, grace: float) -> None:
-        loop = self._loop
-        if loop is None:
+        if not self._listeners:
             return
         if self.health is not None:
             self.health.stop()
-        # Registration first: the kubelet should stop using us before DRA goes away. Each
-        # socket is unlinked before its server closes, so nobody new can connect meanwhile.
+        # Registration first: the kubelet should stop using us before DRA goes away.
         for listener in reversed(self._listeners):
+            listener.server.stop(grace).wait(grace + 1)
+            # Workers still busy past the grace period are left to finish on their own.
+            listener.pool.shutdown(wait=False, cancel_futures=True)
+            # gRPC unlinks its unix socket on shutdown; this covers a listener that did not.
             listener.path.unlink(missing_ok=True)
-            try:
-                loop.call(_close(listener, grace), grace + CLOSE_TIMEOUT_S + 1)
-            except Exception:
-                log.exception("stopping the %s server", listener.name)
-            listener.calls.shutdown()
         self._listeners.clear()
-        loop.close()
-        self._loop = None
         log.info("plugin gRPC servers stopped")
-
-
-async def _new_server(services: list[h.Service]) -> GrpcServer:
-    # Built on the loop that will run it: grpclib binds the running loop at construction.
-    return GrpcServer(services, codec=h.BoundedProtoCodec())
-
-
-async def _close(listener: _Listener, grace: float) -> None:
-    """In-flight unary calls get `grace` seconds to finish; what is left is cancelled."""
-    if not await listener.calls.drained(grace):
-        log.warning("%s server: calls still running after %.1f s, cancelling", listener.name, grace)
-    listener.server.close()
-    try:
-        await asyncio.wait_for(listener.server.wait_closed(), CLOSE_TIMEOUT_S)
-    except TimeoutError:
-        log.warning("%s server: connections still open after close", listener.name)
 
 
 def serve(driver: DraDriver, options: Options, health: HealthSource | None = None) -> Server:
