@@ -48,6 +48,7 @@ from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2_grpc as reg_grpc,
 )
+from tests.conftest import wait_for
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -420,6 +421,18 @@ class _Held(MemoryPreparer):
         return super().prepare(claims)
 
 
+def _answers(socket_path: Path) -> bool:
+    """Whether a new connection's empty prepare is served."""
+    try:
+        with _channel(socket_path) as channel:
+            dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1.NodePrepareResourcesRequest(), timeout=0.5
+            )
+    except grpc.RpcError:
+        return False
+    return True
+
+
 def _held_call(channel: grpc.Channel) -> grpc.Future:
     return dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources.future(  # type: ignore[no-any-return]
         dra_v1.NodePrepareResourcesRequest(
@@ -438,7 +451,8 @@ def test_stop_lets_an_in_flight_prepare_finish_within_the_grace_period(options: 
         assert preparer.entered.wait(TIMEOUT)
         stopping = threading.Thread(target=server.stop, kwargs={"grace": 3.0})
         stopping.start()
-        time.sleep(0.3)
+        # Released only once the server is stopping: new calls are refused by then.
+        wait_for(lambda: not _answers(options.dra_socket), timeout_s=TIMEOUT, what="stop begun")
         preparer.release.set()
         assert call.result(TIMEOUT).claims["u"].error == ""
         stopping.join(TIMEOUT)
