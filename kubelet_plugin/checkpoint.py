@@ -315,6 +315,8 @@ class CheckpointStore:
     ) -> None:
         self.legacy_path = path
         self.claims_dir = path.parent / CLAIMS_FOLDER
+        # The folder as a string: the serving path joins names onto it without pathlib.
+        self._claims_dir = os.fspath(self.claims_dir)
         self.boot_id_path = boot_id_path
         # Injectable so tests can make the disk "full" without filling one.
         self._write: Writer = writer or _write_record
@@ -340,12 +342,7 @@ class CheckpointStore:
         return Checkpoint(boot_id=self.boot_id)
 
     def record_path(self, uid: str) -> Path:
-        if record_file_uid(f"{uid}.json") is None:
-            raise CheckpointError(
-                f"claim uid {uid!r} cannot name a record file; allowed: 1-128 letters, digits "
-                "and dashes"
-            )
-        return self.claims_dir / f"{uid}.json"
+        return self.claims_dir / _record_name(uid)
 
     # -- serving: one record at a time ---------------------------------------------------
     def get(self, uid: str) -> ClaimRecord | None:
@@ -353,14 +350,15 @@ class CheckpointStore:
         with self._guard:
             if uid in self._memory:
                 return self._memory[uid]
-        return self._read_cached(self.record_path(uid))
+        name = _record_name(uid)
+        return self._read_cached(f"{self._claims_dir}/{name}", name)
 
     def checkpoint(self) -> Checkpoint:
         """Every record of this boot. Files that are unusable are skipped here (start-up has
         dealt with them; one that appears later is reported by the next start)."""
         claims: dict[str, ClaimRecord] = {}
-        for path in self._record_files():
-            record = self._read_cached(path)
+        for name in self._record_names():
+            record = self._read_cached(f"{self._claims_dir}/{name}", name)
             if record is not None:
                 claims[record.uid] = record
         with self._guard:
@@ -399,14 +397,14 @@ class CheckpointStore:
 
     def delete(self, uid: str) -> None:
         """Forget the claim. An unlink needs no free space, so this works on a full disk."""
-        path = self.record_path(uid)
+        name = _record_name(uid)
         with self._guard:
             self._memory.pop(uid, None)
-            self._cache.pop(path.name, None)
+            self._cache.pop(name, None)
             if uid in self._foreign_uids:
                 return  # a newer plugin's file: left as it is
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+            os.unlink(f"{self._claims_dir}/{name}")
 
     # -- start-up: everything on disk ----------------------------------------------------
     def scan(self) -> ScanResult:
@@ -558,38 +556,51 @@ class CheckpointStore:
             result.stale += [(old.boot_id, r) for r in old.claims.values()]
 
     def _record_files(self) -> Iterator[Path]:
-        try:
-            names = sorted(os.listdir(self.claims_dir))
-        except FileNotFoundError:
-            return
-        for name in names:
-            if record_file_uid(name) is not None:
-                yield self.claims_dir / name
+        for name in self._record_names():
+            yield self.claims_dir / name
 
-    def _read_cached(self, path: Path) -> ClaimRecord | None:
+    def _record_names(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self._claims_dir))
+        except FileNotFoundError:
+            return []
+        return [name for name in names if record_file_uid(name) is not None]
+
+    def _read_cached(self, path: str, name: str) -> ClaimRecord | None:
         try:
             identity = _identity(path)
             with self._guard:
-                known = self._cache.get(path.name)
+                known = self._cache.get(name)
             if known is not None and known[0] == identity:
                 return known[1]
-            raw = path.read_bytes()
+            with open(path, "rb") as handle:
+                raw = handle.read()
         except FileNotFoundError:
             return None
         record: ClaimRecord | None = None
         try:
             boot_id, parsed = _parse_record(
-                _open_envelope(raw, SCHEMA_VERSION), record_file_uid(path.name)
+                _open_envelope(raw, SCHEMA_VERSION), record_file_uid(name)
             )
             record = parsed if boot_id == self.boot_id else None
         except _Unusable as err:
             log.warning("ignoring checkpoint file %s: %s", path, err.reason)
         with self._guard:
-            self._cache[path.name] = (identity, record)
+            self._cache[name] = (identity, record)
         return record
 
 
-def _identity(path: Path) -> tuple[int, int, int]:
+def _record_name(uid: str) -> str:
+    name = f"{uid}.json"
+    if record_file_uid(name) is None:
+        raise CheckpointError(
+            f"claim uid {uid!r} cannot name a record file; allowed: 1-128 letters, digits "
+            "and dashes"
+        )
+    return name
+
+
+def _identity(path: str | Path) -> tuple[int, int, int]:
     # Every write is a rename of a fresh temp file, so any writer changes the inode.
     st = os.stat(path)
     return (st.st_ino, st.st_mtime_ns, st.st_size)

@@ -38,6 +38,9 @@ class DeviceNodes:
         self.root = root
         self.host_root = host_root if host_root is not None else root
         self.with_control_nodes = with_control_nodes
+        # As strings: every prepared device stats its nodes, and pathlib joins cost more.
+        self._dev = os.fspath(root / "dev")
+        self._host_dev = os.fspath(self.host_root / "dev")
         # The driver's procfs is not namespaced: the container's /proc shows it too.
         self._proc_roots = [root] if root == proc_root else [root, proc_root]
 
@@ -72,16 +75,15 @@ class DeviceNodes:
         return tuple(nodes)
 
     def _node(self, name: str) -> DeviceNode | None:
-        path = self.root / "dev" / name
         try:
-            st = os.stat(path)
+            st = os.stat(f"{self._dev}/{name}")
         except OSError:
             return None
         if not stat.S_ISCHR(st.st_mode):
             return None
         return DeviceNode(
             f"/dev/{name}",
-            os.fspath(self.host_root / "dev" / name),
+            f"{self._host_dev}/{name}",
             os.major(st.st_rdev),
             os.minor(st.st_rdev),
         )

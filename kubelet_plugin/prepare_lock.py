@@ -74,14 +74,18 @@ class _KeyedThreadLocks:
                     self._locks[key] = (lock, users - 1)
 
 
-def _open_lock_file(path: Path) -> int | None:
+def _open_lock_file(path: str) -> int | None:
     """The file's descriptor; None when it cannot be created because the disk is full (then
     only this process is excluded: unprepare, which frees space, must still work)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            return os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, flags, 0o600)
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT) and not path.exists():
+        if err.errno in (errno.ENOSPC, errno.EDQUOT) and not os.path.exists(path):
             log.warning(
                 "cannot create lock file %s (%s): locking within this process only", path, err
             )
@@ -89,7 +93,7 @@ def _open_lock_file(path: Path) -> int | None:
         raise
 
 
-def _flock(fd: int, path: Path, operation: int, timeout: float | None) -> None:
+def _flock(fd: int, path: str, operation: int, timeout: float | None) -> None:
     if timeout is None:
         fcntl.flock(fd, operation)
         return
@@ -110,18 +114,38 @@ def _flock(fd: int, path: Path, operation: int, timeout: float | None) -> None:
             pause = min(pause * 2, 0.1)
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path, operation: int, timeout: float | None) -> Iterator[None]:
-    fd = _open_lock_file(path)
-    if fd is None:
-        yield
-        return
-    try:
-        _flock(fd, path, operation, timeout)
-        yield
-    finally:
-        # Closing the last descriptor releases the flock.
-        os.close(fd)
+class _FileLock:
+    """``with _FileLock(path, operation, timeout):`` holds a flock on path for the block. A
+    class rather than a generator: several are taken per prepare."""
+
+    __slots__ = ("_fd", "_operation", "_path", "_timeout")
+
+    def __init__(self, path: str, operation: int, timeout: float | None) -> None:
+        self._path = path
+        self._operation = operation
+        self._timeout = timeout
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        fd = _open_lock_file(self._path)
+        if fd is None:
+            return
+        try:
+            _flock(fd, self._path, self._operation, self._timeout)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the flock
 
 
 class PrepareLock:
@@ -140,6 +164,9 @@ class PrepareLock:
     ) -> None:
         self.path = path
         self.locks_dir = path.parent / LOCKS_FOLDER
+        # Strings for the per-operation opens (pathlib is slow on this path).
+        self._path = os.fspath(path)
+        self._locks_dir = os.fspath(self.locks_dir)
         self.timeout = timeout
         self.on_wait = on_wait
         self._claims = _KeyedThreadLocks()
@@ -150,7 +177,7 @@ class PrepareLock:
     def acquire(self) -> None:
         if getattr(self._held, "exclusive", None) is not None:
             raise RuntimeError(f"lock {self.path} is already held by this thread")
-        held = _file_lock(self.path, fcntl.LOCK_EX, self.timeout)
+        held = _FileLock(self._path, fcntl.LOCK_EX, self.timeout)
         held.__enter__()
         self._held.exclusive = held
 
@@ -174,7 +201,7 @@ class PrepareLock:
 
     def operation(self) -> contextlib.AbstractContextManager[None]:
         """The node lock, shared: any number of operations, but no start-up reconcile."""
-        return _file_lock(self.path, fcntl.LOCK_SH, self.timeout)
+        return _FileLock(self._path, fcntl.LOCK_SH, self.timeout)
 
     # -- claim and resource locks --------------------------------------------------------
     def claim(self, uid: str) -> contextlib.AbstractContextManager[None]:
@@ -187,7 +214,7 @@ class PrepareLock:
             for key in sorted(set(keys)):
                 stack.enter_context(self._resources.hold(key, self.timeout, self.on_wait))
                 stack.enter_context(
-                    _file_lock(self.locks_dir / f"{key}.lock", fcntl.LOCK_EX, self.timeout)
+                    _FileLock(f"{self._locks_dir}/{key}.lock", fcntl.LOCK_EX, self.timeout)
                 )
             yield
 
