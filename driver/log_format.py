@@ -55,6 +55,13 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
         raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
     if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {', '.join(FORMATS)}")
+    # Neither format shows where a call was made or from which thread or process; the
+    # logging module's documented switches skip collecting that for every record (the
+    # plugin logs each prepare, and collecting it cost about as much as the write).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()

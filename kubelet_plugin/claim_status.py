@@ -82,6 +82,8 @@ class ClaimStatusWriter:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # When the writer thread wakes up by itself (inf: it waits to be told).
+        self._wake_at = float("-inf")
         self.writes = 0  # status writes sent, for tests
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -112,7 +114,11 @@ class ClaimStatusWriter:
             if pending is None:
                 due = self._clock() + self._coalesce_s
                 self._pending[uid] = _Pending(namespace, name, uid, devices, due)
-                self._cond.notify_all()
+                # The writer needs waking only when this window closes before the one it
+                # waits for; under load it waits for an earlier one (each opens coalesce_s
+                # from now), and waking it per prepare cost CPU the prepares then lacked.
+                if due < self._wake_at:
+                    self._cond.notify_all()
             else:
                 # The window stays where it opened: a claim that keeps changing is still
                 # written promptly, with whatever it wants last.
@@ -124,12 +130,15 @@ class ClaimStatusWriter:
             with self._cond:
                 while not self._stopping:
                     if not self._pending:
+                        self._wake_at = float("inf")
                         self._cond.wait()
                         continue
-                    wait = self._next_due() - self._clock()
+                    self._wake_at = self._next_due()
+                    wait = self._wake_at - self._clock()
                     if wait <= 0:
                         break
                     self._cond.wait(timeout=wait)
+                self._wake_at = float("-inf")
                 stopping = self._stopping
             if stopping:
                 self.flush(deadline=self._clock() + FLUSH_ON_STOP_S)
