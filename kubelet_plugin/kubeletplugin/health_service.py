@@ -2,7 +2,8 @@
 
 Each NodeWatchResources stream sends the full device list at once, again whenever the
 HealthSource reports a change, and at least every interval so the kubelet never times the
-devices out.
+devices out. A stream holds a server thread while it is open, so only max_streams may be open
+at once: more would leave no thread for prepares.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def health_response(pb: ModuleType, devices: Sequence[DeviceHealth]) -> Any:
 class HealthService:
     """Implements v1.DRAResourceHealth and v1alpha1.DRAResourceHealth over a HealthSource."""
 
-    def __init__(self, source: HealthSource, interval_seconds: float) -> None:
+    def __init__(self, source: HealthSource, interval_seconds: float, max_streams: int = 1) -> None:
         self.source = source
         self.interval_seconds = interval_seconds
+        self.max_streams = max_streams
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._wakers: set[threading.Event] = set()
@@ -65,7 +67,16 @@ class HealthService:
     def watch(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
         wake = threading.Event()
         with self._lock:
-            self._wakers.add(wake)
+            refused = len(self._wakers) >= self.max_streams
+            if not refused:
+                self._wakers.add(wake)
+        if refused:
+            log.warning("health stream refused: %d already open", self.max_streams)
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {self.max_streams} NodeWatchResources stream(s) may be open at once; "
+                "an open one ends when its client disconnects",
+            )
         unsubscribe = self.source.subscribe(wake.set)
         # Runs when the RPC ends for any reason (client gone, server stopping).
         context.add_callback(wake.set)

@@ -231,6 +231,37 @@ def test_health_stream_repeats_the_full_list_periodically(
     stream.cancel()
 
 
+def test_a_second_health_stream_is_refused_while_prepares_go_on(
+    dra_channel: grpc.Channel, health: MemoryHealth
+) -> None:
+    # Each open stream holds a server thread; the kubelet keeps one, and a second would take
+    # a thread the prepares need.
+    first = _watch(dra_channel, health_v1_grpc, health_v1)
+    next(first)
+    second = _watch(dra_channel, health_v1alpha1_grpc, health_v1alpha1)
+    with pytest.raises(grpc.RpcError) as info:
+        next(second)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "at most 1 NodeWatchResources stream(s)" in (info.value.details() or "")
+
+    stub = dra_v1_grpc.DRAPluginStub(dra_channel)
+    prepares = [
+        stub.NodePrepareResources.future(
+            dra_v1.NodePrepareResourcesRequest(
+                claims=[dra_v1.Claim(namespace="ns", name=n, uid=n)]
+            ),
+            timeout=TIMEOUT,
+        )
+        for n in "abcdefgh"
+    ]
+    assert all(f.result().claims[n].error == "" for f, n in zip(prepares, "abcdefgh", strict=True))
+
+    # Once the open stream ends, the next one is served.
+    first.cancel()
+    wait_for(lambda: health.subscriber_count == 0, timeout_s=TIMEOUT, what="the stream to end")
+    assert len(next(_watch(dra_channel, health_v1alpha1_grpc, health_v1alpha1)).devices) == 2
+
+
 def test_stop_ends_streams_and_removes_sockets(options: Options, health: MemoryHealth) -> None:
     server = Server(MemoryPreparer(), options, health)
     server.start()
