@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from flexgpu.driver.log_format import configure_logging
 from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig, load_config
 from flexgpu.kubelet_plugin.kubeletplugin import DraDriver, Server
+from flexgpu.kubelet_plugin.malloc_arenas import limit_malloc_arenas
 from flexgpu.kubelet_plugin.startup_gate import StartupGate
 
 if TYPE_CHECKING:
@@ -289,6 +290,7 @@ def run(config: PluginConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    limit_malloc_arenas()  # before any thread starts
     try:
         config = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as err:
