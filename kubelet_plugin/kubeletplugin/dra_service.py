@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import grpc
-
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.claims import (
     ClaimRef,
@@ -112,7 +110,7 @@ class DRAService:
         self.preparer = preparer
 
     def node_prepare_resources(
-        self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext | None = None
+        self, request: v1.NodePrepareResourcesRequest
     ) -> v1.NodePrepareResourcesResponse:
         claims, refused = _split(request.claims)
         response = v1.NodePrepareResourcesResponse()
@@ -144,9 +142,7 @@ class DRAService:
         return response
 
     def node_unprepare_resources(
-        self,
-        request: v1.NodeUnprepareResourcesRequest,
-        context: grpc.ServicerContext | None = None,
+        self, request: v1.NodeUnprepareResourcesRequest
     ) -> v1.NodeUnprepareResourcesResponse:
         claims, refused = _split(request.claims)
         response = v1.NodeUnprepareResourcesResponse()
@@ -173,43 +169,48 @@ class DRAService:
                 log.warning("unprepare of claim %s failed: %s", _describe(claim), entry.error)
         return response
 
-    def handlers(self) -> list[grpc.GenericRpcHandler]:
+    def handlers(self, calls: h.Calls) -> list[h.Service]:
         # v1beta1 requests are byte-for-byte v1 requests, so both versions parse into v1.
+        prepare, unprepare = self.node_prepare_resources, self.node_unprepare_resources
         v1_methods = {
             "NodePrepareResources": h.unary(
-                self.node_prepare_resources, v1.NodePrepareResourcesRequest.FromString, h.serialize
+                calls, prepare, v1.NodePrepareResourcesRequest, v1.NodePrepareResourcesResponse
             ),
             "NodeUnprepareResources": h.unary(
-                self.node_unprepare_resources,
-                v1.NodeUnprepareResourcesRequest.FromString,
-                h.serialize,
+                calls,
+                unprepare,
+                v1.NodeUnprepareResourcesRequest,
+                v1.NodeUnprepareResourcesResponse,
             ),
         }
         v1beta1_methods = {
             "NodePrepareResources": h.unary(
-                self.node_prepare_resources,
-                v1.NodePrepareResourcesRequest.FromString,
+                calls,
+                prepare,
+                v1.NodePrepareResourcesRequest,
+                v1beta1.NodePrepareResourcesResponse,
                 _as_v1beta1(v1beta1.NodePrepareResourcesResponse),
             ),
             "NodeUnprepareResources": h.unary(
-                self.node_unprepare_resources,
-                v1.NodeUnprepareResourcesRequest.FromString,
+                calls,
+                unprepare,
+                v1.NodeUnprepareResourcesRequest,
+                v1beta1.NodeUnprepareResourcesResponse,
                 _as_v1beta1(v1beta1.NodeUnprepareResourcesResponse),
             ),
         }
         return [
-            h.service(h.service_name(v1.DESCRIPTOR, "DRAPlugin"), v1_methods),
-            h.service(h.service_name(v1beta1.DESCRIPTOR, "DRAPlugin"), v1beta1_methods),
+            h.Service(h.service_name(v1.DESCRIPTOR, "DRAPlugin"), v1_methods),
+            h.Service(h.service_name(v1beta1.DESCRIPTOR, "DRAPlugin"), v1beta1_methods),
         ]
 
 
-def _as_v1beta1(message_type: Any) -> h.Serializer:
-    """Serialiser of a v1 response as its v1beta1 twin, dropping what v1beta1 lacks (share_id)."""
+def _as_v1beta1(message_type: Any) -> h.Convert:
+    """A v1 response as its v1beta1 twin, dropping what v1beta1 lacks (share_id)."""
 
-    def serialize(response: Any) -> bytes:
+    def convert(response: Any) -> Any:
         converted = message_type.FromString(response.SerializeToString())
         converted.DiscardUnknownFields()
-        data: bytes = converted.SerializeToString()
-        return data
+        return converted
 
-    return serialize
+    return convert

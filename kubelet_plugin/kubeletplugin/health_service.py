@@ -2,19 +2,22 @@
 
 Each NodeWatchResources stream sends the full device list at once, again whenever the
 HealthSource reports a change, and at least every interval so the kubelet never times the
-devices out. A stream holds a server thread while it is open, so only max_streams may be open
-at once: more would leave no thread for prepares.
+devices out. Streams live on the server's event loop, so an open stream holds no thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-import grpc
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
 
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource
@@ -42,74 +45,78 @@ def health_response(pb: ModuleType, devices: Sequence[DeviceHealth]) -> Any:
     )
 
 
+def _thread_safe_setter(event: asyncio.Event) -> Callable[[], None]:
+    """A function any thread may call to set `event` on the loop running now."""
+    loop = asyncio.get_running_loop()
+
+    def wake() -> None:
+        # A closed loop refuses the call: its stream is gone already.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(event.set)
+
+    return wake
+
+
 class HealthService:
     """Implements v1.DRAResourceHealth and v1alpha1.DRAResourceHealth over a HealthSource."""
 
-    def __init__(self, source: HealthSource, interval_seconds: float, max_streams: int = 1) -> None:
+    def __init__(self, source: HealthSource, interval_seconds: float) -> None:
         self.source = source
         self.interval_seconds = interval_seconds
-        self.max_streams = max_streams
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._wakers: set[threading.Event] = set()
+        self._wakers: set[Callable[[], None]] = set()
 
     def start(self) -> None:
         """Allow streams again (after a stop, when the server is restarted)."""
         self._stopping.clear()
 
     def stop(self) -> None:
-        """End all streams now (they would otherwise hold server threads until the interval)."""
+        """End all streams now (they would otherwise wait out their interval)."""
         self._stopping.set()
         with self._lock:
-            for wake in self._wakers:
-                wake.set()
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
 
-    def watch(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
-        wake = threading.Event()
+    async def watch(self, pb: ModuleType, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        changed = asyncio.Event()
+        wake = _thread_safe_setter(changed)
         with self._lock:
-            refused = len(self._wakers) >= self.max_streams
-            if not refused:
-                self._wakers.add(wake)
-        if refused:
-            log.warning("health stream refused: %d already open", self.max_streams)
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"at most {self.max_streams} NodeWatchResources stream(s) may be open at once; "
-                "an open one ends when its client disconnects",
-            )
-        unsubscribe = self.source.subscribe(wake.set)
-        # Runs when the RPC ends for any reason (client gone, server stopping).
-        context.add_callback(wake.set)
+            self._wakers.add(wake)
+        unsubscribe = self.source.subscribe(wake)
+        # A client that goes away cancels this coroutine at its next await; finally cleans up.
         try:
-            while context.is_active() and not self._stopping.is_set():
-                wake.clear()  # before the snapshot, so a change during it is not lost
+            while not self._stopping.is_set():
+                changed.clear()  # before the snapshot, so a change during it is not lost
                 try:
                     devices = self.source.snapshot()
                 except Exception as exc:
                     log.exception("reading device health failed")
-                    context.abort(grpc.StatusCode.UNAVAILABLE, f"reading device health: {exc}")
-                yield health_response(pb, devices)
-                wake.wait(self.interval_seconds)
-            if self._stopping.is_set():
-                # Tell the kubelet this is not a normal end: it should reconnect.
-                context.abort(grpc.StatusCode.UNAVAILABLE, "the plugin is shutting down")
+                    raise GRPCError(Status.UNAVAILABLE, f"reading device health: {exc}") from exc
+                await stream.send_message(health_response(pb, devices))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), self.interval_seconds)
+            # Tell the kubelet this is not a normal end: it should reconnect.
+            raise GRPCError(Status.UNAVAILABLE, "the plugin is shutting down")
         finally:
             unsubscribe()
             with self._lock:
                 self._wakers.discard(wake)
 
-    def handlers(self) -> list[grpc.GenericRpcHandler]:
+    def handlers(self) -> list[h.Service]:
         result = []
         for pb in (v1, v1alpha1):
             method = h.server_stream(
-                self._behaviour(pb), pb.NodeWatchResourcesRequest.FromString, h.serialize
+                self._behaviour(pb), pb.NodeWatchResourcesRequest, pb.NodeWatchResourcesResponse
             )
             name = h.service_name(pb.DESCRIPTOR, "DRAResourceHealth")
-            result.append(h.service(name, {"NodeWatchResources": method}))
+            result.append(h.Service(name, {"NodeWatchResources": method}))
         return result
 
-    def _behaviour(self, pb: ModuleType) -> Any:
-        def node_watch_resources(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            return self.watch(pb, context)
+    def _behaviour(self, pb: ModuleType) -> h.StreamMethod:
+        async def node_watch_resources(stream: Stream[Any, Any]) -> None:
+            await self.watch(pb, stream)
 
         return node_watch_resources

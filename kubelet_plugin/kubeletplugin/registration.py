@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import grpc
-
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2 as reg,
@@ -67,9 +65,7 @@ class RegistrationService:
         with self._lock:
             return self._state
 
-    def get_info(
-        self, request: reg.InfoRequest, context: grpc.ServicerContext | None = None
-    ) -> reg.PluginInfo:
+    def get_info(self, request: reg.InfoRequest) -> reg.PluginInfo:
         return reg.PluginInfo(
             type=PLUGIN_TYPE,
             name=self.driver_name,
@@ -78,7 +74,7 @@ class RegistrationService:
         )
 
     def notify_registration_status(
-        self, request: reg.RegistrationStatus, context: grpc.ServicerContext | None = None
+        self, request: reg.RegistrationStatus
     ) -> reg.RegistrationStatusResponse:
         state = RegistrationState(request.plugin_registered, request.error, time.time())
         with self._lock:
@@ -90,11 +86,14 @@ class RegistrationService:
         # Acknowledge either way: an error reply would only be logged by the kubelet.
         return reg.RegistrationStatusResponse()
 
-    def handlers(self) -> list[grpc.GenericRpcHandler]:
+    def handlers(self, calls: h.Calls) -> list[h.Service]:
         methods = {
-            "GetInfo": h.unary(self.get_info, reg.InfoRequest.FromString, h.serialize),
+            "GetInfo": h.unary(calls, self.get_info, reg.InfoRequest, reg.PluginInfo),
             "NotifyRegistrationStatus": h.unary(
-                self.notify_registration_status, reg.RegistrationStatus.FromString, h.serialize
+                calls,
+                self.notify_registration_status,
+                reg.RegistrationStatus,
+                reg.RegistrationStatusResponse,
             ),
         }
-        return [h.service(h.service_name(reg.DESCRIPTOR, "Registration"), methods)]
+        return [h.Service(h.service_name(reg.DESCRIPTOR, "Registration"), methods)]

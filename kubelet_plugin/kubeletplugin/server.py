@@ -5,24 +5,29 @@ listens on the DRA socket; the registration server listens in the kubelet's plug
 directory, where its appearance is what makes the kubelet call us. DRA starts first so it is
 ready when the kubelet follows the registration; on stop, registration goes first.
 
-We use grpc's thread-pool server, not grpc.aio: prepare, checkpoints, file locks and device
-libraries are blocking calls, and the load is a handful of calls per pod, so worker threads are
-simpler than an event loop that would hand every call to an executor anyway.
+The servers are grpclib's (HTTP/2 and gRPC in Python over asyncio) on one event loop of their
+own thread; prepare, checkpoints, file locks and device libraries are blocking calls, so each
+unary call runs on a worker thread (grpc_handlers.Calls) and health streams wait on the loop.
+grpclib rather than grpcio: grpcio's C core costs about 16 MiB of resident memory in every
+plugin process, grpclib about 2 MiB, and a kubelet makes a handful of calls per pod, so the
+C core's speed buys nothing here (docs/kubelet-plugin.md, "Memory").
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
-from concurrent import futures
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any, TypeVar
 
-import grpc
+from grpclib.server import Server as GrpcServer
 
+from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.claims import DraDriver
 from flexgpu.kubelet_plugin.kubeletplugin.dra_service import DRAService
 from flexgpu.kubelet_plugin.kubeletplugin.health import HealthSource
@@ -40,14 +45,16 @@ from flexgpu.kubelet_plugin.kubeletplugin.sockets import (
 
 log = logging.getLogger(__name__)
 
-# Prepare/unprepare calls served at once. The work holds the GIL most of the time: measured
-# side by side, 4 threads served 8 concurrent callers faster than 8 threads and took 1.4 MiB
-# less memory. Calls beyond this wait in gRPC's queue; none fails.
+# Threads for blocking unary calls (health streams wait on the event loop and need none).
+# The work holds the GIL most of the time: measured side by side, 4 threads served 8
+# concurrent callers faster than 8 threads, with less memory. Calls beyond this wait in the
+# pool's queue; none fails.
 PREPARE_WORKERS = 4
-# Each open health stream holds a worker for its lifetime, so the pool has one more for each
-# stream allowed (the kubelet keeps one open).
-HEALTH_STREAMS = 1
 REGISTRATION_WORKERS = 2
+# How long stop() waits for the servers' own shutdown once in-flight calls were cancelled.
+CLOSE_TIMEOUT_S = 2.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,31 @@ class Options:
 class _Listener:
     name: str
     path: Path
-    server: grpc.Server
-    pool: futures.ThreadPoolExecutor
+    server: GrpcServer
+    calls: h.Calls
+
+
+class _EventLoop:
+    """An asyncio loop running on a daemon thread of its own, for the gRPC servers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="grpc-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Runs coroutine on the loop and waits for its result (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 class Server:
@@ -100,15 +130,12 @@ class Server:
     ) -> None:
         self.options = options
         self.dra = DRAService(driver)
-        self.health = (
-            HealthService(health, options.health_interval_seconds, max_streams=HEALTH_STREAMS)
-            if health
-            else None
-        )
+        self.health = HealthService(health, options.health_interval_seconds) if health else None
         self.registration = RegistrationService(
             options.driver_name, str(options.dra_socket), supported_versions(health is not None)
         )
         self._listeners: list[_Listener] = []
+        self._loop: _EventLoop | None = None
         self._lock = threading.Lock()
 
     @property
@@ -121,15 +148,19 @@ class Server:
                 raise ServerError("plugin server is already running")
             if self.health is not None:
                 self.health.start()
+            self._loop = _EventLoop()
             try:
-                dra_handlers = self.dra.handlers() + (self.health.handlers() if self.health else [])
-                workers = PREPARE_WORKERS + (HEALTH_STREAMS if self.health else 0)
-                self._listen("dra", self.options.dra_socket, dra_handlers, workers)
+                dra_calls = h.Calls(PREPARE_WORKERS, "grpc-dra")
+                dra_handlers = self.dra.handlers(dra_calls) + (
+                    self.health.handlers() if self.health else []
+                )
+                self._listen("dra", self.options.dra_socket, dra_handlers, dra_calls)
+                registration_calls = h.Calls(REGISTRATION_WORKERS, "grpc-registration")
                 self._listen(
                     "registration",
                     self.options.registration_socket,
-                    self.registration.handlers(),
-                    REGISTRATION_WORKERS,
+                    self.registration.handlers(registration_calls),
+                    registration_calls,
                 )
             except BaseException:
                 self._stop_locked(grace=0)
@@ -190,39 +221,53 @@ class Server:
     ) -> None:
         self.stop()
 
-    def _listen(
-        self,
-        name: str,
-        path: Path,
-        handlers: list[grpc.GenericRpcHandler],
-        workers: int,
-    ) -> None:
+    def _listen(self, name: str, path: Path, services: list[h.Service], calls: h.Calls) -> None:
+        assert self._loop is not None
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(path)
-        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{name}")
-        server = grpc.server(pool, handlers=handlers)
-        listener = _Listener(name, path, server, pool)
-        self._listeners.append(listener)
+        server = self._loop.call(_new_server(services))
         try:
-            server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as exc:
+            self._loop.call(server.start(path=str(path)))
+        except OSError as exc:
+            calls.shutdown()
             raise ServerError(f"cannot listen on {name} socket {path}: {exc}") from exc
-        server.start()
+        self._listeners.append(_Listener(name, path, server, calls))
 
     def _stop_locked(self, grace: float) -> None:
-        if not self._listeners:
+        loop = self._loop
+        if loop is None:
             return
         if self.health is not None:
             self.health.stop()
-        # Registration first: the kubelet should stop using us before DRA goes away.
+        # Registration first: the kubelet should stop using us before DRA goes away. Each
+        # socket is unlinked before its server closes, so nobody new can connect meanwhile.
         for listener in reversed(self._listeners):
-            listener.server.stop(grace).wait(grace + 1)
-            # Workers still busy past the grace period are left to finish on their own.
-            listener.pool.shutdown(wait=False, cancel_futures=True)
-            # gRPC unlinks its unix socket on shutdown; this covers a listener that did not.
             listener.path.unlink(missing_ok=True)
+            try:
+                loop.call(_close(listener, grace), grace + CLOSE_TIMEOUT_S + 1)
+            except Exception:
+                log.exception("stopping the %s server", listener.name)
+            listener.calls.shutdown()
         self._listeners.clear()
+        loop.close()
+        self._loop = None
         log.info("plugin gRPC servers stopped")
+
+
+async def _new_server(services: list[h.Service]) -> GrpcServer:
+    # Built on the loop that will run it: grpclib binds the running loop at construction.
+    return GrpcServer(services, codec=h.BoundedProtoCodec())
+
+
+async def _close(listener: _Listener, grace: float) -> None:
+    """In-flight unary calls get `grace` seconds to finish; what is left is cancelled."""
+    if not await listener.calls.drained(grace):
+        log.warning("%s server: calls still running after %.1f s, cancelling", listener.name, grace)
+    listener.server.close()
+    try:
+        await asyncio.wait_for(listener.server.wait_closed(), CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("%s server: connections still open after close", listener.name)
 
 
 def serve(driver: DraDriver, options: Options, health: HealthSource | None = None) -> Server:

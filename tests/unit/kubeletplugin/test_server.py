@@ -25,6 +25,7 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
     ServerError,
     serve,
 )
+from flexgpu.kubelet_plugin.kubeletplugin.grpc_handlers import MAX_REQUEST_BYTES
 from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2_grpc as dra_v1_grpc
@@ -48,6 +49,7 @@ from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2_grpc as reg_grpc,
 )
+from flexgpu.kubelet_plugin.kubeletplugin.server import PREPARE_WORKERS
 from tests.conftest import wait_for
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
@@ -231,37 +233,6 @@ def test_health_stream_repeats_the_full_list_periodically(
     stream.cancel()
 
 
-def test_a_second_health_stream_is_refused_while_prepares_go_on(
-    dra_channel: grpc.Channel, health: MemoryHealth
-) -> None:
-    # Each open stream holds a server thread; the kubelet keeps one, and a second would take
-    # a thread the prepares need.
-    first = _watch(dra_channel, health_v1_grpc, health_v1)
-    next(first)
-    second = _watch(dra_channel, health_v1alpha1_grpc, health_v1alpha1)
-    with pytest.raises(grpc.RpcError) as info:
-        next(second)
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "at most 1 NodeWatchResources stream(s)" in (info.value.details() or "")
-
-    stub = dra_v1_grpc.DRAPluginStub(dra_channel)
-    prepares = [
-        stub.NodePrepareResources.future(
-            dra_v1.NodePrepareResourcesRequest(
-                claims=[dra_v1.Claim(namespace="ns", name=n, uid=n)]
-            ),
-            timeout=TIMEOUT,
-        )
-        for n in "abcdefgh"
-    ]
-    assert all(f.result().claims[n].error == "" for f, n in zip(prepares, "abcdefgh", strict=True))
-
-    # Once the open stream ends, the next one is served.
-    first.cancel()
-    wait_for(lambda: health.subscriber_count == 0, timeout_s=TIMEOUT, what="the stream to end")
-    assert len(next(_watch(dra_channel, health_v1alpha1_grpc, health_v1alpha1)).devices) == 2
-
-
 def test_stop_ends_streams_and_removes_sockets(options: Options, health: MemoryHealth) -> None:
     server = Server(MemoryPreparer(), options, health)
     server.start()
@@ -421,21 +392,39 @@ def test_rolling_update_instances_serve_side_by_side(options: Options) -> None:
 def test_oversized_request_is_refused_and_the_server_goes_on(
     dra_channel: grpc.Channel, preparer: MemoryPreparer
 ) -> None:
-    """A request over gRPC's default 4 MiB is refused before it is parsed; the next call on
-    the same channel is served."""
+    """A request over 4 MiB (what gRPC servers accept by default) is refused before it is
+    parsed, naming its size and the limit; the next call on the same channel is served."""
     stub = dra_v1_grpc.DRAPluginStub(dra_channel)
-    huge = dra_v1.Claim(namespace="ns", name="x" * (4 * 1024 * 1024 + 1), uid="u-huge")
+    huge = dra_v1.Claim(namespace="ns", name="x" * (MAX_REQUEST_BYTES + 1), uid="u-huge")
     with pytest.raises(grpc.RpcError) as info:
         stub.NodePrepareResources(
             dra_v1.NodePrepareResourcesRequest(claims=[huge]), timeout=TIMEOUT
         )
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"over the limit of {MAX_REQUEST_BYTES} bytes" in str(info.value.details())
     assert preparer.calls == []
     small = dra_v1.Claim(namespace="ns", name="ok", uid="u-ok")
     response = stub.NodePrepareResources(
         dra_v1.NodePrepareResourcesRequest(claims=[small]), timeout=TIMEOUT
     )
     assert response.claims["u-ok"].error == ""
+
+
+def test_a_stream_does_not_hold_a_worker(options: Options, health: MemoryHealth) -> None:
+    """More open health streams than worker threads: prepares are still served (streams wait
+    on the event loop, unary calls on the workers)."""
+    with Server(MemoryPreparer(), options, health), _channel(options.dra_socket) as channel:
+        streams = [_watch(channel, health_v1_grpc, health_v1) for _ in range(PREPARE_WORKERS + 2)]
+        for stream in streams:
+            next(stream)
+        stub = dra_v1_grpc.DRAPluginStub(channel)
+        claim = dra_v1.Claim(namespace="ns", name="a", uid="u-a")
+        response = stub.NodePrepareResources(
+            dra_v1.NodePrepareResourcesRequest(claims=[claim]), timeout=TIMEOUT
+        )
+        assert response.claims["u-a"].error == ""
+        for stream in streams:
+            stream.cancel()
 
 
 class _Held(MemoryPreparer):
@@ -450,18 +439,6 @@ class _Held(MemoryPreparer):
         self.entered.set()
         assert self.release.wait(TIMEOUT)
         return super().prepare(claims)
-
-
-def _answers(socket_path: Path) -> bool:
-    """Whether a new connection's empty prepare is served."""
-    try:
-        with _channel(socket_path) as channel:
-            dra_v1_grpc.DRAPluginStub(channel).NodePrepareResources(
-                dra_v1.NodePrepareResourcesRequest(), timeout=0.5
-            )
-    except grpc.RpcError:
-        return False
-    return True
 
 
 def _held_call(channel: grpc.Channel) -> grpc.Future:
@@ -482,8 +459,8 @@ def test_stop_lets_an_in_flight_prepare_finish_within_the_grace_period(options: 
         assert preparer.entered.wait(TIMEOUT)
         stopping = threading.Thread(target=server.stop, kwargs={"grace": 3.0})
         stopping.start()
-        # Released only once the server is stopping: new calls are refused by then.
-        wait_for(lambda: not _answers(options.dra_socket), timeout_s=TIMEOUT, what="stop begun")
+        # Released only once the server is stopping: its socket is gone, nobody new connects.
+        wait_for(lambda: not options.dra_socket.exists(), timeout_s=TIMEOUT, what="stop begun")
         preparer.release.set()
         assert call.result(TIMEOUT).claims["u"].error == ""
         stopping.join(TIMEOUT)
