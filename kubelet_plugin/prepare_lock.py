@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -46,32 +46,71 @@ class _KeyedThreadLocks:
         self._guard = threading.Lock()
         self._locks: dict[str, tuple[threading.Lock, int]] = {}
 
-    @contextlib.contextmanager
     def hold(
         self, key: str, timeout: float | None, on_wait: Callable[[str], None] | None
-    ) -> Iterator[None]:
+    ) -> _HeldKey:
+        return _HeldKey(self, key, timeout, on_wait)
+
+    def _join(self, key: str) -> threading.Lock:
         with self._guard:
             lock, users = self._locks.get(key, (threading.Lock(), 0))
             self._locks[key] = (lock, users + 1)
+        return lock
+
+    def _leave(self, key: str) -> None:
+        with self._guard:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class _HeldKey:
+    """``with``: holds the key's thread lock for the block. A class rather than a generator:
+    several are taken per prepare."""
+
+    __slots__ = ("_key", "_lock", "_locks", "_on_wait", "_timeout")
+
+    def __init__(
+        self,
+        locks: _KeyedThreadLocks,
+        key: str,
+        timeout: float | None,
+        on_wait: Callable[[str], None] | None,
+    ) -> None:
+        self._locks = locks
+        self._key = key
+        self._timeout = timeout
+        self._on_wait = on_wait
+        self._lock: threading.Lock | None = None
+
+    def __enter__(self) -> None:
+        lock = self._locks._join(self._key)
         try:
             if not lock.acquire(blocking=False):
-                if on_wait is not None:
-                    on_wait(key)
+                if self._on_wait is not None:
+                    self._on_wait(self._key)
+                timeout = self._timeout
                 if not lock.acquire(timeout=-1 if timeout is None else timeout):
                     raise LockTimeout(
-                        f"lock {key} still held by another operation after {timeout:g}s"
+                        f"lock {self._key} still held by another operation after {timeout:g}s"
                     )
-            try:
-                yield
-            finally:
-                lock.release()
-        finally:
-            with self._guard:
-                lock, users = self._locks[key]
-                if users == 1:
-                    del self._locks[key]
-                else:
-                    self._locks[key] = (lock, users - 1)
+        except BaseException:
+            self._locks._leave(self._key)
+            raise
+        self._lock = lock
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+            self._locks._leave(self._key)
 
 
 def _open_lock_file(path: str) -> int | None:
@@ -207,16 +246,46 @@ class PrepareLock:
     def claim(self, uid: str) -> contextlib.AbstractContextManager[None]:
         return self._claims.hold(f"claim {uid}", self.timeout, self.on_wait)
 
-    @contextlib.contextmanager
-    def resources(self, keys: Iterable[str]) -> Iterator[None]:
+    def resources(self, keys: Iterable[str]) -> contextlib.AbstractContextManager[None]:
         """Every key's lock, taken in sorted order."""
-        with contextlib.ExitStack() as stack:
-            for key in sorted(set(keys)):
-                stack.enter_context(self._resources.hold(key, self.timeout, self.on_wait))
-                stack.enter_context(
-                    _FileLock(f"{self._locks_dir}/{key}.lock", fcntl.LOCK_EX, self.timeout)
-                )
-            yield
+        held: list[contextlib.AbstractContextManager[None]] = []
+        for key in sorted(set(keys)):
+            held.append(self._resources.hold(key, self.timeout, self.on_wait))
+            held.append(_FileLock(f"{self._locks_dir}/{key}.lock", fcntl.LOCK_EX, self.timeout))
+        return _All(held)
+
+
+class _All:
+    """``with``: enters the locks in order and leaves them in reverse; a failure to take one
+    releases those already taken."""
+
+    __slots__ = ("_entered", "_locks")
+
+    def __init__(self, locks: list[contextlib.AbstractContextManager[None]]) -> None:
+        self._locks = locks
+        self._entered = 0
+
+    def __enter__(self) -> None:
+        try:
+            for lock in self._locks:
+                lock.__enter__()
+                self._entered += 1
+        except BaseException:
+            self._leave()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        while self._entered:
+            self._entered -= 1
+            self._locks[self._entered].__exit__(None, None, None)
 
 
 def gpu_key(index: int) -> str:

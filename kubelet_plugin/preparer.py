@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,10 +165,13 @@ class ClaimPreparerImpl:
         return self._store.checkpoint()
 
     def spec_path(self, claim_uid: str) -> Path:
-        return self.cdi_dir / spec_file_name(claim_uid)
+        return Path(self._spec_file(claim_uid))
 
-    @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
+    def _spec_file(self, claim_uid: str) -> str:
+        # A string join: this runs on every prepare, where pathlib costs more than it does.
+        return f"{os.fspath(self.cdi_dir)}/{spec_file_name(claim_uid)}"
+
+    def _operation(self) -> contextlib.AbstractContextManager[None]:
         """The node lock, shared. A plugin of schema version 1 still running beside us (a
         rolling update) may have written its single-file checkpoint: its records are migrated
         first, under the exclusive lock, so that no claim goes unseen."""
@@ -178,8 +181,7 @@ class ClaimPreparerImpl:
                 if scan.legacy_status == "current":
                     for err in self._store.migrate_legacy(scan.legacy):
                         log.error("migrating the version-1 checkpoint: %s", err)
-        with self._lock.operation():
-            yield
+        return self._lock.operation()
 
     def resource_keys(self, record: ClaimRecord) -> set[str]:
         """The GPUs a record's claim holds or changed: what its undo must lock."""
@@ -357,7 +359,7 @@ class ClaimPreparerImpl:
                 ),
             )
         return CreatedResources(
-            cdi_spec_path=str(self.spec_path(claim.uid)),
+            cdi_spec_path=self._spec_file(claim.uid),
             mig_instances=self._intended_partitions(claim),
             mps_share=mps,
             time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
@@ -580,7 +582,7 @@ class ClaimPreparerImpl:
         # The container runtime reads the spec without a checksum, so its data is synced: a
         # rename that survives a power loss never names a torn spec. The directory is not: a
         # lost rename only follows a reboot, after which the kubelet prepares again.
-        atomic_write_bytes(self.spec_path(claim.uid), encode_spec(spec), sync_directory=False)
+        atomic_write_bytes(self._spec_file(claim.uid), encode_spec(spec), sync_directory=False)
 
     def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> list[str]:
         """Removes everything the record says was (or may have been) created or changed, and

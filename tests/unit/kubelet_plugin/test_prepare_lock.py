@@ -140,6 +140,29 @@ def test_resource_lock_excludes_the_other_process_per_key(tmp_path: Path) -> Non
         pass
 
 
+def test_a_timeout_on_a_later_key_releases_the_keys_already_taken(tmp_path: Path) -> None:
+    lock_path = tmp_path / "data" / "prepare.lock"
+    context = multiprocessing.get_context("fork")
+    held, release = context.Event(), context.Event()
+    child = context.Process(target=_hold_resource, args=(lock_path, "gpu-1", held, release))
+    child.start()
+    try:
+        assert held.wait(10)
+        lock = PrepareLock(lock_path, timeout=0.05)
+        # gpu-0 is taken first (sorted order), then gpu-1 times out.
+        with pytest.raises(LockTimeout), lock.resources(["gpu-1", "gpu-0"]):
+            pass
+        # Both of gpu-0's locks are free again (either would time out otherwise): this
+        # object's thread lock, and the file lock for another holder.
+        with lock.resources(["gpu-0"]):
+            pass
+        with PrepareLock(lock_path, timeout=0.05).resources(["gpu-0"]):
+            pass
+    finally:
+        release.set()
+        child.join(10)
+
+
 def test_waiting_for_a_held_key_is_reported(tmp_path: Path) -> None:
     waited: list[str] = []
     lock = PrepareLock(tmp_path / "prepare.lock", on_wait=waited.append)
