@@ -39,6 +39,30 @@ class LockTimeout(TimeoutError):
     """The lock stayed held by someone else for longer than the timeout."""
 
 
+class _Held:
+    """A lock held for a ``with`` block: subclasses say how it is taken and let go. Plain
+    classes rather than generator context managers: several are taken per prepare."""
+
+    __slots__ = ()
+
+    def acquire(self) -> None:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
 class _KeyedThreadLocks:
     """One threading.Lock per key, alive while anyone holds or waits for it."""
 
@@ -66,9 +90,8 @@ class _KeyedThreadLocks:
                 self._locks[key] = (lock, users - 1)
 
 
-class _HeldKey:
-    """``with``: holds the key's thread lock for the block. A class rather than a generator:
-    several are taken per prepare."""
+class _HeldKey(_Held):
+    """The key's thread lock."""
 
     __slots__ = ("_key", "_lock", "_locks", "_on_wait", "_timeout")
 
@@ -85,7 +108,7 @@ class _HeldKey:
         self._on_wait = on_wait
         self._lock: threading.Lock | None = None
 
-    def __enter__(self) -> None:
+    def acquire(self) -> None:
         lock = self._locks._join(self._key)
         try:
             if not lock.acquire(blocking=False):
@@ -101,12 +124,7 @@ class _HeldKey:
             raise
         self._lock = lock
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def release(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
@@ -153,9 +171,8 @@ def _flock(fd: int, path: str, operation: int, timeout: float | None) -> None:
             pause = min(pause * 2, 0.1)
 
 
-class _FileLock:
-    """``with _FileLock(path, operation, timeout):`` holds a flock on path for the block. A
-    class rather than a generator: several are taken per prepare."""
+class _FileLock(_Held):
+    """A flock on path (shared or exclusive, by operation)."""
 
     __slots__ = ("_fd", "_operation", "_path", "_timeout")
 
@@ -165,7 +182,7 @@ class _FileLock:
         self._timeout = timeout
         self._fd: int | None = None
 
-    def __enter__(self) -> None:
+    def acquire(self) -> None:
         fd = _open_lock_file(self._path)
         if fd is None:
             return
@@ -176,12 +193,7 @@ class _FileLock:
             raise
         self._fd = fd
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the last descriptor releases the flock
@@ -217,14 +229,14 @@ class PrepareLock:
         if getattr(self._held, "exclusive", None) is not None:
             raise RuntimeError(f"lock {self.path} is already held by this thread")
         held = _FileLock(self._path, fcntl.LOCK_EX, self.timeout)
-        held.__enter__()
+        held.acquire()
         self._held.exclusive = held
 
     def release(self) -> None:
         held = getattr(self._held, "exclusive", None)
         self._held.exclusive = None
         if held is not None:
-            held.__exit__(None, None, None)
+            held.release()
 
     def __enter__(self) -> PrepareLock:
         self.acquire()
@@ -248,44 +260,36 @@ class PrepareLock:
 
     def resources(self, keys: Iterable[str]) -> contextlib.AbstractContextManager[None]:
         """Every key's lock, taken in sorted order."""
-        held: list[contextlib.AbstractContextManager[None]] = []
+        held: list[_Held] = []
         for key in sorted(set(keys)):
             held.append(self._resources.hold(key, self.timeout, self.on_wait))
             held.append(_FileLock(f"{self._locks_dir}/{key}.lock", fcntl.LOCK_EX, self.timeout))
         return _All(held)
 
 
-class _All:
-    """``with``: enters the locks in order and leaves them in reverse; a failure to take one
-    releases those already taken."""
+class _All(_Held):
+    """Takes the locks in order and lets them go in reverse; a failure to take one releases
+    those already taken."""
 
     __slots__ = ("_entered", "_locks")
 
-    def __init__(self, locks: list[contextlib.AbstractContextManager[None]]) -> None:
+    def __init__(self, locks: list[_Held]) -> None:
         self._locks = locks
         self._entered = 0
 
-    def __enter__(self) -> None:
+    def acquire(self) -> None:
         try:
             for lock in self._locks:
-                lock.__enter__()
+                lock.acquire()
                 self._entered += 1
         except BaseException:
-            self._leave()
+            self.release()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._leave()
-
-    def _leave(self) -> None:
+    def release(self) -> None:
         while self._entered:
             self._entered -= 1
-            self._locks[self._entered].__exit__(None, None, None)
+            self._locks[self._entered].release()
 
 
 def gpu_key(index: int) -> str:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,14 +120,24 @@ def _hold_resource(lock_path: Path, key: str, held: Any, release: Any) -> None:
         release.wait(10)
 
 
-def test_resource_lock_excludes_the_other_process_per_key(tmp_path: Path) -> None:
-    lock_path = tmp_path / "data" / "prepare.lock"
+@contextlib.contextmanager
+def _held_by_another_process(lock_path: Path, key: str) -> Iterator[None]:
+    """While the block runs, a forked process holds the resource lock of key."""
     context = multiprocessing.get_context("fork")
     held, release = context.Event(), context.Event()
-    child = context.Process(target=_hold_resource, args=(lock_path, "gpu-0", held, release))
+    child = context.Process(target=_hold_resource, args=(lock_path, key, held, release))
     child.start()
     try:
         assert held.wait(10)
+        yield
+    finally:
+        release.set()
+        child.join(10)
+
+
+def test_resource_lock_excludes_the_other_process_per_key(tmp_path: Path) -> None:
+    lock_path = tmp_path / "data" / "prepare.lock"
+    with _held_by_another_process(lock_path, "gpu-0"):
         lock = PrepareLock(lock_path, timeout=0.05)
         with lock.resources(["gpu-1"]):  # another GPU: free
             pass
@@ -133,21 +145,13 @@ def test_resource_lock_excludes_the_other_process_per_key(tmp_path: Path) -> Non
             pass
         with lock.resources(["gpu-1"]):  # what was taken before the timeout is released
             pass
-    finally:
-        release.set()
-        child.join(10)
     with PrepareLock(lock_path, timeout=0.05).resources(["gpu-0"]):
         pass
 
 
 def test_a_timeout_on_a_later_key_releases_the_keys_already_taken(tmp_path: Path) -> None:
     lock_path = tmp_path / "data" / "prepare.lock"
-    context = multiprocessing.get_context("fork")
-    held, release = context.Event(), context.Event()
-    child = context.Process(target=_hold_resource, args=(lock_path, "gpu-1", held, release))
-    child.start()
-    try:
-        assert held.wait(10)
+    with _held_by_another_process(lock_path, "gpu-1"):
         lock = PrepareLock(lock_path, timeout=0.05)
         # gpu-0 is taken first (sorted order), then gpu-1 times out.
         with pytest.raises(LockTimeout), lock.resources(["gpu-1", "gpu-0"]):
@@ -158,9 +162,6 @@ def test_a_timeout_on_a_later_key_releases_the_keys_already_taken(tmp_path: Path
             pass
         with PrepareLock(lock_path, timeout=0.05).resources(["gpu-0"]):
             pass
-    finally:
-        release.set()
-        child.join(10)
 
 
 def test_waiting_for_a_held_key_is_reported(tmp_path: Path) -> None:
