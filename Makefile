@@ -11,10 +11,21 @@ export FLEXGPU_K8S := $(K8S)
 # -rs prints every skip with its reason (a test of a feature the release lacks included).
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
-.PHONY: setup venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
+.PHONY: setup system-deps test-deps venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
         cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node
 
-setup: venv control-plane helm-tools nvml-mock nvidia-ctk node
+setup: system-deps venv control-plane helm-tools nvml-mock nvidia-ctk node
+
+# Debian packages the machine itself needs (the real node's build and namespaces, the package
+# lists its images come from), installed with apt-get when missing: first, so that a fresh
+# machine learns it in seconds rather than after the long builds. Not root: one line says what
+# to run.
+system-deps:
+	@bash tools/system-deps.sh node
+
+# What the tests add: promtool and prometheus for the metrics checks.
+test-deps:
+	@bash tools/system-deps.sh test
 
 venv: $(STAMP)
 
@@ -68,19 +79,19 @@ lint: venv
 	@echo "==> import contracts (pyproject.toml [tool.importlinter])"
 	@$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: setup lint
+test: setup test-deps lint
 	@echo "==> pytest (unit and integration against the real control plane$(if $(K8S), v$(K8S)))"
 	@$(PYTEST)
 
-test-unit: venv
+test-unit: venv test-deps
 	@$(PYTEST) -m "not integration"
 
-test-integration: setup
+test-integration: setup test-deps
 	@$(PYTEST) -m integration
 
 # The core end-to-end set (whole GPU, NVLink, dynamic MIG, fractions, node policy, chart
 # install); CI runs it with K8S set to the oldest supported release.
-test-core: setup
+test-core: setup test-deps
 	@echo "==> pytest (core end-to-end set$(if $(K8S), on Kubernetes $(K8S)))"
 	@$(PYTEST) -m "integration and core"
 

@@ -1,4 +1,4 @@
-"""promtool (Debian's prometheus package; .ci/run installs it) for tests that check metrics
+"""promtool (Debian's prometheus package; `make test` installs it) for tests that check metrics
 and rules the way Prometheus does."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 def promtool_path() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.skip("promtool is missing: apt-get install prometheus (.ci/run does)")
+        pytest.skip("promtool is missing: `make test` installs it (tools/system-deps.sh test)")
     return found
 
 

@@ -90,7 +90,9 @@ def _rules(tmp: Path) -> Path:
 def _prometheus(tmp: Path, targets: dict[str, int]) -> tuple[Component, str]:
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip("the prometheus binary is missing: apt-get install prometheus (.ci/run does)")
+        pytest.skip(
+            "the prometheus binary is missing: `make test` installs it (tools/system-deps.sh test)"
+        )
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(_rules(tmp))],

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The Debian packages that `make demo` (set "node") and `make test` (set "test") need on the
+# machine itself, installed with apt-get when any is missing. Everything else (Go modules,
+# PyPI wheels, helm and kubectl) the other set-up steps fetch into caches of their own.
+#
+#   tools/system-deps.sh node|test [--check]
+#
+# As root it installs what is missing; not as root it prints one line naming the command to run
+# and exits 2; with --check it only lists what is missing (exit 1 if anything is).
+# FLEXGPU_APT_GET overrides the apt-get command (the tests point it at a recorder).
+set -euo pipefail
+
+set_name=${1:-}
+mode=${2:-install}
+case "$set_name" in
+  node | test) ;;
+  *)
+    echo "usage: $0 node|test [--check] (got '${set_name}')" >&2
+    exit 2
+    ;;
+esac
+
+apt_get=${FLEXGPU_APT_GET:-apt-get}
+missing=()
+need_lists=0
+
+have() { command -v "$1" >/dev/null 2>&1; }
+want() { # <package> <why>
+  local pkg=$1
+  for m in "${missing[@]+"${missing[@]}"}"; do [ "$m" = "$pkg" ] && return 0; done
+  missing+=("$pkg")
+  echo "missing: $pkg ($2)" >&2
+}
+
+# The real node: runc is built with cgo and seccomp; the node runs in namespaces of its own.
+have gcc || want gcc "runc's nsenter and seccomp parts are C"
+have pkg-config || want pkg-config "finds libseccomp for runc's build"
+if ! have pkg-config || ! pkg-config --exists libseccomp 2>/dev/null; then
+  want libseccomp-dev "runc is built with seccomp"
+fi
+have ip || want iproute2 "the node's network namespace"
+{ have unshare && have nsenter; } || want util-linux "the node's mount and PID namespaces"
+have mount || want mount "the node's mounts"
+# The node's images are assembled from Debian packages fetched with `apt-get download`,
+# which needs the package lists (a fresh machine or container often has none).
+if ! apt-cache show busybox-static >/dev/null 2>&1; then
+  need_lists=1
+  echo "missing: the apt package lists (the node's images are made from Debian packages)" >&2
+fi
+
+if [ "$set_name" = test ]; then
+  # promtool checks the chart's alert rules; the Prometheus integration test runs a server.
+  { have promtool && have prometheus; } || want prometheus "promtool and prometheus for the metrics tests"
+fi
+
+if [ ${#missing[@]} -eq 0 ] && [ $need_lists -eq 0 ]; then
+  exit 0
+fi
+if [ "$mode" = --check ]; then
+  exit 1
+fi
+if ! have "$apt_get"; then
+  echo "error: missing ${missing[*]:-package lists} and no apt-get here: install the equivalents with your distribution's package manager" >&2
+  exit 2
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: run as root first: apt-get update && apt-get install -y --no-install-recommends ${missing[*]:-}" >&2
+  exit 2
+fi
+
+echo "==> apt-get install ${missing[*]:-(package lists only)}" >&2
+"$apt_get" update -qq >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  # No service is wanted from these packages (the tests start their own Prometheus on a free
+  # port), and a container without an init system cannot start one anyway.
+  DEBIAN_FRONTEND=noninteractive "$apt_get" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
