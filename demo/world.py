@@ -31,6 +31,9 @@ from tools.node.node import RealNode
 
 SYSTEM_NAMESPACE = "flexgpu-system"
 RELEASE = "flexgpu"
+# GPU node pools usually carry this taint (GKE and EKS put it on GPU nodes) so that only pods
+# that ask for it land there; the catalog's pods tolerate it, as a recipe must on such a pool.
+GPU_POOL_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 # The chart's name for it (RBAC lets the controller write no other).
 WEBHOOK_CONFIGURATION = "flexgpu-validation"
 # A claim admission must refuse: the demo waits until it is refused before it goes on.
@@ -150,7 +153,12 @@ class DemoWorld:
         self.wait_for_admission()
         shutil.rmtree(self.node_root, ignore_errors=True)
         for name, topology, flags in NODES:
-            create_simulated_node(self.api, name, labels={"flexgpu.dev/topology": topology})
+            create_simulated_node(
+                self.api,
+                name,
+                labels={"flexgpu.dev/topology": topology},
+                taints=[GPU_POOL_TAINT],
+            )
             plugin_config = service_account_kubeconfig(
                 self.api,
                 self.kubeconfig,

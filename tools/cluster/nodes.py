@@ -15,8 +15,10 @@ def create_simulated_node(
     cpu: str = "64",
     memory: str = "512Gi",
     pods: str = "110",
+    taints: list[dict[str, str]] | None = None,
 ) -> Any:
-    """Creates (or replaces) a Node and marks it Ready, without the not-ready taint."""
+    """Creates (or replaces) a Node and marks it Ready, without the not-ready taint and with
+    ``taints`` (as a GPU node pool carries them)."""
     core = client.CoreV1Api(api)
     all_labels = {
         "kubernetes.io/hostname": name,
@@ -53,8 +55,13 @@ def create_simulated_node(
     # The TaintNodesByCondition admission plugin adds the not-ready taint at creation; the node
     # lifecycle controller would lift it once Ready, but it does not run here (no kubelets).
     node: Any = core.read_node(name)
-    taints = [t for t in (node.spec.taints or []) if t.key != "node.kubernetes.io/not-ready"]
-    return core.patch_node(name, {"spec": {"taints": taints or None}})
+    kept = [
+        {"key": t.key, "value": t.value, "effect": t.effect}
+        for t in (node.spec.taints or [])
+        if t.key != "node.kubernetes.io/not-ready"
+        and all(t.key != new["key"] for new in taints or [])
+    ]
+    return core.patch_node(name, {"spec": {"taints": [*kept, *(taints or [])] or None}})
 
 
 def _now() -> str:
