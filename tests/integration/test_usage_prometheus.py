@@ -76,7 +76,17 @@ def _rules(tmp: Path) -> Path:
     chart = str(REPO_ROOT / "charts" / "flexgpu")
     values = ["metrics.prometheusRule.enabled=true", f"metrics.idleClaims.window={WINDOW}"]
     out = subprocess.run(
-        [str(helm), "template", "t", chart, "-n", "flexgpu", *(f"--set={v}" for v in values)],
+        [
+            str(helm),
+            "template",
+            "t",
+            chart,
+            "-n",
+            "flexgpu",
+            "--api-versions",
+            "monitoring.coreos.com/v1",
+            *(f"--set={v}" for v in values),
+        ],
         capture_output=True,
         text=True,
         check=True,

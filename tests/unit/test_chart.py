@@ -21,7 +21,18 @@ def helm() -> Path:
 
 
 def render(helm: Path, *values: str) -> list[dict[str, Any]]:
-    args = [str(helm), "template", "t", str(CHART), "--namespace", "flexgpu-system"]
+    args = [
+        str(helm),
+        "template",
+        "t",
+        str(CHART),
+        "--namespace",
+        "flexgpu-system",
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--api-versions",
+        "cert-manager.io/v1",
+    ]
     for value in values:
         args += ["--set", value]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -341,3 +352,97 @@ def test_schema_accepts_global_and_still_rejects_typos(helm: Path) -> None:
             check=False,
         )
         assert result.returncode != 0, typo
+
+
+def _app_version() -> str:
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+
+
+def _images(docs: list[dict[str, Any]]) -> set[str]:
+    pods = _pod_templates(docs)
+    return {c["image"] for spec in pods.values() for c in spec["spec"]["containers"]}
+
+
+def test_image_registry_mirror_and_digest(helm: Path) -> None:
+    """The image is registry/repository:appVersion by default; a global mirror replaces the
+    registry of both daemons and the MPS daemon pods; a digest pins the exact image."""
+    default = render(helm)
+    assert _images(default) == {"ghcr.io/flexgpu/flexgpu:" + _app_version()}
+    mirrored = render(helm, "global.imageRegistry=mirror.corp:5000", "image.tag=1.2.3")
+    assert _images(mirrored) == {"mirror.corp:5000/flexgpu/flexgpu:1.2.3"}
+    digest = "sha256:" + "ab" * 32
+    pinned = render(helm, f"image.digest={digest}", "image.tag=1.2.3")
+    assert _images(pinned) == {f"ghcr.io/flexgpu/flexgpu@{digest}"}
+    env = _pod_templates(pinned)["DaemonSet"]["spec"]["containers"][0]["env"]
+    mps_image = [e["value"] for e in env if e["name"] == "FLEXGPU_MPS_IMAGE"]
+    assert mps_image == [f"ghcr.io/flexgpu/flexgpu@{digest}"]
+    whole = render(helm, "image.registry=", "image.repository=local/flexgpu", "image.tag=t")
+    assert _images(whole) == {"local/flexgpu:t"}
+
+
+def test_bad_digest_is_refused_naming_the_value(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "t", str(CHART), "--set", "image.digest=latest"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "digest" in result.stderr and "sha256" in result.stderr
+
+
+def test_update_strategy_and_extra_env_and_volumes(helm: Path) -> None:
+    daemonset = next(d for d in render(helm) if d["kind"] == "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    docs = render(
+        helm,
+        "kubeletPlugin.updateStrategy.rollingUpdate.maxSurge=10%",
+        "kubeletPlugin.extraEnv[0].name=HTTPS_PROXY",
+        "kubeletPlugin.extraEnv[0].value=http://proxy:3128",
+        "kubeletPlugin.extraVolumes[0].name=ca",
+        "kubeletPlugin.extraVolumes[0].hostPath.path=/etc/pki",
+        "kubeletPlugin.extraVolumeMounts[0].name=ca",
+        "kubeletPlugin.extraVolumeMounts[0].mountPath=/etc/pki",
+        "controller.extraEnv[0].name=TZ",
+        "controller.extraEnv[0].value=UTC",
+        "controller.extraVolumes[0].name=scratch",
+        "controller.extraVolumes[0].emptyDir.medium=Memory",
+        "controller.extraVolumeMounts[0].name=scratch",
+        "controller.extraVolumeMounts[0].mountPath=/scratch",
+    )
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == "10%"
+    pods = _pod_templates(docs)
+    for kind, env, volume, mount in (
+        ("DaemonSet", "HTTPS_PROXY", "ca", "/etc/pki"),
+        ("Deployment", "TZ", "scratch", "/scratch"),
+    ):
+        spec = pods[kind]["spec"]
+        container = spec["containers"][0]
+        assert env in {e["name"] for e in container["env"]}
+        assert volume in {v["name"] for v in spec["volumes"]}
+        assert {"name": volume, "mountPath": mount} in container["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("value", "api"),
+    [
+        ("metrics.serviceMonitor.enabled", "monitoring.coreos.com/v1"),
+        ("metrics.prometheusRule.enabled", "monitoring.coreos.com/v1"),
+        ("webhook.certManager.enabled", "cert-manager.io/v1"),
+    ],
+)
+def test_optional_objects_need_their_api(helm: Path, value: str, api: str) -> None:
+    """A ServiceMonitor, PrometheusRule or cert-manager Certificate on a cluster without that
+    API fails the render naming the value and what to install, not the install halfway."""
+    result = subprocess.run(
+        [str(helm), "template", "t", str(CHART), "--set", f"{value}=true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert f"{value} is true but the cluster serves no {api}" in result.stderr

@@ -30,6 +30,8 @@ def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
     repository, _, tag = image.rpartition(":")
     layout = node.layout
     values = {
+        # The node's image name is whole (no registry in front of it).
+        "image.registry": "",
         "image.repository": repository,
         "image.tag": tag,
         # The image was imported into the node's containerd; there is no registry.

@@ -38,8 +38,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- toYaml (merge $ours (.extra | default dict)) -}}
 {{- end -}}
 
+{{/* The image both daemons (and the MPS daemon pods) run: [registry/]repository then
+@digest when one is given (it pins the exact image), else :tag (default: appVersion).
+global.imageRegistry, where set, replaces image.registry (a mirror for every chart). */}}
 {{- define "flexgpu.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $registry := default .Values.image.registry (.Values.global).imageRegistry -}}
+{{- if $registry }}{{ $registry | trimSuffix "/" }}/{{ end }}{{ .Values.image.repository }}
+{{- if .Values.image.digest }}@{{ .Values.image.digest }}
+{{- else }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{ end }}
+{{- end -}}
+
+{{/* Fails the render when an optional object's API is missing from the cluster, saying what
+to install, instead of a failed install halfway (helm template: pass --api-versions). */}}
+{{- define "flexgpu.requireApi" -}}
+{{- if not (.top.Capabilities.APIVersions.Has .api) -}}
+{{- fail (printf "%s is true but the cluster serves no %s: install %s first (helm template: add --api-versions %s)" .value .api .what .api) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "flexgpu.pluginName" -}}{{ include "flexgpu.fullname" . }}-kubelet-plugin{{- end -}}

@@ -17,7 +17,18 @@ CHART = REPO_ROOT / "charts" / "flexgpu"
 
 
 def render(*values: str) -> list[dict[str, Any]]:
-    args = [str(helm_tools_dir() / "helm"), "template", "t", str(CHART), "-n", "gpu"]
+    args = [
+        str(helm_tools_dir() / "helm"),
+        "template",
+        "t",
+        str(CHART),
+        "-n",
+        "gpu",
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--api-versions",
+        "cert-manager.io/v1",
+    ]
     for value in ("metrics.prometheusRule.enabled=true", *values):
         args += ["--set-json", value]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout

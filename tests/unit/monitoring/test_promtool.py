@@ -25,7 +25,18 @@ def promtool() -> str:
 
 
 def rendered_rules(*values: str) -> dict[str, Any]:
-    args = [str(helm_tools_dir() / "helm"), "template", "t", str(CHART), "-n", "flexgpu-system"]
+    args = [
+        str(helm_tools_dir() / "helm"),
+        "template",
+        "t",
+        str(CHART),
+        "-n",
+        "flexgpu-system",
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--api-versions",
+        "cert-manager.io/v1",
+    ]
     for value in ("metrics.prometheusRule.enabled=true", *values):
         args += ["--set", value]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
