@@ -38,6 +38,8 @@ class ExitCode(IntEnum):
     UNSATISFIED = 3
     # explain: no such pod or ResourceClaim.
     NOT_FOUND = 4
+    # doctor: a preflight check failed.
+    CHECK_FAILED = 5
 
 
 class CliError(Exception):

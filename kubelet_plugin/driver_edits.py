@@ -25,19 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from flexgpu.driver.atomic_file import atomic_write_bytes
+from flexgpu.driver.preflight import LIBRARY_DIRS, NVML_LIBRARY, find_nvml
 
 log = logging.getLogger(__name__)
 
-NVML_LIBRARY = "libnvidia-ml.so.1"
-# Where distributions and the driver installer put the driver's libraries.
-LIBRARY_DIRS = (
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "usr/lib",
-    "lib/x86_64-linux-gnu",
-    "lib64",
-)
 GENERATOR = "flexgpu-cdi-common"
 HOOK = "nvidia-cdi-hook"
 _EDIT_KEYS = frozenset({"env", "deviceNodes", "hooks", "mounts", "additionalGids", "intelRdt"})
@@ -51,22 +42,21 @@ def load_nvml(driver_root: Path) -> Path:
     """Loads the driver root's NVML library by its path, so that pynvml's later load by name
     finds it; the driver root's other libraries (the host's libc, ...) stay out of this
     process, which LD_LIBRARY_PATH would not ensure."""
-    for folder in LIBRARY_DIRS:
-        path = driver_root / folder / NVML_LIBRARY
-        if path.exists():
-            try:
-                ctypes.CDLL(os.fspath(path), mode=ctypes.RTLD_GLOBAL)
-            except OSError as err:
-                raise DriverEditsError(
-                    f"--driver-root (FLEXGPU_DRIVER_ROOT) {driver_root}: cannot load {path}: {err}"
-                ) from None
-            log.info("NVML from %s", path)
-            return path
-    raise DriverEditsError(
-        f"--driver-root (FLEXGPU_DRIVER_ROOT) {driver_root}: no {NVML_LIBRARY} in "
-        f"{', '.join(LIBRARY_DIRS)}; set it (chart: kubeletPlugin.nvidiaDriverRoot) to the "
-        "folder the NVIDIA driver is installed under"
-    )
+    path = find_nvml(driver_root)
+    if path is None:
+        raise DriverEditsError(
+            f"--driver-root (FLEXGPU_DRIVER_ROOT) {driver_root}: no {NVML_LIBRARY} in "
+            f"{', '.join(LIBRARY_DIRS)}; set it (chart: kubeletPlugin.nvidiaDriverRoot) to the "
+            "folder the NVIDIA driver is installed under"
+        )
+    try:
+        ctypes.CDLL(os.fspath(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        raise DriverEditsError(
+            f"--driver-root (FLEXGPU_DRIVER_ROOT) {driver_root}: cannot load {path}: {err}"
+        ) from None
+    log.info("NVML from %s", path)
+    return path
 
 
 def install_hook(data_dir: Path, source: str = HOOK) -> Path:

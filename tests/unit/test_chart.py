@@ -446,3 +446,26 @@ def test_optional_objects_need_their_api(helm: Path, value: str, api: str) -> No
     )
     assert result.returncode != 0
     assert f"{value} is true but the cluster serves no {api}" in result.stderr
+
+
+def test_preflight_runs_before_the_plugin(helm: Path) -> None:
+    """`flexgpu doctor node` runs as the plugin pod's init container over the same driver root
+    and folders, recording its verdict on the Node; strict makes a failed check fatal."""
+    spec = _pod_templates(render(helm))["DaemonSet"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["flexgpu", "doctor", "node", "--record-event=$(FLEXGPU_NODE_NAME)"]
+    assert "--strict" not in (init.get("args") or [])
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    assert env["FLEXGPU_DRIVER_ROOT"] == "/driver-root"
+    assert env["FLEXGPU_CDI_DIR"] == "/var/run/cdi"
+    assert init["image"] == spec["containers"][0]["image"]
+    assert {
+        "name": "driver-root",
+        "mountPath": "/driver-root",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    } in init["volumeMounts"]
+    strict = _pod_templates(render(helm, "kubeletPlugin.preflight.strict=true"))
+    assert "--strict" in strict["DaemonSet"]["spec"]["initContainers"][0]["args"]
+    off = _pod_templates(render(helm, "kubeletPlugin.preflight.enabled=false"))
+    assert "initContainers" not in off["DaemonSet"]["spec"]
