@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import datetime
 import os
+import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,6 +127,7 @@ def _run_node(args: argparse.Namespace) -> int:
         kubelet_dir=args.kubelet_dir,
         cdi_dir=args.cdi_dir,
         hook_path=args.hook_path or None,
+        image_hook=Path(found) if (found := shutil.which("nvidia-cdi-hook")) else None,
     )
     checks = node_checks(facts, _read_inventory(driver_root, args.topology))
     code = _report(checks, args.output)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,8 +60,9 @@ class NodeFacts:
     host_root: Path | None
     kubelet_dir: str = "/var/lib/kubelet"
     cdi_dir: str = "/var/run/cdi"
-    # The hook the chart names (a host path), or None: the image's copy.
+    # The hook the chart names (a host path), or None: the image's copy, ``image_hook``.
     hook_path: str | None = None
+    image_hook: Path | None = None
 
 
 def find_nvml(driver_root: Path) -> Path | None:
@@ -79,6 +81,25 @@ def host_glibc(host_root: Path) -> tuple[int, int] | None:
             versions = {(int(a), int(b)) for a, b in _GLIBC_VERSION.findall(libc.read_bytes())}
             return max(versions) if versions else None
     return None
+
+
+def is_static_elf(path: Path) -> bool:
+    """True for a 64-bit ELF program without a PT_INTERP header (no dynamic loader, so no
+    glibc of the host's is needed)."""
+    try:
+        with path.open("rb") as elf:
+            header = elf.read(64)
+            if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
+                return False
+            order = "<" if header[5] == 1 else ">"
+            phoff = struct.unpack_from(order + "Q", header, 32)[0]
+            phentsize, phnum = struct.unpack_from(order + "HH", header, 54)
+            elf.seek(phoff)
+            table = elf.read(phentsize * phnum)
+    except OSError:
+        return False
+    types = [struct.unpack_from(order + "I", table, i * phentsize)[0] for i in range(phnum)]
+    return 3 not in types  # PT_INTERP
 
 
 def driver_root_check(facts: NodeFacts) -> Check:
@@ -213,6 +234,10 @@ def hook_check(facts: NodeFacts) -> Check:
                 "the host",
             )
         return Check("cdi-hook", Status.OK, f"the host's {facts.hook_path}")
+    if facts.image_hook is not None and is_static_elf(facts.image_hook):
+        return Check(
+            "cdi-hook", Status.OK, "the image's hook is statically linked: any host runs it"
+        )
     glibc = host_glibc(facts.host_root)
     if glibc is None:
         return Check("cdi-hook", Status.SKIP, "the host's libc.so.6 is not visible")

@@ -38,9 +38,17 @@ declare -A pkg=(
 for b in nvidia-ctk nvidia-cdi-hook flexgpu-cdi-common; do
   start=$(date +%s)
   # cgo: go-nvml loads libnvidia-ml.so.1 with dlopen at run time (nothing links against it).
-  CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o "$out.tmp/$b" "${pkg[$b]}" >&2
+  ldflags="-s -w"
+  if [ "$b" = nvidia-cdi-hook ]; then
+    # The hook runs on the host, whatever its glibc: linked statically (its subcommands that
+    # CDI specs name load no NVML, so the dlopen warning of a static link does not apply).
+    ldflags="$ldflags -linkmode external -extldflags -static"
+  fi
+  CGO_ENABLED=1 go build -trimpath -ldflags "$ldflags" -o "$out.tmp/$b" "${pkg[$b]}" 2> "$out.tmp/$b.log" \
+    || { cat "$out.tmp/$b.log" >&2; exit 2; }
   log "built $b in $(( $(date +%s) - start ))s"
 done
+rm -f "$out.tmp"/*.log
 touch "$out.tmp/.complete"
 rm -rf "$out"
 mv "$out.tmp" "$out"

@@ -241,3 +241,19 @@ def test_node_served_by_both_drivers_fails() -> None:
         "STATUS",
         "DETAIL",
     ]
+
+
+def test_static_image_hook_runs_on_any_host(tmp_path: Path) -> None:
+    """The hook tools/nvidia-ctk builds (and the image ships) is linked statically, so the host's
+    glibc does not matter; a dynamically linked one is still judged by the host's glibc."""
+    from tests.nvidia_ctk import tools_dir as toolkit_dir
+
+    hook = toolkit_dir() / "nvidia-cdi-hook"
+    old_host = _host(tmp_path, {"lib64/libc.so.6": b"GLIBC_2.17\x00GLIBC_2.28"})
+    static = NodeFacts(tmp_path, tmp_path, image_hook=hook)
+    assert hook_check(static) == Check(
+        "cdi-hook", Status.OK, "the image's hook is statically linked: any host runs it"
+    )
+    dynamic = NodeFacts(tmp_path, tmp_path, image_hook=toolkit_dir() / "nvidia-ctk")
+    assert hook_check(dynamic).status is Status.FAIL
+    assert hook_check(old_host).status is Status.FAIL
