@@ -71,6 +71,28 @@ def test_plugin_runs_as_the_charts_daemonset_pod(api: Any, plugin: RealNode) -> 
     assert plugin.plugin_registered("gpu.flexgpu.dev")
 
 
+def test_preflight_verdict_is_on_the_node(api: Any, plugin: RealNode) -> None:
+    """The chart's init container ran `flexgpu doctor node` in the plugin's image on this node:
+    its verdict is an Event on the Node, recorded with the plugin's own token."""
+
+    def verdicts() -> list[Any]:
+        events = client.CoreV1Api(api).list_namespaced_event("default").items
+        return [
+            e
+            for e in events
+            if e.involved_object.name == NODE and e.reason.startswith("FlexgpuPreflight")
+        ]
+
+    wait_for(lambda: bool(verdicts()), what=f"a preflight Event on {NODE}")
+    event = verdicts()[-1]
+    assert event.source.component == "flexgpu-preflight"
+    # The simulated driver root has NVML's library; its GPUs come from the chart's topology.
+    assert "driver-root" not in event.message or "FAIL" not in event.message, event.message
+    pod = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)[0]
+    (init,) = pod.status.init_container_statuses
+    assert init.name == "preflight" and init.state.terminated.exit_code == 0
+
+
 def test_whole_gpu(api: Any, namespace: str, plugin: RealNode) -> None:
     create_claim(api, namespace, "one", {"requests": [gpu_request()]})
     run_pod(api, namespace, one_claim_pod(plugin, "one", "one"))
