@@ -52,6 +52,15 @@ if ! command -v go >/dev/null 2>&1; then
   exit 2
 fi
 
+# Two builds of one key at once (several shells or worktrees) would share the .tmp folder and
+# mark a half-built folder complete: the second waits for the first and then finds it done.
+mkdir -p "$cache_root"
+exec 9>"$out.lock"
+flock 9
+if [ -f "$out/.complete" ]; then
+  echo "$out"
+  exit 0
+fi
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 mkdir -p "$out.tmp"
 log "building Kubernetes $K8S_VERSION control plane into $out (a cold build takes 15-30 min on 2 cores)"

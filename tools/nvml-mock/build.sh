@@ -29,6 +29,15 @@ if ! go mod download >&2; then
 fi
 # NVML's own header ships in go-nvml; the library's C types and prototypes come from it.
 header_dir="$(go list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml"
+# Two builds of one key at once (several shells or worktrees) would share the .tmp folder and
+# mark a half-built folder complete: the second waits for the first and then finds it done.
+mkdir -p "$cache_root"
+exec 9>"$out.lock"
+flock 9
+if [ -f "$out/.complete" ]; then
+  echo "$out"
+  exit 0
+fi
 mkdir -p "$out.tmp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
