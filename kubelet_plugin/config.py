@@ -86,6 +86,9 @@ class PluginConfig(BaseModel):
     mps_image: str | None = None
     # Host folder for MPS pipes, logs and shared memory, at the same path in this container.
     mps_root: Path = Path("/run/flexgpu/mps")
+    # Who may share a GPU (tenancy.py): "namespace", one namespace at a time; "any": the
+    # administrator lets namespaces share GPUs (docs/security.md says what that permits).
+    shared_gpu_tenants: Literal["namespace", "any"] = "namespace"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 
@@ -367,6 +370,14 @@ _SETTINGS: Final = (
         "FLEXGPU_MPS_ROOT",
         "host folder for MPS pipes, logs and shared memory (default /run/flexgpu/mps)",
         "path",
+    ),
+    _Setting(
+        "shared_gpu_tenants",
+        "--shared-gpu-tenants",
+        "FLEXGPU_SHARED_GPU_TENANTS",
+        "who may share a GPU's MPS daemon and fractions: namespace (default: the claims of "
+        "one namespace at a time) or any",
+        "str",
     ),
     _Setting(
         "log_level",

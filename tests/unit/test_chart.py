@@ -61,6 +61,7 @@ def test_every_option_renders(helm: Path) -> None:
     [
         ("kubeletPlugin.gpuBackend=cuda", "value must be one of 'nvml', 'simulated'"),
         ("kubeletPlugin.sharedGpus=some", "/kubeletPlugin/sharedGpus"),
+        ("kubeletPlugin.sharedGpuTenants=all", "/kubeletPlugin/sharedGpuTenants"),
         ("controller.replicas=0", "/controller/replicas"),
         ("kubeletPlugin.healthIntervalSeconds=45", "/kubeletPlugin/healthIntervalSeconds"),
         ("unknown=1", "additional properties 'unknown' not allowed"),
