@@ -46,6 +46,7 @@ from flexgpu.driver.gpu_model import (
     TimeSliceInterval,
 )
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
+from flexgpu.driver.mps_folders import FOLDER_MODES, control_daemon_running, reset_folder
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
 from flexgpu.driver.pci_address import normalize_pci_bus_id
@@ -114,7 +115,6 @@ def _instance_id(value: object) -> int | None:
 
 # Host folder for MPS pipes and logs, one sub-folder per GPU UUID; mounted into containers.
 DEFAULT_MPS_ROOT = Path("/run/flexgpu/mps")
-_MPS_PID_FILE = "nvidia-cuda-mps-control.pid"
 
 
 def _run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -574,12 +574,9 @@ class NvmlBackend(GpuBackend):
 
     @staticmethod
     def _mps_alive(daemon: MpsDaemon) -> bool:
-        # The control daemon writes its pid into the pipe folder; a stale file means it died.
-        try:
-            pid = int((Path(daemon.pipe_dir) / _MPS_PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return False
-        return Path(f"/proc/{pid}").exists()
+        # Found by its process, not by the pid file it writes into the pipe folder: clients
+        # mount that folder read-write, so the file may be theirs (mps_folders.py).
+        return control_daemon_running(daemon.pipe_dir)
 
     def _mps_command(
         self,
@@ -622,8 +619,11 @@ class NvmlBackend(GpuBackend):
         return daemon
 
     def _launch_mps(self, daemon: MpsDaemon, index: int, visible: str) -> None:
-        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
-            Path(folder).mkdir(parents=True, exist_ok=True)
+        # Emptied and given back to the daemon's user: what an earlier daemon's clients left
+        # there (a FIFO, a symlink, a pid file) is never served or trusted.
+        for kind, folder in (("pipe", daemon.pipe_dir), ("log", daemon.log_dir)):
+            reset_folder(Path(folder), FOLDER_MODES[kind])
+        reset_folder(Path(daemon.shm_dir), FOLDER_MODES["shm"])
         # The daemon gets a mount namespace of its own whose /dev/shm is the GPU's shm folder;
         # clients get the same folder at /dev/shm through their CDI mounts.
         script = f"mount --bind {daemon.shm_dir} /dev/shm && exec {self._mps_control} -d"

@@ -39,6 +39,7 @@ from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
 from flexgpu.driver.loop import Loop
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec, serves_mig
+from flexgpu.driver.mps_folders import FOLDER_MODES, reset_folder
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
@@ -136,11 +137,12 @@ class MpsDaemonPods:
             return False
         if existing is not None:
             self._restarted(daemon, existing)
-        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
-            Path(folder).mkdir(parents=True, exist_ok=True)
-        # A control pipe left by a daemon that died would look like a live one.
-        with contextlib.suppress(FileNotFoundError):
-            (Path(daemon.pipe_dir) / "control").unlink()
+        # Emptied and given back to the daemon's user: a control pipe left by a daemon that
+        # died would look like a live one, and what clients left there (they mount the pipe
+        # and shm folders read-write) is never served or trusted.
+        reset_folder(Path(daemon.pipe_dir), FOLDER_MODES["pipe"])
+        reset_folder(Path(daemon.log_dir), FOLDER_MODES["log"])
+        reset_folder(Path(daemon.shm_dir), FOLDER_MODES["shm"])
         if mode is not None:
             self._backend.set_compute_mode(daemon.gpu_index, mode)
         self._api.request(
