@@ -59,6 +59,8 @@ class PluginConfig(BaseModel):
     cdi_dir: Path = DEFAULT_CDI_DIR
     data_dir: Path = DEFAULT_DATA_DIR
     pod_uid: str | None = None
+    # The plugin's own pod (the chart's downward API): its DaemonSet owns the MPS daemon pods.
+    pod_name: str | None = None
     health_interval_seconds: float = Field(
         default=DEFAULT_HEALTH_INTERVAL_SECONDS, gt=0, lt=MAX_HEALTH_INTERVAL_SECONDS
     )
@@ -120,6 +122,13 @@ class PluginConfig(BaseModel):
             raise ValueError("must be an absolute path")
         if "\x00" in str(value):
             raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("pod_name")
+    @classmethod
+    def _check_pod_name(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
+            raise ValueError("must be a pod name (a DNS subdomain)")
         return value
 
     @field_validator("pod_uid")
@@ -277,6 +286,13 @@ _SETTINGS: Final = (
         "FLEXGPU_DATA_DIR",
         f"checkpoint and lock directory (default {DEFAULT_DATA_DIR})",
         "path",
+    ),
+    _Setting(
+        "pod_name",
+        "--pod-name",
+        "FLEXGPU_POD_NAME",
+        "the plugin's own pod; its DaemonSet then owns the MPS daemon pods (default: the Node)",
+        "str",
     ),
     _Setting(
         "pod_uid",

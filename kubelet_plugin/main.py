@@ -223,6 +223,7 @@ def _mps_pods(
         host_driver_root=config.host_driver_root,
         libraries=libraries,
         events=events,
+        owner_pod=config.pod_name,
     )
 
 

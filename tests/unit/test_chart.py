@@ -197,7 +197,10 @@ def test_mps_daemon_pod_policy_names_the_release_image_and_paths(helm: Path) -> 
     policy = find(docs, "ValidatingAdmissionPolicy", "mps-pods")["spec"]
     text = str(policy["validations"])
     assert '"ghcr.io/flexgpu/flexgpu:1.2.3"' in text
-    assert '"/srv/mps"' in text and '"/srv/mps/"' in text
+    assert '"/srv/mps"' in text and '"/srv/mps/lib"' in text
+    # The daemon's folders under the MPS root, named by the pod's own GPU UUID.
+    assert '"/srv/mps/" + variables.uuid' in str(policy["variables"])
+    assert 'o.name == "t-flexgpu-kubelet-plugin"' in text  # owned by the plugin's DaemonSet
     assert policy["matchConditions"][0]["expression"] == (
         "request.userInfo.username == "
         '"system:serviceaccount:flexgpu-system:t-flexgpu-kubelet-plugin"'
