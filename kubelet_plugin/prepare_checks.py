@@ -77,11 +77,14 @@ def shared_gpus(
     ours: Sequence[AllocatedDevice], plan: SharingPlan, devices: NodeDevices
 ) -> set[int]:
     """The GPUs on which the claim would share with other claims: those of its fractions and
-    the one whose MPS daemon would serve it (``tenancy.gpus_shared_by`` of its record)."""
+    the one whose MPS daemon would serve it (``tenancy.gpus_shared_by`` of its record). An
+    admin-access claim shares none: it may look at any tenant's GPU."""
+    if all(allocated.admin_access for allocated in ours):
+        return set()
     indices = set()
     for allocated in ours:
         gpu = devices.gpu(allocated.device)
-        if allocated.share_id is not None and gpu is not None:
+        if allocated.share_id is not None and not allocated.admin_access and gpu is not None:
             indices.add(gpu.index)
     if plan.mps is not None:
         indices.add(plan.mps.gpu_index)

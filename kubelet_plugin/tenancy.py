@@ -36,10 +36,14 @@ class TenantMixError(ValueError):
 def gpus_shared_by(record: ClaimRecord, gpu_of: Callable[[str], int | None]) -> set[int]:
     """The GPUs (by index) on which the record's claim shares with others: the GPUs of its
     fractions (devices with a share id) and the GPU whose MPS daemon serves it. A MIG
-    device's daemon is the claim's own, and a whole GPU without MPS is the claim's alone."""
+    device's daemon is the claim's own, and a whole GPU without MPS is the claim's alone.
+    An admin-access claim (monitoring, allowed only in namespaces the administrator marks)
+    holds no GPU for its namespace."""
+    if record.devices and all(device.admin_access for device in record.devices):
+        return set()
     shared = set()
     for device in record.devices:
-        if device.share_id is not None:
+        if device.share_id is not None and not device.admin_access:
             index = gpu_of(device.device_name)
             if index is not None:
                 shared.add(index)

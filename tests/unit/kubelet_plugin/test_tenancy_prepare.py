@@ -21,7 +21,13 @@ from flexgpu.kubelet_plugin.checkpoint import (
 )
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.tenancy import TenantMixError, check_one_tenant
-from tests.unit.kubelet_plugin.prepare_support import SHARED_GPU, ClaimTable, Node, share
+from tests.unit.kubelet_plugin.prepare_support import (
+    SHARED_GPU,
+    ClaimTable,
+    Node,
+    device,
+    share,
+)
 
 GPU = f"gpu-{SHARED_GPU}"
 
@@ -124,6 +130,18 @@ def test_an_administrator_may_let_namespaces_share(node: Node) -> None:
     assert _prepare(node, first) == "" and _prepare(node, other) == ""
     assert _prepared_namespaces(node) == {"team-a", "team-b"}
     assert node.backend.mps_starts(SHARED_GPU) == 1
+
+
+def test_an_admin_access_claim_neither_holds_nor_is_refused_a_gpu(node: Node) -> None:
+    """A monitoring claim (admin access, allowed only in namespaces the administrator
+    marks) looks at any tenant's GPU and keeps no tenant off it."""
+    tenant = node.table.add("a", share(GPU, "s1", "8Gi"), namespace="team-a")
+    monitor = node.table.add(
+        "m", device(GPU, share_id="s2", admin_access=True), namespace="monitoring"
+    )
+    assert _prepare(node, monitor) == ""
+    assert _prepare(node, tenant) == ""
+    assert _prepared_namespaces(node) == {"team-a", "monitoring"}
 
 
 def _record(namespace: str, **created: object) -> ClaimRecord:
