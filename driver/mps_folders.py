@@ -15,9 +15,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
-__all__ = ["CONTROL_PROGRAM", "FOLDER_MODES", "control_daemon_running", "reset_folder"]
+__all__ = [
+    "CONTROL_PROGRAM",
+    "FOLDER_MODES",
+    "control_daemon_pid",
+    "control_daemon_running",
+    "control_pipe_problem",
+    "reset_folder",
+]
 
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
 # pipe: clients connect to what the daemon creates there; log: the daemon's alone; shm: every
@@ -48,15 +56,20 @@ def reset_folder(folder: Path, mode: int) -> None:
 
 
 def control_daemon_running(pipe_dir: str, proc_root: Path = Path("/proc")) -> bool:
-    """Whether an MPS control daemon serving ``pipe_dir`` runs: a process of this user, in
-    this process's root filesystem (a container's process has another), running the control
-    program with ``CUDA_MPS_PIPE_DIRECTORY`` set to ``pipe_dir``. Needs the host's PID
-    namespace to see a daemon started earlier (the chart's plugin has it)."""
+    """Whether an MPS control daemon serving ``pipe_dir`` runs (``control_daemon_pid``)."""
+    return control_daemon_pid(pipe_dir, proc_root) is not None
+
+
+def control_daemon_pid(pipe_dir: str, proc_root: Path = Path("/proc")) -> int | None:
+    """The MPS control daemon serving ``pipe_dir``: a process of this user, in this process's
+    root filesystem (a container's process has another), running the control program with
+    ``CUDA_MPS_PIPE_DIRECTORY`` set to ``pipe_dir``. Needs the host's PID namespace to see a
+    daemon started earlier (the chart's plugin has it)."""
     wanted = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()
     try:
         own_root = os.stat(proc_root / "self" / "root")
     except OSError:
-        return False
+        return None
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
             continue
@@ -70,7 +83,23 @@ def control_daemon_running(pipe_dir: str, proc_root: Path = Path("/proc")) -> bo
             if (root.st_dev, root.st_ino) != (own_root.st_dev, own_root.st_ino):
                 continue
             if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                return True
+                return int(entry.name)
         except OSError:  # ended meanwhile, or not ours to read
             continue
-    return False
+    return None
+
+
+def control_pipe_problem(pipe_dir: str) -> str | None:
+    """Why the daemon's control pipe must not be written to, or ``None``: the plugin writes
+    commands there as root, and clients can replace it (a symlink would turn the write into
+    one to any file). It must be a FIFO of this process's user, not a symlink."""
+    path = Path(pipe_dir) / "control"
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    if not stat.S_ISFIFO(info.st_mode):
+        return f"{path} is not a FIFO (a client may have replaced it)"
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to user {info.st_uid}, not the daemon's (a client made it)"
+    return None

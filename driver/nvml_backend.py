@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
+import signal
 import subprocess
 import threading
 from collections import deque
@@ -46,7 +48,13 @@ from flexgpu.driver.gpu_model import (
     TimeSliceInterval,
 )
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
-from flexgpu.driver.mps_folders import FOLDER_MODES, control_daemon_running, reset_folder
+from flexgpu.driver.mps_folders import (
+    FOLDER_MODES,
+    control_daemon_pid,
+    control_daemon_running,
+    control_pipe_problem,
+    reset_folder,
+)
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
 from flexgpu.driver.pci_address import normalize_pci_bus_id
@@ -657,7 +665,11 @@ class NvmlBackend(GpuBackend):
         if not self._mps_alive(daemon):
             self._launch_mps(daemon, spec.parent_index, spec.visible_devices)
         # Told again to an adopted daemon too: setting a default twice changes nothing.
-        for command in spec.control_commands():
+        commands = spec.control_commands()
+        problem = control_pipe_problem(daemon.pipe_dir) if commands else None
+        if problem is not None:
+            raise GpuBackendError(f"not telling the MPS daemon of {spec.key} its limits: {problem}")
+        for command in commands:
             self._mps_command(
                 daemon,
                 spec.parent_index,
@@ -672,17 +684,23 @@ class NvmlBackend(GpuBackend):
     def stop_mps_daemon(self, index: int) -> None:
         with self._lock:
             uuid = _text(self._call("nvmlDeviceGetUUID", self._handle(index)))
-        daemon = self._mps_daemon(index, uuid)
-        if self._mps_alive(daemon):
-            self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
+        self._stop_mps(self._mps_daemon(index, uuid), index)
         self.set_compute_mode(index, ComputeMode.DEFAULT)
 
     def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
-        daemon = self._mps_daemon(parent_index, uuid)
-        if self._mps_alive(daemon):
-            self._mps_command(
-                daemon, parent_index, "stop", "sh", "-c", f"echo quit | {self._mps_control}"
-            )
+        self._stop_mps(self._mps_daemon(parent_index, uuid), parent_index)
+
+    def _stop_mps(self, daemon: MpsDaemon, index: int) -> None:
+        """``quit`` on the control pipe; through a pipe a client replaced, SIGTERM to the
+        daemon's process instead (never a write as root to whatever the pipe now is)."""
+        pid = control_daemon_pid(daemon.pipe_dir)
+        if pid is None:
+            return
+        if control_pipe_problem(daemon.pipe_dir) is None:
+            self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
     def mps_daemons(self) -> list[MpsDaemon]:
         running = []

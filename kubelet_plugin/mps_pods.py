@@ -40,7 +40,7 @@ from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
 from flexgpu.driver.loop import Loop
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec, serves_mig
-from flexgpu.driver.mps_folders import FOLDER_MODES, reset_folder
+from flexgpu.driver.mps_folders import FOLDER_MODES, control_pipe_problem, reset_folder
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.mps_pod_spec import (
     COMPONENT,
@@ -164,7 +164,11 @@ class MpsDaemonPods:
             "LD_LIBRARY_PATH": os.fspath(self._library_dir()),
         }
         program = os.fspath(self._driver_root / CONTROL)
-        for command in spec.control_commands():
+        commands = spec.control_commands()
+        problem = control_pipe_problem(daemon.pipe_dir) if commands else None
+        if problem is not None:
+            raise GpuBackendError(f"not telling the MPS daemon of {spec.key} its limits: {problem}")
+        for command in commands:
             try:
                 done = self._run(
                     [program],

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from flexgpu.driver.mps_folders import CONTROL_PROGRAM, control_daemon_running, reset_folder
+from flexgpu.driver.mps_folders import (
+    CONTROL_PROGRAM,
+    control_daemon_running,
+    control_pipe_problem,
+    reset_folder,
+)
 from tests.conftest import wait_for
 
 
@@ -73,3 +78,20 @@ def test_a_daemon_is_its_process_not_a_look_alike(
     processes[-1].kill()
     processes[-1].wait()
     assert not control_daemon_running(str(pipe))
+
+
+def test_only_the_daemons_own_fifo_is_a_control_pipe_to_write_to(tmp_path: Path) -> None:
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    control = pipe / "control"
+    assert "does not exist" in str(control_pipe_problem(str(pipe)))
+    (tmp_path / "elsewhere").write_text("")
+    control.symlink_to(tmp_path / "elsewhere")
+    assert "not a FIFO" in str(control_pipe_problem(str(pipe)))
+    control.unlink()
+    os.mkfifo(tmp_path / "fifo")
+    control.symlink_to(tmp_path / "fifo")  # a link to a FIFO is still a link
+    assert "not a FIFO" in str(control_pipe_problem(str(pipe)))
+    control.unlink()
+    os.mkfifo(control)
+    assert control_pipe_problem(str(pipe)) is None

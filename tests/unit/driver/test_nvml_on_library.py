@@ -320,6 +320,7 @@ class _FakeMpsDaemons:
         env = dict(a.split("=", 1) for a in argv if "=" in a and a.startswith("CUDA_"))
         pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
         if argv[-1].endswith("-d"):
+            os.mkfifo(Path(pipe) / "control")  # the daemon's control pipe, as it makes it
             self.procs[pipe] = subprocess.Popen(
                 [str(self.program)], env={**os.environ, **env}, start_new_session=True
             )
@@ -392,13 +393,24 @@ def test_what_clients_leave_in_the_daemons_folders_is_never_trusted(
 
     daemon = backend.start_mps_daemon(0)
     assert len(fake_daemons.calls) == 1  # started, not adopted through the planted file
-    assert sorted(p.name for p in Path(daemon.pipe_dir).iterdir()) == []
+    # Only what the new daemon made: the planted pid file, FIFO and links are gone.
+    assert sorted(p.name for p in Path(daemon.pipe_dir).iterdir()) == ["control"]
     assert sorted(p.name for p in Path(daemon.shm_dir).iterdir()) == []
     assert (victim / "keep").read_text() == "host file"
     assert Path(daemon.pipe_dir).stat().st_mode & 0o7777 == 0o755
     assert Path(daemon.log_dir).stat().st_mode & 0o7777 == 0o700
     assert Path(daemon.shm_dir).stat().st_mode & 0o7777 == 0o1777
     _wait_running(backend, daemon)
+
+    # A client replaces the control pipe by a symlink: the plugin writes nothing through it
+    # (as root that would write to the link's target) and ends the daemon by its process.
+    control = Path(daemon.pipe_dir) / "control"
+    control.unlink()
+    control.symlink_to(victim / "keep")
+    backend.stop_mps_daemon(0)
+    assert not any("echo quit" in c[-1] for c in fake_daemons.calls)
+    wait_for(lambda: backend.mps_daemons() == [], what="the daemon ended by SIGTERM")
+    assert (victim / "keep").read_text() == "host file"
 
 
 def test_mig_mps_daemon_sees_the_mig_devices_gets_the_limits_and_leaves_the_parent(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -53,7 +54,7 @@ class PodApi:
             pod = copy.deepcopy(body)
             pod["status"] = {"phase": "Running"}
             env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-            (Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control").touch()
+            os.mkfifo(Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control")
             self.pods[pod["metadata"]["name"]] = pod
             self.created.append(copy.deepcopy(body))
             return copy.deepcopy(pod)
