@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,11 +50,11 @@ from flexgpu.driver.gpu_model import (
 )
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.mps_folders import (
-    FOLDER_MODES,
     control_daemon_pid,
     control_daemon_running,
     control_pipe_problem,
-    reset_folder,
+    empty_daemon_folders,
+    prepare_daemon_folders,
 )
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
@@ -123,6 +124,7 @@ def _instance_id(value: object) -> int | None:
 
 # Host folder for MPS pipes and logs, one sub-folder per GPU UUID; mounted into containers.
 DEFAULT_MPS_ROOT = Path("/run/flexgpu/mps")
+_MPS_STOP_TIMEOUT_S = 10.0
 
 
 def _run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -627,11 +629,9 @@ class NvmlBackend(GpuBackend):
         return daemon
 
     def _launch_mps(self, daemon: MpsDaemon, index: int, visible: str) -> None:
-        # Emptied and given back to the daemon's user: what an earlier daemon's clients left
-        # there (a FIFO, a symlink, a pid file) is never served or trusted.
-        for kind, folder in (("pipe", daemon.pipe_dir), ("log", daemon.log_dir)):
-            reset_folder(Path(folder), FOLDER_MODES[kind])
-        reset_folder(Path(daemon.shm_dir), FOLDER_MODES["shm"])
+        # What an earlier daemon's clients left there (a FIFO, a symlink, a pid file) is never
+        # served or trusted (mps_folders.py).
+        prepare_daemon_folders(daemon.pipe_dir, daemon.log_dir, daemon.shm_dir)
         # The daemon gets a mount namespace of its own whose /dev/shm is the GPU's shm folder;
         # clients get the same folder at /dev/shm through their CDI mounts.
         script = f"mount --bind {daemon.shm_dir} /dev/shm && exec {self._mps_control} -d"
@@ -694,13 +694,23 @@ class NvmlBackend(GpuBackend):
         """``quit`` on the control pipe; through a pipe a client replaced, SIGTERM to the
         daemon's process instead (never a write as root to whatever the pipe now is)."""
         pid = control_daemon_pid(daemon.pipe_dir)
-        if pid is None:
-            return
-        if control_pipe_problem(daemon.pipe_dir) is None:
+        if pid is not None and control_pipe_problem(daemon.pipe_dir) is None:
             self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        elif pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        # Its last claim gone, nothing of its clients stays for the GPU's next tenant; once it
+        # has ended (a daemon still running keeps its files: the unprepare fails and is
+        # tried again, its record kept).
+        deadline = time.monotonic() + _MPS_STOP_TIMEOUT_S
+        while control_daemon_pid(daemon.pipe_dir) is not None:
+            if time.monotonic() > deadline:
+                raise GpuBackendError(
+                    f"the MPS daemon of {daemon.gpu_uuid} did not end within "
+                    f"{_MPS_STOP_TIMEOUT_S:.0f} s of being told to"
+                )
+            time.sleep(0.05)
+        empty_daemon_folders(daemon.pipe_dir, daemon.shm_dir)
 
     def mps_daemons(self) -> list[MpsDaemon]:
         running = []

@@ -40,7 +40,11 @@ from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
 from flexgpu.driver.loop import Loop
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec, serves_mig
-from flexgpu.driver.mps_folders import FOLDER_MODES, control_pipe_problem, reset_folder
+from flexgpu.driver.mps_folders import (
+    control_pipe_problem,
+    empty_daemon_folders,
+    prepare_daemon_folders,
+)
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.mps_pod_spec import (
     COMPONENT,
@@ -139,12 +143,9 @@ class MpsDaemonPods:
             return False
         if existing is not None:
             self._restarted(daemon, existing)
-        # Emptied and given back to the daemon's user: a control pipe left by a daemon that
-        # died would look like a live one, and what clients left there (they mount the pipe
-        # and shm folders read-write) is never served or trusted.
-        reset_folder(Path(daemon.pipe_dir), FOLDER_MODES["pipe"])
-        reset_folder(Path(daemon.log_dir), FOLDER_MODES["log"])
-        reset_folder(Path(daemon.shm_dir), FOLDER_MODES["shm"])
+        # A control pipe left by a daemon that died would look like a live one, and what
+        # clients left in the folders they mount is never served or trusted (mps_folders.py).
+        prepare_daemon_folders(daemon.pipe_dir, daemon.log_dir, daemon.shm_dir)
         if mode is not None:
             self._backend.set_compute_mode(daemon.gpu_index, mode)
         self._api.request(
@@ -191,11 +192,25 @@ class MpsDaemonPods:
                 )
 
     def stop(self, index: int) -> None:
-        self._remove(pod_name(self._uuid(index)))
+        uuid = self._uuid(index)
+        self._remove(pod_name(uuid))
+        self._emptied(self._daemon(index, uuid))
         self._backend.set_compute_mode(index, ComputeMode.DEFAULT)
 
     def stop_mig(self, parent_index: int, uuid: str) -> None:
         self._remove(pod_name(uuid))
+        self._emptied(self._daemon(parent_index, uuid))
+
+    def _emptied(self, daemon: MpsDaemon) -> None:
+        """Its last claim gone, nothing of its clients stays for the GPU's next tenant; once
+        the pod is gone (a daemon still running keeps its files: the unprepare fails and is
+        tried again, its record kept)."""
+        if self._get(pod_name(daemon.gpu_uuid)) is not None:
+            raise GpuBackendError(
+                f"MPS daemon pod {self._namespace}/{pod_name(daemon.gpu_uuid)} is still there "
+                f"{self._ready_timeout_s:.0f} s after its delete"
+            )
+        empty_daemon_folders(daemon.pipe_dir, daemon.shm_dir)
 
     def _remove(self, name: str) -> None:
         with contextlib.suppress(ApiError):

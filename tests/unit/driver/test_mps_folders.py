@@ -46,6 +46,22 @@ def test_emptying_is_idempotent_and_keeps_the_folder_itself(tmp_path: Path) -> N
     assert folder.stat().st_mode & 0o7777 == 0o1777
 
 
+def test_links_only_keeps_a_running_clients_files(tmp_path: Path) -> None:
+    """Before a daemon starts again, clients of the one that ended may still run: their
+    /dev/shm files stay, the links go, wherever they are."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    shm = tmp_path / "shm"
+    (shm / "torch").mkdir(parents=True)
+    (shm / "torch" / "tensor").write_text("data")
+    (shm / "link").symlink_to(victim)
+    (shm / "torch" / "deep").symlink_to(victim)
+    reset_folder(shm, 0o1777, links_only=True)
+    assert (shm / "torch" / "tensor").read_text() == "data"
+    assert not (shm / "link").is_symlink() and not (shm / "torch" / "deep").is_symlink()
+    assert victim.is_dir()
+
+
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []

@@ -395,7 +395,9 @@ def test_what_clients_leave_in_the_daemons_folders_is_never_trusted(
     assert len(fake_daemons.calls) == 1  # started, not adopted through the planted file
     # Only what the new daemon made: the planted pid file, FIFO and links are gone.
     assert sorted(p.name for p in Path(daemon.pipe_dir).iterdir()) == ["control"]
-    assert sorted(p.name for p in Path(daemon.shm_dir).iterdir()) == []
+    # shm is also the /dev/shm of clients that may still run: its files stay, its links go.
+    shm = Path(daemon.shm_dir)
+    assert sorted(p.name for p in shm.iterdir()) == ["sub"] and not any(shm.rglob("link"))
     assert (victim / "keep").read_text() == "host file"
     assert Path(daemon.pipe_dir).stat().st_mode & 0o7777 == 0o755
     assert Path(daemon.log_dir).stat().st_mode & 0o7777 == 0o700
@@ -411,6 +413,8 @@ def test_what_clients_leave_in_the_daemons_folders_is_never_trusted(
     assert not any("echo quit" in c[-1] for c in fake_daemons.calls)
     wait_for(lambda: backend.mps_daemons() == [], what="the daemon ended by SIGTERM")
     assert (victim / "keep").read_text() == "host file"
+    # Stopped with its last claim: nothing of its clients stays for the GPU's next tenant.
+    assert list(Path(daemon.pipe_dir).iterdir()) == [] and list(shm.iterdir()) == []
 
 
 def test_mig_mps_daemon_sees_the_mig_devices_gets_the_limits_and_leaves_the_parent(
