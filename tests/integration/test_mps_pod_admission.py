@@ -9,6 +9,7 @@ helm for the server's version and applied as they are."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 from collections.abc import Callable, Iterator
@@ -38,6 +39,8 @@ NODE, OTHER_NODE = "mps-adm-node-a", "mps-adm-node-b"
 UUID = "GPU-0b5c1e4e-1d3a-4c55-9d5e-2c1f7a9e0001"
 OTHER_UUID = "GPU-0b5c1e4e-1d3a-4c55-9d5e-2c1f7a9e0002"
 MIG_UUIDS = ("MIG-1f0e2d3c-4b5a-6978-8a9b-0c1d2e3f4a01", "MIG-1f0e2d3c-4b5a-6978-8a9b-0c1d2e3f4a02")
+# A RuntimeClass that exists (the apiserver refuses a pod naming one that does not).
+RUNTIME_CLASS = "flexgpu-mps-admission-other"
 TEMPLATES = ("kubelet-plugin-rbac.yaml", "mps-pods-admission-policy.yaml")
 
 
@@ -76,6 +79,10 @@ def plugin_api(cluster: ControlPlane, api: Any, mps_root: Path) -> Iterator[Any]
     assert applied.returncode == 0, applied.stderr
     for name in (NODE, OTHER_NODE):
         create_simulated_node(api, name)
+    with contextlib.suppress(client.ApiException):  # from an earlier run of this module
+        client.NodeV1Api(api).create_runtime_class(
+            {"metadata": {"name": RUNTIME_CLASS}, "handler": "runc"}
+        )
     kubeconfig = service_account_kubeconfig(
         api,
         cluster.kubeconfig,
@@ -293,8 +300,13 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "initContainers",
     ),
     (
+        "a second container",
+        lambda p: p["spec"]["containers"].append(dict(_container(p), name="second")),
+        "exactly one container",
+    ),
+    (
         "runtime class",
-        lambda p: p["spec"].update(runtimeClassName="other"),
+        lambda p: p["spec"].update(runtimeClassName=RUNTIME_CLASS),
         "runtimeClassName",
     ),
     (
@@ -305,7 +317,7 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (
         "unsafe sysctl",
         lambda p: p["spec"].update(
-            securityContext={"sysctls": [{"name": "kernel.core_pattern", "value": "|/x"}]}
+            securityContext={"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}
         ),
         "spec.securityContext",
     ),
