@@ -542,7 +542,7 @@ def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
     other_image = copy.deepcopy(pod)
     other_image["spec"]["containers"][0]["image"] = "docker.io/library/busybox:1.36"
     message = _denial(as_plugin.create_namespaced_pod, NS, other_image)
-    assert "runs the chart's image" in message and "busybox" in message
+    assert "running the chart's image" in message and "busybox" in message
 
     # Privileged, as the daemon is, but running a shell; or the daemon with the host's root
     # mounted writable beside it.
