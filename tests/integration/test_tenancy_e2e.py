@@ -119,4 +119,5 @@ def test_fractions_of_four_namespaces_created_at_once_never_share_a_daemon(
         message = _refusal(api, ns, name)
         holder = message.split(" is shared by claim ", 1)[1].split("/", 1)[0]
         assert holder in served and holder != ns, message
-    assert len(outcome) == TENANTS * CLAIMS_PER_TENANT and served
+    # Two shared GPUs serve at most two namespaces; the rest were refused, none mixed in.
+    assert 1 <= len(served) <= 2 and len(refused) >= (TENANTS - 2) * CLAIMS_PER_TENANT
