@@ -4,7 +4,7 @@ prepared through the upstream kubelet code (which calls prepare concurrently). W
 scheduler allocates, no MPS daemon (pipe folder) and no GPU ever serves two namespaces: the
 containers that run share a daemon only with their own namespace, the node's claim records of
 each GPU belong to one namespace, and every pod that would have mixed is held back with the
-plugin's reason in its Event."""
+plugin's reason in its Event until the namespace holding the GPU is gone."""
 
 from __future__ import annotations
 
@@ -121,3 +121,19 @@ def test_fractions_of_four_namespaces_created_at_once_never_share_a_daemon(
         assert holder in served and holder != ns, message
     # Two shared GPUs serve at most two namespaces; the rest were refused, none mixed in.
     assert 1 <= len(served) <= 2 and len(refused) >= (TENANTS - 2) * CLAIMS_PER_TENANT
+
+    # Once the served namespaces' pods are gone, their GPUs serve a waiting namespace: the
+    # kubelet's next prepare of a refused pod goes through, on a daemon of its own.
+    for ns, name in outcome:
+        if ns in served:
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+    def next_tenant_runs() -> str:
+        for ns, name in refused:
+            log = node.container_log(ns, name, "main")
+            if "DONE" in log:
+                return ns
+        return ""
+
+    follower = wait_for(next_tenant_runs, timeout_s=180, what="a waiting namespace's pod running")
+    assert follower not in served
