@@ -129,6 +129,12 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         "name": "FLEXGPU_POD_UID",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
     } in env
+    # Its pod name: its DaemonSet then owns the MPS daemon pods (helm uninstall removes them).
+    assert {
+        "name": "FLEXGPU_POD_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    } in env
+    assert {"name": "FLEXGPU_SHARED_GPU_TENANTS", "value": "namespace"} in env
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     for suffix in ("own-node-slices", "own-node-policy-status", "own-node-events", "mps-pods"):
         policy = policies[f"t-flexgpu-kubelet-plugin-{suffix}"]
