@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
+import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +49,13 @@ from flexgpu.driver.gpu_model import (
     TimeSliceInterval,
 )
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
+from flexgpu.driver.mps_folders import (
+    control_daemon_pid,
+    control_daemon_running,
+    control_pipe_problem,
+    empty_daemon_folders,
+    prepare_daemon_folders,
+)
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.nvml_errors import error_for_code, translate_nvml_error
 from flexgpu.driver.pci_address import normalize_pci_bus_id
@@ -114,7 +124,7 @@ def _instance_id(value: object) -> int | None:
 
 # Host folder for MPS pipes and logs, one sub-folder per GPU UUID; mounted into containers.
 DEFAULT_MPS_ROOT = Path("/run/flexgpu/mps")
-_MPS_PID_FILE = "nvidia-cuda-mps-control.pid"
+_MPS_STOP_TIMEOUT_S = 10.0
 
 
 def _run_command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -574,12 +584,9 @@ class NvmlBackend(GpuBackend):
 
     @staticmethod
     def _mps_alive(daemon: MpsDaemon) -> bool:
-        # The control daemon writes its pid into the pipe folder; a stale file means it died.
-        try:
-            pid = int((Path(daemon.pipe_dir) / _MPS_PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return False
-        return Path(f"/proc/{pid}").exists()
+        # Found by its process, not by the pid file it writes into the pipe folder: clients
+        # mount that folder read-write, so the file may be theirs (mps_folders.py).
+        return control_daemon_running(daemon.pipe_dir)
 
     def _mps_command(
         self,
@@ -622,8 +629,9 @@ class NvmlBackend(GpuBackend):
         return daemon
 
     def _launch_mps(self, daemon: MpsDaemon, index: int, visible: str) -> None:
-        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
-            Path(folder).mkdir(parents=True, exist_ok=True)
+        # What an earlier daemon's clients left there (a FIFO, a symlink, a pid file) is never
+        # served or trusted (mps_folders.py).
+        prepare_daemon_folders(daemon.pipe_dir, daemon.log_dir, daemon.shm_dir)
         # The daemon gets a mount namespace of its own whose /dev/shm is the GPU's shm folder;
         # clients get the same folder at /dev/shm through their CDI mounts.
         script = f"mount --bind {daemon.shm_dir} /dev/shm && exec {self._mps_control} -d"
@@ -657,7 +665,11 @@ class NvmlBackend(GpuBackend):
         if not self._mps_alive(daemon):
             self._launch_mps(daemon, spec.parent_index, spec.visible_devices)
         # Told again to an adopted daemon too: setting a default twice changes nothing.
-        for command in spec.control_commands():
+        commands = spec.control_commands()
+        problem = control_pipe_problem(daemon.pipe_dir) if commands else None
+        if problem is not None:
+            raise GpuBackendError(f"not telling the MPS daemon of {spec.key} its limits: {problem}")
+        for command in commands:
             self._mps_command(
                 daemon,
                 spec.parent_index,
@@ -672,17 +684,33 @@ class NvmlBackend(GpuBackend):
     def stop_mps_daemon(self, index: int) -> None:
         with self._lock:
             uuid = _text(self._call("nvmlDeviceGetUUID", self._handle(index)))
-        daemon = self._mps_daemon(index, uuid)
-        if self._mps_alive(daemon):
-            self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
+        self._stop_mps(self._mps_daemon(index, uuid), index)
         self.set_compute_mode(index, ComputeMode.DEFAULT)
 
     def stop_mig_mps_daemon(self, parent_index: int, uuid: str) -> None:
-        daemon = self._mps_daemon(parent_index, uuid)
-        if self._mps_alive(daemon):
-            self._mps_command(
-                daemon, parent_index, "stop", "sh", "-c", f"echo quit | {self._mps_control}"
-            )
+        self._stop_mps(self._mps_daemon(parent_index, uuid), parent_index)
+
+    def _stop_mps(self, daemon: MpsDaemon, index: int) -> None:
+        """``quit`` on the control pipe; through a pipe a client replaced, SIGTERM to the
+        daemon's process instead (never a write as root to whatever the pipe now is)."""
+        pid = control_daemon_pid(daemon.pipe_dir)
+        if pid is not None and control_pipe_problem(daemon.pipe_dir) is None:
+            self._mps_command(daemon, index, "stop", "sh", "-c", f"echo quit | {self._mps_control}")
+        elif pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        # Its last claim gone, nothing of its clients stays for the GPU's next tenant; once it
+        # has ended (a daemon still running keeps its files: the unprepare fails and is
+        # tried again, its record kept).
+        deadline = time.monotonic() + _MPS_STOP_TIMEOUT_S
+        while control_daemon_pid(daemon.pipe_dir) is not None:
+            if time.monotonic() > deadline:
+                raise GpuBackendError(
+                    f"the MPS daemon of {daemon.gpu_uuid} did not end within "
+                    f"{_MPS_STOP_TIMEOUT_S:.0f} s of being told to"
+                )
+            time.sleep(0.05)
+        empty_daemon_folders(daemon.pipe_dir, daemon.shm_dir)
 
     def mps_daemons(self) -> list[MpsDaemon]:
         running = []

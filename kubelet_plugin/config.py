@@ -59,6 +59,8 @@ class PluginConfig(BaseModel):
     cdi_dir: Path = DEFAULT_CDI_DIR
     data_dir: Path = DEFAULT_DATA_DIR
     pod_uid: str | None = None
+    # The plugin's own pod (the chart's downward API): its DaemonSet owns the MPS daemon pods.
+    pod_name: str | None = None
     health_interval_seconds: float = Field(
         default=DEFAULT_HEALTH_INTERVAL_SECONDS, gt=0, lt=MAX_HEALTH_INTERVAL_SECONDS
     )
@@ -86,6 +88,9 @@ class PluginConfig(BaseModel):
     mps_image: str | None = None
     # Host folder for MPS pipes, logs and shared memory, at the same path in this container.
     mps_root: Path = Path("/run/flexgpu/mps")
+    # Who may share a GPU (tenancy.py): "namespace", one namespace at a time; "any": the
+    # administrator lets namespaces share GPUs (docs/security.md says what that permits).
+    shared_gpu_tenants: Literal["namespace", "any"] = "namespace"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 
@@ -117,6 +122,13 @@ class PluginConfig(BaseModel):
             raise ValueError("must be an absolute path")
         if "\x00" in str(value):
             raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("pod_name")
+    @classmethod
+    def _check_pod_name(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
+            raise ValueError("must be a pod name (a DNS subdomain)")
         return value
 
     @field_validator("pod_uid")
@@ -276,6 +288,13 @@ _SETTINGS: Final = (
         "path",
     ),
     _Setting(
+        "pod_name",
+        "--pod-name",
+        "FLEXGPU_POD_NAME",
+        "the plugin's own pod; its DaemonSet then owns the MPS daemon pods (default: the Node)",
+        "str",
+    ),
+    _Setting(
         "pod_uid",
         "--pod-uid",
         "FLEXGPU_POD_UID",
@@ -367,6 +386,14 @@ _SETTINGS: Final = (
         "FLEXGPU_MPS_ROOT",
         "host folder for MPS pipes, logs and shared memory (default /run/flexgpu/mps)",
         "path",
+    ),
+    _Setting(
+        "shared_gpu_tenants",
+        "--shared-gpu-tenants",
+        "FLEXGPU_SHARED_GPU_TENANTS",
+        "who may share a GPU's MPS daemon and fractions: namespace (default: the claims of "
+        "one namespace at a time) or any",
+        "str",
     ),
     _Setting(
         "log_level",

@@ -128,6 +128,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         status=status,
         driver_edits=driver_edits,
     )
+    preparer.shared_gpu_tenants = config.shared_gpu_tenants
     mps_pods = _mps_pods(config, api, backend, driver_edits, events)
     if mps_pods is not None:
         preparer.mps = mps_pods
@@ -222,6 +223,7 @@ def _mps_pods(
         host_driver_root=config.host_driver_root,
         libraries=libraries,
         events=events,
+        owner_pod=config.pod_name,
     )
 
 

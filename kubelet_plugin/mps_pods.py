@@ -1,9 +1,10 @@
-"""MPS control daemons as pods of their own, one per GPU, owned by the Node.
+"""MPS control daemons as pods of their own, one per GPU, owned by the plugin's DaemonSet.
 
 A daemon inside the plugin's container would share its cgroup and memory limit and end with
 every plugin restart or upgrade, taking the MPS server of every client with it. Here each
 daemon is a pod the plugin creates on its node (``spec.nodeName``, no scheduler), owned by the
-Node object (garbage-collected with it, never with a plugin pod), with its own memory request
+plugin's DaemonSet (removed by ``helm uninstall``, never with a plugin pod), of the one shape
+the chart's admission policy admits (``mps_pod_spec``), with its own memory request
 and limit, its pipe, log and shared-memory folders on a host path under the MPS root, and the
 MPS programs from the driver root. A restarted plugin finds the pods and adopts them; the last
 share's unprepare deletes the GPU's pod; a daemon that ended while shares still use it is
@@ -39,27 +40,28 @@ from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
 from flexgpu.driver.loop import Loop
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec, serves_mig
+from flexgpu.driver.mps_folders import (
+    control_pipe_problem,
+    empty_daemon_folders,
+    prepare_daemon_folders,
+)
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.mps_pod_spec import (
+    COMPONENT,
+    COMPONENT_LABEL,
+    CONTROL,
+    DEFAULT_RESOURCES,
+    GPU_INDEX_LABEL,
+    GPU_UUID_ANNOTATION,
+    MIG_SPEC_ANNOTATION,
+    MpsPodShape,
+    pod_name,
+)
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
 log = logging.getLogger(__name__)
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
-COMPONENT = "mps-control-daemon"
-GPU_INDEX_LABEL = "gpu.flexgpu.dev/gpu-index"
-GPU_UUID_ANNOTATION = "gpu.flexgpu.dev/gpu-uuid"
-# A MIG device daemon's devices and limits (JSON), to start it again as it was.
-MIG_SPEC_ANNOTATION = "gpu.flexgpu.dev/mig-mps"
-CONTROL = "usr/bin/nvidia-cuda-mps-control"
 TERMINATED = frozenset({"Succeeded", "Failed"})
-DEFAULT_RESOURCES: Mapping[str, Any] = {
-    "requests": {"cpu": "10m", "memory": "32Mi"},
-    "limits": {"memory": "256Mi"},
-}
-
-
-def pod_name(gpu_uuid: str) -> str:
-    return f"flexgpu-mps-{gpu_uuid.lower()}"[:63].rstrip("-")
 
 
 class MpsDaemonPods:
@@ -79,6 +81,8 @@ class MpsDaemonPods:
         resources: Mapping[str, Any] = DEFAULT_RESOURCES,
         ready_timeout_s: float = 60.0,
         run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+        owner_pod: str | None = None,
+        owner: Mapping[str, str] | None = None,
     ) -> None:
         self._api = api
         self._backend = backend
@@ -94,7 +98,10 @@ class MpsDaemonPods:
         self._events = events
         self._resources = dict(resources)
         self._ready_timeout_s = ready_timeout_s
-        self._node_uid: str | None = None
+        # The daemons' owner: given, or the controller (DaemonSet) of the plugin's own pod
+        # (``owner_pod``), else the Node; looked up once (mps_pod_spec.py says why).
+        self._owner = dict(owner) if owner is not None else None
+        self._owner_pod = owner_pod
         self._loop: Loop | None = None
         # Runs the driver root's control program as a client of a daemon (its limits).
         self._run = run
@@ -136,11 +143,9 @@ class MpsDaemonPods:
             return False
         if existing is not None:
             self._restarted(daemon, existing)
-        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
-            Path(folder).mkdir(parents=True, exist_ok=True)
-        # A control pipe left by a daemon that died would look like a live one.
-        with contextlib.suppress(FileNotFoundError):
-            (Path(daemon.pipe_dir) / "control").unlink()
+        # A control pipe left by a daemon that died would look like a live one, and what
+        # clients left in the folders they mount is never served or trusted (mps_folders.py).
+        prepare_daemon_folders(daemon.pipe_dir, daemon.log_dir, daemon.shm_dir)
         if mode is not None:
             self._backend.set_compute_mode(daemon.gpu_index, mode)
         self._api.request(
@@ -160,7 +165,11 @@ class MpsDaemonPods:
             "LD_LIBRARY_PATH": os.fspath(self._library_dir()),
         }
         program = os.fspath(self._driver_root / CONTROL)
-        for command in spec.control_commands():
+        commands = spec.control_commands()
+        problem = control_pipe_problem(daemon.pipe_dir) if commands else None
+        if problem is not None:
+            raise GpuBackendError(f"not telling the MPS daemon of {spec.key} its limits: {problem}")
+        for command in commands:
             try:
                 done = self._run(
                     [program],
@@ -183,11 +192,25 @@ class MpsDaemonPods:
                 )
 
     def stop(self, index: int) -> None:
-        self._remove(pod_name(self._uuid(index)))
+        uuid = self._uuid(index)
+        self._remove(pod_name(uuid))
+        self._emptied(self._daemon(index, uuid))
         self._backend.set_compute_mode(index, ComputeMode.DEFAULT)
 
     def stop_mig(self, parent_index: int, uuid: str) -> None:
         self._remove(pod_name(uuid))
+        self._emptied(self._daemon(parent_index, uuid))
+
+    def _emptied(self, daemon: MpsDaemon) -> None:
+        """Its last claim gone, nothing of its clients stays for the GPU's next tenant; once
+        the pod is gone (a daemon still running keeps its files: the unprepare fails and is
+        tried again, its record kept)."""
+        if self._get(pod_name(daemon.gpu_uuid)) is not None:
+            raise GpuBackendError(
+                f"MPS daemon pod {self._namespace}/{pod_name(daemon.gpu_uuid)} is still there "
+                f"{self._ready_timeout_s:.0f} s after its delete"
+            )
+        empty_daemon_folders(daemon.pipe_dir, daemon.shm_dir)
 
     def _remove(self, name: str) -> None:
         with contextlib.suppress(ApiError):
@@ -360,88 +383,46 @@ class MpsDaemonPods:
         return folder
 
     def _pod(self, daemon: MpsDaemon, mig: MigMpsDaemonSpec | None = None) -> dict[str, Any]:
-        mps = os.fspath(self._root)
-        annotations = {GPU_UUID_ANNOTATION: daemon.gpu_uuid}
-        if mig is not None:
-            annotations[MIG_SPEC_ANNOTATION] = _spec_text(mig)
-        env = {
-            "CUDA_VISIBLE_DEVICES": mig.visible_devices if mig else daemon.gpu_uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
-            "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
-            "LD_LIBRARY_PATH": os.fspath(self._library_dir()),
-            "NVIDIA_VISIBLE_DEVICES": "void",
-        }
+        shape = MpsPodShape(
+            node=self._node,
+            namespace=self._namespace,
+            image=self._image,
+            mps_root=self._root,
+            driver_root=self._driver_root,
+            host_driver_root=self._host_driver_root,
+            resources=self._resources,
+        )
+        return shape.render(daemon, self._owner_of(), self._library_dir(), mig)
+
+    def _owner_of(self) -> dict[str, str]:
+        if self._owner is None:
+            self._owner = self._pod_controller() or self._node_owner()
+        return self._owner
+
+    def _pod_controller(self) -> dict[str, str] | None:
+        """The controller of the plugin's own pod (the chart's DaemonSet), if it is one."""
+        if self._owner_pod is None:
+            return None
+        pod = self._get(self._owner_pod)
+        for ref in (pod or {}).get("metadata", {}).get("ownerReferences") or []:
+            if ref.get("controller"):
+                keys = ("apiVersion", "kind", "name", "uid")
+                return {k: str(ref[k]) for k in keys}
+        return None
+
+    def _node_owner(self) -> dict[str, str]:
+        # A list by name: what the plugin's RBAC already allows on nodes.
+        listed = self._api.get(
+            path_of("api", "v1", "nodes"),
+            query={"fieldSelector": f"metadata.name={self._node}"},
+        )
+        (node,) = listed.get("items", [])
         return {
             "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name(daemon.gpu_uuid),
-                "namespace": self._namespace,
-                "labels": {
-                    COMPONENT_LABEL: COMPONENT,
-                    GPU_INDEX_LABEL: str(daemon.gpu_index),
-                },
-                "annotations": annotations,
-                "ownerReferences": [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Node",
-                        "name": self._node,
-                        "uid": self._node_uid_of(),
-                    }
-                ],
-            },
-            "spec": {
-                "nodeName": self._node,
-                # The plugin starts it again, and says so, while shares use it.
-                "restartPolicy": "Never",
-                "hostPID": True,
-                "priorityClassName": "system-node-critical",
-                "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 5,
-                "containers": [
-                    {
-                        "name": "mps-control",
-                        "image": self._image,
-                        "command": [os.fspath(self._driver_root / CONTROL), "-f"],
-                        "env": [{"name": k, "value": v} for k, v in env.items()],
-                        "securityContext": {"privileged": True},
-                        "resources": self._resources,
-                        "volumeMounts": [
-                            {"name": "mps", "mountPath": mps},
-                            {"name": "shm", "mountPath": "/dev/shm"},
-                            {
-                                "name": "driver",
-                                "mountPath": os.fspath(self._driver_root),
-                                "readOnly": True,
-                            },
-                        ],
-                    }
-                ],
-                "volumes": [
-                    {"name": "mps", "hostPath": {"path": mps, "type": "DirectoryOrCreate"}},
-                    {"name": "shm", "hostPath": {"path": daemon.shm_dir, "type": "Directory"}},
-                    {
-                        "name": "driver",
-                        "hostPath": {
-                            "path": os.fspath(self._host_driver_root),
-                            "type": "Directory",
-                        },
-                    },
-                ],
-            },
+            "kind": "Node",
+            "name": self._node,
+            "uid": node["metadata"]["uid"],
         }
-
-    def _node_uid_of(self) -> str:
-        if self._node_uid is None:
-            # A list by name: what the plugin's RBAC already allows on nodes.
-            listed = self._api.get(
-                path_of("api", "v1", "nodes"),
-                query={"fieldSelector": f"metadata.name={self._node}"},
-            )
-            (node,) = listed.get("items", [])
-            self._node_uid = str(node["metadata"]["uid"])
-        return self._node_uid
 
     def _get(self, name: str) -> dict[str, Any] | None:
         try:
@@ -480,18 +461,6 @@ def _index_of(pod: Mapping[str, Any]) -> int:
 def _serves_mig(pod: Mapping[str, Any]) -> bool:
     uuid = (pod["metadata"].get("annotations") or {}).get(GPU_UUID_ANNOTATION, "")
     return str(uuid).startswith(MIG_UUID_PREFIX)
-
-
-def _spec_text(spec: MigMpsDaemonSpec) -> str:
-    return json.dumps(
-        {
-            "parentIndex": spec.parent_index,
-            "devices": list(spec.device_uuids),
-            "activeThreadPercentage": spec.active_thread_percentage,
-            "pinnedMemoryMiB": list(spec.pinned_memory_mib),
-        },
-        sort_keys=True,
-    )
 
 
 def _mig_spec(pod: Mapping[str, Any]) -> MigMpsDaemonSpec | None:

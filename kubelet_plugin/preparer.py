@@ -33,7 +33,6 @@ from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec, serves_mig
 from flexgpu.driver.mps_limits import PinnedLimitError
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.kubelet_plugin.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -55,6 +54,13 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
 )
 from flexgpu.kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_checks import (
+    ClaimConflictError,
+    check_conflicts,
+    check_share_capacity,
+    gpu_index_of,
+    shared_gpus,
+)
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
 from flexgpu.kubelet_plugin.sharing import (
     SharingError,
@@ -63,6 +69,12 @@ from flexgpu.kubelet_plugin.sharing import (
     mps_env,
     mps_mounts,
     plan_sharing,
+)
+from flexgpu.kubelet_plugin.tenancy import (
+    ONE_NAMESPACE,
+    SharedGpuTenants,
+    TenantMixError,
+    check_one_tenant,
 )
 
 log = logging.getLogger(__name__)
@@ -96,6 +108,8 @@ class ClaimPreparerImpl:
         self.driver_edits = dict(driver_edits or {})
         # Who runs MPS control daemons; main.py may hand them to pods of their own.
         self.mps: MpsDaemons = BackendMpsDaemons(devices.backend)
+        # Whether claims of different namespaces may share a GPU (tenancy.py).
+        self.shared_gpu_tenants: SharedGpuTenants = ONE_NAMESPACE
         self._status = status
         # Called after claims were unprepared (a GPU may have become free to reconfigure).
         self.on_unprepared: Callable[[], None] | None = None
@@ -266,11 +280,20 @@ class ClaimPreparerImpl:
             self._step("prepare-locked", claim.uid)
             # Records of claims on our GPUs cannot change while we hold their locks.
             others = [r for r in self._store.checkpoint().claims.values() if r.uid != claim.uid]
-            self._check_conflicts(others, ours)
-            self._check_share_capacity(others, ours)
             try:
+                check_conflicts(others, ours)
+                check_share_capacity(others, ours, self.devices)
                 plan = plan_sharing(claim, ours, self.devices)
-            except SharingError as err:
+                check_one_tenant(
+                    claim.namespace,
+                    shared_gpus(ours, plan, self.devices),
+                    others,
+                    gpu_index_of(self.devices),
+                    self.shared_gpu_tenants,
+                )
+            except TenantMixError as err:
+                raise PrepareError(f"claim {ref.namespace}/{ref.name}: {err}") from None
+            except (ClaimConflictError, SharingError) as err:
                 raise PrepareError(str(err)) from None
             if existing is not None:
                 # A half-done earlier attempt (plugin killed mid-way): undo it, start over.
@@ -529,51 +552,6 @@ class ClaimPreparerImpl:
             )
         return device
 
-    def _check_conflicts(
-        self, others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice]
-    ) -> None:
-        exclusive = {d.device for d in ours if not d.admin_access and d.share_id is None}
-        for other in others:
-            for device in other.devices:
-                if (
-                    device.device_name in exclusive
-                    and device.share_id is None
-                    and not device.admin_access
-                ):
-                    raise PrepareError(
-                        f"device {device.device_name} is already prepared for claim "
-                        f"{other.namespace}/{other.name} ({other.uid})"
-                    )
-
-    def _check_share_capacity(
-        self, others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice]
-    ) -> None:
-        """The scheduler never over-commits a shared GPU; this is the last line of defence
-        (a stale allocation, a second scheduler, a bug)."""
-        shares = [d for d in ours if d.share_id is not None]
-        if not shares:
-            return
-        held: dict[str, dict[str, int]] = {}
-        for other in others:
-            for device in other.devices:
-                if device.share_id is not None:
-                    _add(held.setdefault(device.device_name, {}), _recorded(device))
-        for share in shares:
-            gpu = self.devices.gpu(share.device)
-            if gpu is None:
-                continue
-            totals = held.setdefault(share.device, {})
-            granted = share.consumed_capacity or {}
-            _add(totals, {name: q.ceil() for name, q in granted.items()})
-            limits = {"memory": gpu.memory_mib * MIB, "compute": 100}
-            for name, limit in limits.items():
-                if totals.get(name, 0) > limit:
-                    raise PrepareError(
-                        f"share {share.share_id} of {share.device} would take {name} to "
-                        f"{_show(name, totals[name])} of {_show(name, limit)}: the device's "
-                        "other shares already hold the rest"
-                    )
-
     def _write_spec(self, claim: ClaimView, devices: Sequence[CdiDevice]) -> None:
         if not devices:
             return  # nothing of ours in the claim: a spec needs at least one device
@@ -747,27 +725,6 @@ def _mig_mps_status(share: MpsShareRecord | None, uuid: str) -> dict[str, Any] |
     if pinned is not None:
         data["pinnedDeviceMemoryLimit"] = pinned
     return data
-
-
-def _add(totals: dict[str, int], amounts: Mapping[str, int]) -> None:
-    for name, amount in amounts.items():
-        totals[name] = totals.get(name, 0) + amount
-
-
-def _recorded(device: DeviceRecord) -> dict[str, int]:
-    """What a checkpoint record says its share holds; a value that is not a quantity (a record
-    no current plugin writes) is left out rather than failing every later prepare."""
-    amounts = {}
-    for name, text in device.consumed_capacity.items():
-        try:
-            amounts[name] = parse_quantity(text).ceil()
-        except QuantityError:
-            continue
-    return amounts
-
-
-def _show(name: str, value: int) -> str:
-    return f"{value // MIB}Mi" if name == "memory" else f"{value}%"
 
 
 def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[DeviceRecord]:

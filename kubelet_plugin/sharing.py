@@ -236,10 +236,8 @@ def _merge(clients: Sequence[MpsClient]) -> MpsClient:
 
 
 def mps_env(daemon: MpsDaemon, client: MpsClient) -> dict[str, str]:
-    env = {
-        "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
-        "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
-    }
+    # The pipe folder only: the daemon's log folder is never a client's (mps_mounts).
+    env = {"CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir}
     if client.active_thread_percentage is not None:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(client.active_thread_percentage)
     if client.pinned_memory_mib is not None:
@@ -250,15 +248,12 @@ def mps_env(daemon: MpsDaemon, client: MpsClient) -> dict[str, str]:
 
 
 def mig_mps_env(daemon: MpsDaemon, spec: MigMpsDaemonSpec) -> dict[str, str]:
-    """What every device the daemon serves hands its container: the daemon's folders and the
+    """What every device the daemon serves hands its container: the daemon's pipe folder and the
     claim's limits, as a whole GPU's client gets them. The limits are the daemon's defaults
     already; the client's own variables say the same, and keep it so if the daemon is
     started again without them. Ordinal ``i`` is ``spec.device_uuids[i]``: clients see the
     daemon's devices in that order."""
-    env = {
-        "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
-        "CUDA_MPS_LOG_DIRECTORY": daemon.log_dir,
-    }
+    env = {"CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir}
     if spec.active_thread_percentage is not None:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.active_thread_percentage)
     pinned = [f"{i}={mib}M" for i, mib in enumerate(spec.pinned_memory_mib) if mib is not None]
@@ -268,8 +263,10 @@ def mig_mps_env(daemon: MpsDaemon, spec: MigMpsDaemonSpec) -> dict[str, str]:
 
 
 def mps_mounts(daemon: MpsDaemon) -> list[tuple[str, str]]:
+    """What a client container mounts: the pipe folder (to reach the daemon) and the daemon's
+    shared memory as ``/dev/shm``. Not the log folder: a client needs none, and the daemon's
+    and servers' logs name every client of the GPU."""
     return [
         (daemon.pipe_dir, daemon.pipe_dir),
-        (daemon.log_dir, daemon.log_dir),
         (daemon.shm_dir, "/dev/shm"),
     ]

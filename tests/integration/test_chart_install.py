@@ -485,6 +485,13 @@ def _refused_dry_run(patch: Any, status: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- MPS daemon pods
 
 
+def _plugin_daemonset(api: Any) -> dict[str, str]:
+    """The owner the plugin gives its MPS daemon pods: its DaemonSet (mps_pod_spec.py)."""
+    name = "flexgpu-kubelet-plugin"
+    uid = client.AppsV1Api(api).read_namespaced_daemon_set(name, NS).metadata.uid
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": uid}
+
+
 def _chart_image() -> str:
     chart = yaml.safe_load((REPO_ROOT / "charts/flexgpu/Chart.yaml").read_text())
     values = yaml.safe_load((REPO_ROOT / "charts/flexgpu/values.yaml").read_text())
@@ -519,6 +526,7 @@ def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
         mps_root=_mps_root(cluster),
         driver_root=Path("/driver-root"),
         host_driver_root=Path("/"),
+        owner=_plugin_daemonset(api),
     )
     uuid = "GPU-0b5c1e4e-1d3a-4c55-9d5e-2c1f7a9e0001"
     pod = daemons._pod(daemons._daemon(0, uuid))
@@ -534,7 +542,7 @@ def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
     other_image = copy.deepcopy(pod)
     other_image["spec"]["containers"][0]["image"] = "docker.io/library/busybox:1.36"
     message = _denial(as_plugin.create_namespaced_pod, NS, other_image)
-    assert "runs the chart's image" in message and "busybox" in message
+    assert "running the chart's image" in message and "busybox" in message
 
     # Privileged, as the daemon is, but running a shell; or the daemon with the host's root
     # mounted writable beside it.
@@ -546,7 +554,7 @@ def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
     host_root["spec"]["containers"][0]["volumeMounts"].append({"name": "host", "mountPath": "/h"})
     host_root["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
     message = _denial(as_plugin.create_namespaced_pod, NS, host_root)
-    assert "mounts only the MPS root" in message
+    assert "mounts exactly mps" in message
 
     not_a_daemon = copy.deepcopy(pod)
     not_a_daemon["metadata"]["name"] = "anything"

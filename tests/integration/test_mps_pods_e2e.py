@@ -229,6 +229,7 @@ def test_a_mig_partition_shared_with_mps_gets_a_daemon_pod_of_its_own(
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
     # The daemon heard the claim's limits on its control pipe (the driver root's daemon logs
     # every command it serves).
+    assert "CUDA_MPS_LOG_DIRECTORY" not in env  # the daemon's log stays the daemon's
     log = Path(pod_env["CUDA_MPS_LOG_DIRECTORY"]) / "control.log"
     wait_for(
         lambda: (

@@ -3,6 +3,7 @@ inside the containers: what each container's report says it received."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from typing import Any
 
@@ -305,3 +306,77 @@ def test_concurrent_prepares_for_different_pods(api: Any, namespace: str, plugin
             assert set(rep.visible_devices) == claim_uuids(api, namespace, name)
     finally:
         delete_pods(api, namespace, *names)
+
+
+def _report_after(script: str) -> list[str]:
+    """A workload command that runs ``script`` (its exports land in the report), then reports."""
+    return ["/bin/sh", "-c", f"{script}; exec /usr/local/bin/gpu-report"]
+
+
+def test_a_tenant_reaches_no_other_namespaces_mps_pipe_or_shm(
+    api: Any, namespace: str, plugin: RealNode
+) -> None:
+    """From inside the containers: a fraction's container gets its daemon's pipe folder and
+    shared memory, not its log folder; a container of another namespace (an MPS claim of its
+    own on another GPU) sees neither that pipe folder nor what the first tenant left in its
+    /dev/shm; and the other namespace's fraction is refused on the GPU the first one holds."""
+    core = client.CoreV1Api(api)
+    other = f"{namespace}-b"
+    core.create_namespace({"metadata": {"name": other}})
+    share = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "shared-gpu.flexgpu.dev",
+            "capacity": {"requests": {"memory": "16Gi"}},
+        },
+    }
+    try:
+        create_claim(api, namespace, "frac-a", {"requests": [share]})
+        pod_a = one_claim_pod(plugin, "tenant-a", "frac-a")
+        pod_a["spec"]["containers"][0]["command"] = _report_after(
+            "echo private > /dev/shm/tenant-a-secret"
+        )
+        run_pod(api, namespace, pod_a)
+        rep_a = wait_report(plugin, namespace, "tenant-a")
+        pipe_a = rep_a.env["CUDA_MPS_PIPE_DIRECTORY"]
+        assert pipe_a in rep_a.mounts, rep_a.mounts
+        assert "CUDA_MPS_LOG_DIRECTORY" not in rep_a.env
+        assert not [m for m in rep_a.mounts if m.endswith("/log")], rep_a.mounts
+
+        mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+        create_claim(
+            api, other, "mps-b", {"requests": [gpu_request()], "config": sharing_config(mps)}
+        )
+        pod_b = one_claim_pod(plugin, "tenant-b", "mps-b")
+        pod_b["spec"]["containers"][0]["command"] = _report_after(
+            'export SEEN_SHM="$(ls -A /dev/shm | tr "\\n" " ")"; '
+            f'export SEEN_PIPE="$(ls -A {pipe_a} 2>&1 | tr "\\n" " ")"'
+        )
+        run_pod(api, other, pod_b)
+        rep_b = wait_report(plugin, other, "tenant-b")
+        assert rep_b.env["CUDA_MPS_PIPE_DIRECTORY"] != pipe_a
+        assert pipe_a not in rep_b.mounts, rep_b.mounts
+        assert "tenant-a-secret" not in rep_b.env.get("SEEN_SHM", ""), rep_b.env
+        assert "No such file" in rep_b.env["SEEN_PIPE"], rep_b.env
+
+        # The other namespace's fraction: the only shared GPU serves the first namespace.
+        create_claim(api, other, "frac-b", {"requests": [share]})
+        core.create_namespaced_pod(other, one_claim_pod(plugin, "tenant-b-share", "frac-b"))
+
+        def refused() -> str:
+            for e in core.list_namespaced_event(other).items:
+                if e.involved_object.name == "tenant-b-share" and "namespace at a time" in (
+                    e.message or ""
+                ):
+                    return str(e.message)
+            return ""
+
+        message = wait_for(refused, timeout_s=90, what="the mixed fraction refused")
+        assert f"is shared by claim {namespace}/frac-a" in message
+        assert core.read_namespaced_pod("tenant-b-share", other).status.phase == "Pending"
+    finally:
+        with contextlib.suppress(client.ApiException):
+            delete_pods(api, other, "tenant-b", "tenant-b-share")
+        with contextlib.suppress(client.ApiException, AssertionError):
+            delete_pods(api, namespace, "tenant-a")
+        core.delete_namespace(other)

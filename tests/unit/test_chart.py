@@ -72,6 +72,7 @@ def test_every_option_renders(helm: Path) -> None:
     [
         ("kubeletPlugin.gpuBackend=cuda", "value must be one of 'nvml', 'simulated'"),
         ("kubeletPlugin.sharedGpus=some", "/kubeletPlugin/sharedGpus"),
+        ("kubeletPlugin.sharedGpuTenants=all", "/kubeletPlugin/sharedGpuTenants"),
         ("controller.replicas=0", "/controller/replicas"),
         ("kubeletPlugin.healthIntervalSeconds=45", "/kubeletPlugin/healthIntervalSeconds"),
         ("unknown=1", "additional properties 'unknown' not allowed"),
@@ -139,6 +140,12 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         "name": "FLEXGPU_POD_UID",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
     } in env
+    # Its pod name: its DaemonSet then owns the MPS daemon pods (helm uninstall removes them).
+    assert {
+        "name": "FLEXGPU_POD_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    } in env
+    assert {"name": "FLEXGPU_SHARED_GPU_TENANTS", "value": "namespace"} in env
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     for suffix in ("own-node-slices", "own-node-policy-status", "own-node-events", "mps-pods"):
         policy = policies[f"t-flexgpu-kubelet-plugin-{suffix}"]
@@ -207,7 +214,10 @@ def test_mps_daemon_pod_policy_names_the_release_image_and_paths(helm: Path) -> 
     policy = find(docs, "ValidatingAdmissionPolicy", "mps-pods")["spec"]
     text = str(policy["validations"])
     assert '"ghcr.io/flexgpu/flexgpu:1.2.3"' in text
-    assert '"/srv/mps"' in text and '"/srv/mps/"' in text
+    assert '"/srv/mps"' in text and '"/srv/mps/lib"' in text
+    # The daemon's folders under the MPS root, named by the pod's own GPU UUID.
+    assert '"/srv/mps/" + variables.uuid' in str(policy["variables"])
+    assert 'o.name == "t-flexgpu-kubelet-plugin"' in text  # owned by the plugin's DaemonSet
     assert policy["matchConditions"][0]["expression"] == (
         "request.userInfo.username == "
         '"system:serviceaccount:flexgpu-system:t-flexgpu-kubelet-plugin"'

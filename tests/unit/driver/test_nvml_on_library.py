@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from flexgpu.driver.backend_errors import (
 )
 from flexgpu.driver.gpu_model import MigPlacement, TimeSliceInterval
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
+from tests.conftest import wait_for
 from tests.nvml_library import ENV_DEV_DIR, REPO, library_dir
 
 
@@ -301,26 +302,65 @@ def test_time_slice_failures(
         backend.set_time_slice(0, TimeSliceInterval.SHORT)
 
 
-def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
-    tmp_path: Path, library_node: LibraryNode
-) -> None:
-    calls: list[list[str]] = []
+class _FakeMpsDaemons:
+    """Runs the commands' MPS side as the real daemon would look from /proc: ``-d`` starts a
+    process running a program named nvidia-cuda-mps-control with the command's environment,
+    ``echo quit`` ends it. Other commands are only recorded."""
 
-    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        calls.append(list(argv))
+    def __init__(self, tmp_path: Path) -> None:
+        self.calls: list[list[str]] = []
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.program = tmp_path / "bin" / "nvidia-cuda-mps-control"
+        self.program.parent.mkdir()
+        self.program.write_text("#!/bin/sh\nsleep 600\n:\n")
+        self.program.chmod(0o755)
+
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(argv))
         env = dict(a.split("=", 1) for a in argv if "=" in a and a.startswith("CUDA_"))
-        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
-        # The real control daemon writes its pid file; this one is alive (our own pid).
-        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+        if argv[-1].endswith("-d"):
+            os.mkfifo(Path(pipe) / "control")  # the daemon's control pipe, as it makes it
+            self.procs[pipe] = subprocess.Popen(
+                [str(self.program)], env={**os.environ, **env}, start_new_session=True
+            )
+        if "echo quit" in argv[-1] and pipe in self.procs:
+            ended = self.procs.pop(pipe)
+            ended.kill()
+            ended.wait()
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    backend, _ = library_node(_machine("T4", 1), run_command=runner, mps_root=tmp_path / "mps")
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def fake_daemons(tmp_path: Path) -> Iterator[_FakeMpsDaemons]:
+    daemons = _FakeMpsDaemons(tmp_path)
+    yield daemons
+    daemons.close()
+
+
+def _wait_running(backend: Any, daemon: Any) -> None:
+    wait_for(lambda: daemon in backend.mps_daemons(), what="the daemon's process")
+
+
+def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
+    tmp_path: Path, library_node: LibraryNode, fake_daemons: _FakeMpsDaemons
+) -> None:
+    calls = fake_daemons.calls
+    backend, _ = library_node(
+        _machine("T4", 1), run_command=fake_daemons, mps_root=tmp_path / "mps"
+    )
     daemon = backend.start_mps_daemon(0)
     assert calls[0][-1].endswith("exec nvidia-cuda-mps-control -d")
     shm = tmp_path / "mps" / _uuid(0) / "shm"
     assert calls[0][-1].startswith(f"mount --bind {shm} /dev/shm")
     assert f"CUDA_VISIBLE_DEVICES={_uuid(0)}" in calls[0]
     assert daemon.pipe_dir == str(tmp_path / "mps" / _uuid(0) / "pipe")
+    _wait_running(backend, daemon)
     assert backend.start_mps_daemon(0) == daemon and len(calls) == 1  # adopted
     assert backend.mps_daemons() == [daemon]
     assert backend.get_compute_mode(0).name == "EXCLUSIVE_PROCESS"
@@ -329,24 +369,59 @@ def test_mps_daemon_is_started_with_the_gpu_pinned_and_adopted_when_alive(
     assert backend.get_compute_mode(0).name == "DEFAULT"
 
 
-def test_mig_mps_daemon_sees_the_mig_devices_gets_the_limits_and_leaves_the_parent(
-    tmp_path: Path, library_node: LibraryNode
+def test_what_clients_leave_in_the_daemons_folders_is_never_trusted(
+    tmp_path: Path, library_node: LibraryNode, fake_daemons: _FakeMpsDaemons
 ) -> None:
-    calls: list[list[str]] = []
-    alive: dict[str, Path] = {}
+    """Clients mount the pipe and shm folders read-write: a pid file there naming a live
+    process does not make a daemon run, and a new daemon starts in emptied folders whose
+    symlinks were removed, not followed, with the daemon's modes."""
+    backend, _ = library_node(
+        _machine("T4", 1), run_command=fake_daemons, mps_root=tmp_path / "mps"
+    )
+    folder = tmp_path / "mps" / _uuid(0)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("host file")
+    for name in ("pipe", "shm"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "link").symlink_to(victim)
+        (folder / name / "sub").mkdir()
+        (folder / name / "sub" / "link").symlink_to(victim / "keep")
+    (folder / "pipe" / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    os.mkfifo(folder / "pipe" / "control")
+    assert backend.mps_daemons() == []  # the planted pid file names a live process: ignored
 
-    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        calls.append(list(argv))
-        env = dict(a.split("=", 1) for a in argv if "=" in a and a.startswith("CUDA_"))
-        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
-        if argv[-1].endswith("-d"):
-            (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
-            alive[pipe.parent.name] = pipe
-        if "echo quit" in argv[-1]:
-            (pipe / "nvidia-cuda-mps-control.pid").unlink()
-        return subprocess.CompletedProcess(argv, 0, "", "")
+    daemon = backend.start_mps_daemon(0)
+    assert len(fake_daemons.calls) == 1  # started, not adopted through the planted file
+    # Only what the new daemon made: the planted pid file, FIFO and links are gone.
+    assert sorted(p.name for p in Path(daemon.pipe_dir).iterdir()) == ["control"]
+    # shm is also the /dev/shm of clients that may still run: its files stay, its links go.
+    shm = Path(daemon.shm_dir)
+    assert sorted(p.name for p in shm.iterdir()) == ["sub"] and not any(shm.rglob("link"))
+    assert (victim / "keep").read_text() == "host file"
+    assert Path(daemon.pipe_dir).stat().st_mode & 0o7777 == 0o755
+    assert Path(daemon.log_dir).stat().st_mode & 0o7777 == 0o700
+    assert Path(daemon.shm_dir).stat().st_mode & 0o7777 == 0o1777
+    _wait_running(backend, daemon)
 
-    backend, _ = library_node(_a100(), run_command=runner, mps_root=tmp_path / "mps")
+    # A client replaces the control pipe by a symlink: the plugin writes nothing through it
+    # (as root that would write to the link's target) and ends the daemon by its process.
+    control = Path(daemon.pipe_dir) / "control"
+    control.unlink()
+    control.symlink_to(victim / "keep")
+    backend.stop_mps_daemon(0)
+    assert not any("echo quit" in c[-1] for c in fake_daemons.calls)
+    wait_for(lambda: backend.mps_daemons() == [], what="the daemon ended by SIGTERM")
+    assert (victim / "keep").read_text() == "host file"
+    # Stopped with its last claim: nothing of its clients stays for the GPU's next tenant.
+    assert list(Path(daemon.pipe_dir).iterdir()) == [] and list(shm.iterdir()) == []
+
+
+def test_mig_mps_daemon_sees_the_mig_devices_gets_the_limits_and_leaves_the_parent(
+    tmp_path: Path, library_node: LibraryNode, fake_daemons: _FakeMpsDaemons
+) -> None:
+    calls = fake_daemons.calls
+    backend, _ = library_node(_a100(), run_command=fake_daemons, mps_root=tmp_path / "mps")
     first = backend.create_mig_device(0, 19, MigPlacement(start=0, size=1))
     second = backend.create_mig_device(0, 19, MigPlacement(start=1, size=1))
     uuids = tuple(sorted(u for u in (first.uuid, second.uuid) if u))
@@ -365,10 +440,11 @@ def test_mig_mps_daemon_sees_the_mig_devices_gets_the_limits_and_leaves_the_pare
         f"echo set_default_device_pinned_mem_limit {uuids[0]} 1024M | nvidia-cuda-mps-control",
     ]
     assert backend.get_compute_mode(0) == mode  # the parent's: other partitions share it
-    assert daemon in backend.mps_daemons()
+    _wait_running(backend, daemon)
     backend.stop_mig_mps_daemon(0, uuids[0])
     assert calls[-1][-1] == "echo quit | nvidia-cuda-mps-control"
-    assert backend.mps_daemons() == [] and backend.get_compute_mode(0) == mode
+    wait_for(lambda: backend.mps_daemons() == [], what="the daemon's end")
+    assert backend.get_compute_mode(0) == mode
     with pytest.raises(NotFoundError):
         backend.start_mig_mps_daemon(
             MigMpsDaemonSpec(0, ("MIG-00000000-0000-0000-0000-000000000000",))

@@ -38,10 +38,11 @@ class ClaimTable:
         name: str,
         *devices: AllocatedDevice,
         configs: tuple[dict[str, Any], ...] = (),
+        namespace: str = "ns",
     ) -> ClaimRef:
-        view = ClaimView(f"uid-{name}", "ns", name, True, tuple(devices), configs)
-        self.views[("ns", name)] = view
-        return ClaimRef("ns", name, view.uid)
+        view = ClaimView(f"uid-{name}", namespace, name, True, tuple(devices), configs)
+        self.views[(namespace, name)] = view
+        return ClaimRef(namespace, name, view.uid)
 
     def get(self, namespace: str, name: str) -> ClaimView | None:
         if self.down:

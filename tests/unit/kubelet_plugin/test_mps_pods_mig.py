@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -53,7 +54,7 @@ class PodApi:
             pod = copy.deepcopy(body)
             pod["status"] = {"phase": "Running"}
             env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-            (Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control").touch()
+            os.mkfifo(Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control")
             self.pods[pod["metadata"]["name"]] = pod
             self.created.append(copy.deepcopy(body))
             return copy.deepcopy(pod)
@@ -203,3 +204,39 @@ def test_a_gpu_in_mig_mode_never_gets_its_own_daemon_started_again(
     assert pods.restart_ended(lambda: {0}, _no_lock) == []
     assert backend.get_compute_mode(0) == ComputeMode.DEFAULT
     assert len(api.created) == 2
+
+
+def test_daemon_pods_are_owned_by_the_plugins_daemonset(
+    tmp_path: Path, backend: SimulatedBackend
+) -> None:
+    """With its own pod named, the plugin gives the daemons that pod's controller (the
+    chart's DaemonSet) as owner, not as their controller: helm uninstall removes them, the
+    DaemonSet never adopts them. Without it (a harness) the Node owns them."""
+    api, run = PodApi(), Control()
+    daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds-uid"}
+    api.pods["plugin-abc"] = {
+        "metadata": {
+            "name": "plugin-abc",
+            "ownerReferences": [{**daemonset, "controller": True, "blockOwnerDeletion": True}],
+        }
+    }
+    pods = MpsDaemonPods(
+        api,  # type: ignore[arg-type]
+        backend,
+        node_name="n",
+        namespace=NAMESPACE,
+        image="img",
+        mps_root=tmp_path / "mps",
+        driver_root=tmp_path / "driver",
+        ready_timeout_s=2,
+        run=run,
+        owner_pod="plugin-abc",
+    )
+    pods.start(0)
+    assert api.created[0]["metadata"]["ownerReferences"] == [daemonset]
+    spec = api.created[0]["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+
+    harness = _pods(tmp_path / "other", backend, PodApi(), Control())
+    owner = harness._owner_of()
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", "n", "node-uid")

@@ -62,6 +62,11 @@ def test_flags_win_over_env_and_env_over_defaults() -> None:
         (["--health-interval", "soon"], "value 'soon' is not a number"),
         (["--pod-uid", "a/b"], "pod_uid: value 'a/b' is not allowed"),
         (["--plugins-dir", "/" + "p" * 90], "plugins_dir/pod_uid: socket path"),
+        (
+            ["--shared-gpu-tenants", "all"],
+            "shared_gpu_tenants: value 'all' is not allowed: must be 'namespace' or 'any'",
+        ),
+        (["--pod-name", "Plugin_1"], "pod_name: value 'Plugin_1' is not allowed: must be a pod"),
     ],
 )
 def test_bad_values_name_field_value_and_rule(argv: list[str], expected: str) -> None:

@@ -157,12 +157,11 @@ def test_mps_on_a_dynamic_partition_starts_a_daemon_of_the_claims_own(tmp_path: 
     # The container gets the daemon's folders and the limits, as a whole GPU's client does.
     env = _env(preparer, ref.uid)
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == daemon.pipe_dir
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == daemon.log_dir
+    assert "CUDA_MPS_LOG_DIRECTORY" not in env  # the daemon's log is not the client's
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert _mounts(preparer, ref.uid) == {
         daemon.pipe_dir: daemon.pipe_dir,
-        daemon.log_dir: daemon.log_dir,
         "/dev/shm": daemon.shm_dir,
     }
     share = preparer.load_checkpoint().claims[ref.uid].created.mps_share

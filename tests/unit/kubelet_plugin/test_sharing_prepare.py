@@ -135,7 +135,9 @@ def test_mps_on_a_whole_gpu_limits_each_client(
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     spec = json.loads(preparer.spec_path(ref.uid).read_text())
     mounts = {m["containerPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]}
-    assert mounts == {daemon.pipe_dir, daemon.log_dir, "/dev/shm"}
+    # The pipe and shared memory; never the daemon's log folder.
+    assert mounts == {daemon.pipe_dir, "/dev/shm"}
+    assert "CUDA_MPS_LOG_DIRECTORY" not in env
     preparer.unprepare([ref])
     assert backend.mps_daemons() == []
 

@@ -1,0 +1,80 @@
+"""Who may share a GPU: the namespace is the tenant boundary.
+
+A GPU shared across claims (fractions of a shared GPU, the GPU's MPS control daemon) serves
+the claims of one namespace at a time: the clients of one MPS daemon can end each other's
+work (``quit`` on the control pipe), read and write each other's shared memory and exceed a
+limit that is only set in their own environment, so two tenants never meet there unless the
+administrator says they may (``--shared-gpu-tenants=any``; docs/security.md says what one
+tenant can then do to the other). This check in prepare refuses the mix whatever allocated
+it; docs/security.md says what keeps the scheduler from producing it. Pure: it reads
+checkpoint records only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Set
+from typing import Literal
+
+from flexgpu.kubelet_plugin.checkpoint import ClaimRecord
+
+__all__ = [
+    "ONE_NAMESPACE",
+    "SharedGpuTenants",
+    "TenantMixError",
+    "check_one_tenant",
+    "gpus_shared_by",
+]
+
+SharedGpuTenants = Literal["namespace", "any"]
+ONE_NAMESPACE: SharedGpuTenants = "namespace"
+
+
+class TenantMixError(ValueError):
+    """Preparing the claim would let two namespaces share a GPU; the text says which."""
+
+
+def gpus_shared_by(record: ClaimRecord, gpu_of: Callable[[str], int | None]) -> set[int]:
+    """The GPUs (by index) on which the record's claim shares with others: the GPUs of its
+    fractions (devices with a share id) and the GPU whose MPS daemon serves it. A MIG
+    device's daemon is the claim's own, and a whole GPU without MPS is the claim's alone.
+    An admin-access claim (monitoring, allowed only in namespaces the administrator marks)
+    holds no GPU for its namespace."""
+    if record.devices and all(device.admin_access for device in record.devices):
+        return set()
+    shared = set()
+    for device in record.devices:
+        if device.share_id is not None and not device.admin_access:
+            index = gpu_of(device.device_name)
+            if index is not None:
+                shared.add(index)
+    share = record.created.mps_share
+    if share is not None and not share.mig and share.gpu_index is not None:
+        shared.add(share.gpu_index)
+    return shared
+
+
+def check_one_tenant(
+    namespace: str,
+    gpus: Set[int],
+    others: Iterable[ClaimRecord],
+    gpu_of: Callable[[str], int | None],
+    tenants: SharedGpuTenants = ONE_NAMESPACE,
+) -> None:
+    """Raises ``TenantMixError`` when a claim of ``namespace`` that shares ``gpus`` would
+    meet, on one of them, a claim of another namespace that the node has prepared (or begun
+    to). ``others`` are the node's other claim records, read under the GPUs' locks."""
+    if tenants == "any" or not gpus:
+        return
+    for other in others:
+        if other.namespace == namespace:
+            continue
+        met = sorted(gpus & gpus_shared_by(other, gpu_of))
+        if met:
+            where = ", ".join(f"gpu-{index}" for index in met)
+            raise TenantMixError(
+                f"{where} is shared by claim {other.namespace}/{other.name} of namespace "
+                f"{other.namespace!r}; a shared GPU serves one namespace at a time, so a claim "
+                f"of namespace {namespace!r} may use it only once that namespace's claims are "
+                "gone, or if the administrator lets namespaces share GPUs "
+                "(kubeletPlugin.sharedGpuTenants: any)"
+            )
