@@ -64,6 +64,8 @@ class PluginConfig(BaseModel):
     health_interval_seconds: float = Field(
         default=DEFAULT_HEALTH_INTERVAL_SECONDS, gt=0, lt=MAX_HEALTH_INTERVAL_SECONDS
     )
+    # /livez and /readyz for the kubelet's probes (kubelet_plugin/health_endpoint.py); None: off.
+    health_port: int | None = Field(default=None, ge=0, le=65535)
     gpu_backend: Literal["nvml", "simulated"] = "nvml"
     # Built-in topology name or a topology file; required by (and only used with) simulated.
     topology: str | None = None
@@ -308,6 +310,13 @@ _SETTINGS: Final = (
         f"seconds between full health reports (default {DEFAULT_HEALTH_INTERVAL_SECONDS}, "
         f"below {MAX_HEALTH_INTERVAL_SECONDS})",
         "seconds",
+    ),
+    _Setting(
+        "health_port",
+        "--health-port",
+        "FLEXGPU_HEALTH_PORT",
+        "port serving /livez and /readyz for the kubelet's probes (default: off)",
+        "str",
     ),
     _Setting(
         "gpu_backend",

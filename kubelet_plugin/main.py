@@ -62,7 +62,26 @@ def make_api(config: PluginConfig) -> KubeApi:
     return KubeApi.in_cluster()
 
 
-def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
+class NodeReadiness:
+    """What /readyz answers: the plugin serves prepares and its slices went out once."""
+
+    def __init__(self, gate: StartupGate) -> None:
+        self._gate = gate
+        self.publisher: SlicePublisher | None = None
+
+    def __call__(self) -> str | None:
+        if not self._gate.ready:
+            return "starting: prepares are not served yet"
+        publisher = self.publisher
+        if publisher is None or not publisher.published:
+            why = publisher.last_error if publisher is not None else None
+            return "ResourceSlices not published yet" + (f": {why}" if why else "")
+        return None
+
+
+def start_node(
+    config: PluginConfig, gate: StartupGate, readiness: NodeReadiness | None = None
+) -> Callable[[], None]:
     """Everything after the sockets: returns what stops it again."""
     from flexgpu.driver.backend_errors import GpuBackendError
     from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
@@ -148,6 +167,8 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         served = metrics.ObservedPreparer(preparer, config.node_name)
     gate.open(served, health)
     publisher = _make_publisher(config, api)
+    if readiness is not None:
+        readiness.publisher = publisher
     republish()
     publisher.start()
     health.start()
@@ -267,14 +288,30 @@ def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
     return SlicePublisher(api, config.node_name)
 
 
+def _health_endpoint(config: PluginConfig, readiness: NodeReadiness) -> Callable[[], None]:
+    """/livez asks the plugin's own sockets what the kubelet would; /readyz asks readiness."""
+    if config.health_port is None:
+        return lambda: None
+    from flexgpu.kubelet_plugin.health_endpoint import HealthEndpoint
+    from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
+
+    def alive() -> str | None:
+        return probe(config.registration_socket)
+
+    endpoint = HealthEndpoint(config.health_port, alive=alive, ready=readiness)
+    log.info("health probes on :%d (/livez, /readyz)", endpoint.port)
+    return endpoint.stop
+
+
 def run(config: PluginConfig) -> int:
     gate = StartupGate()
     server = Server(gate, config.server_options(), gate)
-    stops: list[Callable[[], None]] = []
+    readiness = NodeReadiness(gate)
+    stops: list[Callable[[], None]] = [_health_endpoint(config, readiness)]
 
     def after_start() -> None:
         try:
-            stops.append(start_node(config, gate))
+            stops.append(start_node(config, gate, readiness))
         except BaseException as err:
             # Waiting prepares get the reason now, not when their wait runs out.
             gate.fail(str(err) or type(err).__name__)

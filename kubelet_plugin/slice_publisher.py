@@ -149,6 +149,11 @@ class SlicePublisher:
         return self._reconciler.last_error
 
     @property
+    def published(self) -> bool:
+        """True once a reconcile pass went through (the node's slices are as wanted)."""
+        return self._reconciler.passes > 0
+
+    @property
     def failures(self) -> int:
         """Failed reconcile passes in all, for the plugin's metrics."""
         return self._reconciler.failures

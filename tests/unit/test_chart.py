@@ -479,3 +479,17 @@ def test_preflight_runs_before_the_plugin(helm: Path) -> None:
     assert "--strict" in strict["DaemonSet"]["spec"]["initContainers"][0]["args"]
     off = _pod_templates(render(helm, "kubeletPlugin.preflight.enabled=false"))
     assert "initContainers" not in off["DaemonSet"]["spec"]
+
+
+def test_plugin_probes_ask_the_plugin_over_http(helm: Path) -> None:
+    """Startup, liveness and readiness probes are HTTP requests the plugin answers itself
+    (no process per check); healthPort 0 falls back to the exec liveness probe alone."""
+    container = _pod_templates(render(helm))["DaemonSet"]["spec"]["containers"][0]
+    assert {"name": "health", "containerPort": 8083} in container["ports"]
+    assert {"name": "FLEXGPU_HEALTH_PORT", "value": "8083"} in container["env"]
+    assert container["startupProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    off = _pod_templates(render(helm, "kubeletPlugin.healthPort=0"))["DaemonSet"]["spec"]
+    plugin = off["containers"][0]
+    assert "exec" in plugin["livenessProbe"] and "readinessProbe" not in plugin

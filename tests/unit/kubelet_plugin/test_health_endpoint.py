@@ -56,3 +56,29 @@ def test_a_check_that_raises_is_a_failed_probe(endpoint: HealthEndpoint) -> None
 def test_other_paths_are_not_found(endpoint: HealthEndpoint) -> None:
     status, text = _get(endpoint.port, "/metrics")
     assert status == 404 and "/livez" in text
+
+
+def test_plugin_readiness_waits_for_prepares_and_a_published_slice() -> None:
+    """/readyz of the plugin: not before the gate serves prepares, then not before the slice
+    publisher's first pass went through (saying why it failed), then ready."""
+    from flexgpu.kubelet_plugin.main import NodeReadiness
+    from flexgpu.kubelet_plugin.startup_gate import StartupGate
+
+    class Publisher:
+        published = False
+        last_error: str | None = "the API server is unreachable"
+
+    gate = StartupGate()
+    readiness = NodeReadiness(gate)
+    assert readiness() == "starting: prepares are not served yet"
+
+    class Preparer:
+        pass
+
+    gate.open(Preparer(), Preparer())  # type: ignore[arg-type]
+    assert readiness() == "ResourceSlices not published yet"
+    publisher = Publisher()
+    readiness.publisher = publisher  # type: ignore[assignment]
+    assert readiness() == "ResourceSlices not published yet: the API server is unreachable"
+    publisher.published, publisher.last_error = True, None
+    assert readiness() is None

@@ -103,7 +103,9 @@ def test_plugin_serves_its_sockets_before_start_up_work_runs(
 
     seen: dict[str, object] = {}
 
-    def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
+    def start_node(
+        config: PluginConfig, gate: StartupGate, readiness: object = None
+    ) -> Callable[[], None]:
         # Runs after the sockets are up: the kubelet can already register and call.
         with grpc.insecure_channel(f"unix://{config.registration_socket}") as channel:
             info = registration_pb2_grpc.RegistrationStub(channel).GetInfo(
@@ -130,7 +132,9 @@ def test_start_up_failure_stops_the_servers_and_exits_1(
 ) -> None:
     from flexgpu.kubelet_plugin import main
 
-    def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
+    def start_node(
+        config: PluginConfig, gate: StartupGate, readiness: object = None
+    ) -> Callable[[], None]:
         raise main.StartupFailed("no GPUs: NVML not found")
 
     monkeypatch.setattr(main, "start_node", start_node)
