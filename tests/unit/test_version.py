@@ -82,10 +82,11 @@ def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         text = archive.read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text
-    # The plugin serves gRPC with grpclib; grpcio is only the tests' client.
+    # The plugin serves gRPC with grpcio (the design's choice); grpclib is gone.
     requires = [line for line in text.splitlines() if line.startswith("Requires-Dist:")]
-    assert any(r.startswith("Requires-Dist: grpclib") for r in requires), requires
-    assert not any(r.startswith("Requires-Dist: grpcio") and "extra ==" not in r for r in requires)
+    runtime = [r for r in requires if "extra ==" not in r]
+    assert any(r.startswith("Requires-Dist: grpcio") for r in runtime), requires
+    assert not any(r.startswith("Requires-Dist: grpclib") for r in requires), requires
     assert any(n.endswith("licenses/LICENSE") for n in names)
     # One namespace installed: nothing that could collide with another project's `driver`.
     top_level = {n.split("/")[0] for n in names if not n.startswith(f"flexgpu-{version}")}
