@@ -59,6 +59,9 @@ def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> Plu
             f"--plugins-dir={root}/plugins",
             f"--cdi-dir={cdi_root}",
             f"--data-dir={root}/data",
+            # As the reference plugin below: the driver is measured, not its rate limiter.
+            "--kube-api-qps=1000",
+            "--kube-api-burst=1000",
         ),
         socket=root / "plugins" / "gpu.flexgpu.dev" / "dra.sock",
         kubelet_dirs=(root / "reg", root / "plugins"),
