@@ -20,7 +20,8 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from bench.claims import BenchClaim
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
 from tools.cluster.process import Component
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,25 +28,25 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
 from flexgpu.kubelet_plugin.kubeletplugin.grpc_handlers import MAX_REQUEST_BYTES
 from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2_grpc as dra_v1_grpc
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as dra_v1beta1
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import (
-    dra_pb2_grpc as dra_v1beta1_grpc,
-)
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as health_v1
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import (
-    health_pb2_grpc as health_v1_grpc,
-)
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
     health_pb2 as health_v1alpha1,
-)
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
-    health_pb2_grpc as health_v1alpha1_grpc,
 )
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2 as reg,
 )
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc as dra_v1_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1beta1 import (
+    dra_pb2_grpc as dra_v1beta1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra_health.v1 import (
+    health_pb2_grpc as health_v1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra_health.v1alpha1 import (
+    health_pb2_grpc as health_v1alpha1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.pluginregistration.v1 import (
     registration_pb2_grpc as reg_grpc,
 )
 from flexgpu.kubelet_plugin.kubeletplugin.server import PREPARE_WORKERS
