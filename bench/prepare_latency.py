@@ -184,8 +184,8 @@ def explain(figures: dict[str, Figures], args: Any, load_before: str) -> None:
     )
     print(f"Machine load average (1 min): {load_before} before, {load_average()} after.")
     print(
-        f"Each plugin publishes {DEVICES} simulated GPUs on one node; the example driver runs "
-        "with --kube-api-qps=1000 --kube-api-burst=1000. The benchmark's own gRPC callers share "
+        f"Each plugin publishes {DEVICES} simulated GPUs on one node; both run with "
+        "--kube-api-qps=1000 --kube-api-burst=1000. The benchmark's own gRPC callers share "
         "the machine's cores with both plugins and the control plane."
     )
     for label, f in (("flexgpu", flex), ("example", ref)):
