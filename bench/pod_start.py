@@ -3,14 +3,15 @@ the real node (upstream kubelet + containerd + runc, tools/node), flexgpu's plug
 DaemonSet) against the reference driver's (sigs.k8s.io/dra-example-driver, run on the host
 against the same kubelet).
 
-    python -m bench.pod_start [--pods 30]
+    python -m bench.pod_start [--pods 30] [--mig]
 
 For each driver: `--pods` pods one after another, then the same number 8 at a time. Each pod
 has its own ResourceClaim for one device of the driver's DeviceClass and runs the node's
 pause image; the time is from the create call returning to the first watch event showing
 the container running (the scheduler's allocation, the kubelet's prepare, the sandbox and
 the container start are all in it). Pods and claims are deleted between batches. Nothing is
-asserted: the table shows each figure, the ratio and the target.
+asserted: the table shows each figure, the ratio and the target. With --mig, flexgpu alone:
+pods whose claim asks for a 1g.10gb MIG partition, created on demand on GPUs 4 and 5.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ NAMESPACE = "podstart"
 PLUGIN_NAMESPACE = "flexgpu-system"
 EXAMPLE_DRIVER = "gpu.example.com"
 AT_ONCE = 8
+MIG_GPUS = "4,5"
+# Helm splits --set values at commas: the list's own are escaped.
+MIG_GPUS_SET = MIG_GPUS.replace(",", "\\,")
+MIG_CLASS = "mig.flexgpu.dev"
+SMALL_MIG = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
 POD_TIMEOUT_S = 180.0
 
 
@@ -89,18 +95,15 @@ class RunningSeen:
         self._watch.stop()
 
 
-def _claim(name: str, device_class: str) -> dict[str, Any]:
+def _claim(name: str, device_class: str, selector: str | None) -> dict[str, Any]:
+    request: dict[str, Any] = {"deviceClassName": device_class, "count": 1}
+    if selector is not None:
+        request["selectors"] = [{"cel": {"expression": selector}}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 1}}
-                ]
-            }
-        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
     }
 
 
@@ -134,11 +137,12 @@ def _batch(
     device_class: str,
     image: str,
     kubelet_state: Path,
+    selector: str | None = None,
 ) -> list[float]:
     core: Any = client.CoreV1Api(api)
     resource: Any = client.ResourceV1Api(api)
     for name in names:
-        resource.create_namespaced_resource_claim(NAMESPACE, _claim(name, device_class))
+        resource.create_namespaced_resource_claim(NAMESPACE, _claim(name, device_class, selector))
     created: dict[str, float] = {}
 
     def create(name: str) -> None:
@@ -183,7 +187,14 @@ def _still_prepared(kubelet_state: Path, names: list[str]) -> bool:
 
 
 def measure(
-    api: Any, label: str, *, device_class: str, image: str, pods: int, kubelet_state: Path
+    api: Any,
+    label: str,
+    *,
+    device_class: str,
+    image: str,
+    pods: int,
+    kubelet_state: Path,
+    selector: str | None = None,
 ) -> Starts:
     seen = RunningSeen(api)
     starts = Starts()
@@ -191,6 +202,7 @@ def measure(
         "device_class": device_class,
         "image": image,
         "kubelet_state": kubelet_state,
+        "selector": selector,
     }
     try:
         _batch(api, seen, [f"{label}-warm"], **where)
@@ -266,6 +278,7 @@ def rows(flexgpu: Starts, example: Starts) -> list[Row]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=30, help="pods per driver and mode")
+    parser.add_argument("--mig", action="store_true", help="flexgpu alone, on-demand MIG pods")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with ControlPlane() as plane:
@@ -284,16 +297,25 @@ def main() -> int:
                 namespace=PLUGIN_NAMESPACE,
                 image=flexgpu_image,
                 topology=TOPOLOGY,
+                extra=(
+                    ("--set-string", f"kubeletPlugin.dynamicMigGpus={MIG_GPUS_SET}")
+                    if args.mig
+                    else ()
+                ),
             )
             chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=flexgpu_image)
+            state = node.layout.kubelet_dir / "dra_manager_state"
+            common = {"image": image, "pods": args.pods, "kubelet_state": state}
+            if args.mig:
+                mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)
+                _print_mig(mig, args.pods, load_before)
+                return 0
             _example_class(api)
             # Outside the node's folder, which cleanup removes.
             example_log = Path(f"/tmp/{NODE}-example-plugin.log")
             example = _start_example(node, plane.kubeconfig, example_log)
             print(f"example plugin log: {example_log}", flush=True)
             _wait_registered(node, EXAMPLE_DRIVER)
-            state = node.layout.kubelet_dir / "dra_manager_state"
-            common = {"image": image, "pods": args.pods, "kubelet_state": state}
             flexgpu = measure(api, "flexgpu", device_class="gpu.flexgpu.dev", **common)
             reference = measure(api, "example", device_class=EXAMPLE_DRIVER, **common)
         finally:
@@ -318,6 +340,25 @@ def main() -> int:
         f"{os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs."
     )
     return 0
+
+
+def _print_mig(mig: Starts, pods: int, load_before: float) -> None:
+    print(
+        "\nPod created -> container running, one on-demand 1g.10gb MIG partition per pod "
+        f"(created at prepare on GPUs {MIG_GPUS}), flexgpu alone, real node\n"
+    )
+    for label, values in (
+        ("one at a time", mig.sequential_s),
+        (f"{AT_ONCE} at once", mig.concurrent_s),
+    ):
+        print(
+            f"{label}: p50 {percentile(values, 50):.2f} s, p99 {percentile(values, 99):.2f} s "
+            f"({len(values)} pods)"
+        )
+    print(
+        f"Load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
+        f"on {os.cpu_count()} CPUs."
+    )
 
 
 if __name__ == "__main__":
