@@ -115,6 +115,7 @@ bench: setup
 	@bash tools/example-driver/build.sh >/dev/null
 	@$(PY) -m bench.prepare_latency
 	@$(PY) -m bench.mig_scheduling
+	@$(PY) -m bench.pod_start
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

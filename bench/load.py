@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from bench.claims import BenchClaim
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
 
 # The kubelet gives a DRA call a few tens of seconds; past this the call counts as failed.
 CALL_TIMEOUT_S = 10.0

@@ -20,7 +20,8 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from bench.claims import BenchClaim
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
 from tools.cluster.process import Component
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +60,9 @@ def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> Plu
             f"--plugins-dir={root}/plugins",
             f"--cdi-dir={cdi_root}",
             f"--data-dir={root}/data",
+            # As the reference plugin below: the driver is measured, not its rate limiter.
+            "--kube-api-qps=1000",
+            "--kube-api-burst=1000",
         ),
         socket=root / "plugins" / "gpu.flexgpu.dev" / "dra.sock",
         kubelet_dirs=(root / "reg", root / "plugins"),

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from flexgpu.kubelet_plugin.api_limits import DEFAULT_BURST, DEFAULT_QPS
 from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
 DRIVER_NAME: Final = "gpu.flexgpu.dev"
@@ -34,6 +35,8 @@ DEFAULT_HEALTH_INTERVAL_SECONDS: Final = 10.0
 # The kubelet marks a device Unknown when it has had no report for 30 s (its default
 # per-device timeout), so the full list must be re-sent more often than that.
 MAX_HEALTH_INTERVAL_SECONDS: Final = 30.0
+MAX_KUBE_API_QPS: Final = 10_000.0
+MAX_KUBE_API_BURST: Final = 10_000
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 LOCK_FILE: Final = "prepare.lock"
@@ -93,6 +96,9 @@ class PluginConfig(BaseModel):
     # Who may share a GPU (tenancy.py): "namespace", one namespace at a time; "any": the
     # administrator lets namespaces share GPUs (docs/security.md says what that permits).
     shared_gpu_tenants: Literal["namespace", "any"] = "namespace"
+    # The API client's rate limit (client-go's --kube-api-qps and --kube-api-burst).
+    kube_api_qps: float = Field(default=DEFAULT_QPS, gt=0, le=MAX_KUBE_API_QPS)
+    kube_api_burst: int = Field(default=DEFAULT_BURST, ge=1, le=MAX_KUBE_API_BURST)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 
@@ -256,7 +262,7 @@ class _Setting:
     flag: str
     env: str
     help: str
-    kind: Literal["str", "path", "seconds"]
+    kind: Literal["str", "path", "seconds", "number", "count"]
 
 
 _SETTINGS: Final = (
@@ -419,6 +425,20 @@ _SETTINGS: Final = (
         "str",
     ),
     _Setting(
+        "kube_api_qps",
+        "--kube-api-qps",
+        "FLEXGPU_KUBE_API_QPS",
+        f"API requests per second, sustained (default {DEFAULT_QPS:g})",
+        "number",
+    ),
+    _Setting(
+        "kube_api_burst",
+        "--kube-api-burst",
+        "FLEXGPU_KUBE_API_BURST",
+        f"API requests at once above the per-second rate (default {DEFAULT_BURST})",
+        "count",
+    ),
+    _Setting(
         "kubeconfig",
         "--kubeconfig",
         "FLEXGPU_KUBECONFIG",
@@ -438,6 +458,22 @@ def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float:
             raise ConfigError(
                 f"{setting.field} ({source}): value {raw!r} is not a number; "
                 f"allowed: seconds greater than 0 and below {MAX_HEALTH_INTERVAL_SECONDS}"
+            ) from None
+    if setting.kind == "number":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{setting.field} ({source}): value {raw!r} is not a number; "
+                f"allowed: a number greater than 0, at most {MAX_KUBE_API_QPS:g}"
+            ) from None
+    if setting.kind == "count":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{setting.field} ({source}): value {raw!r} is not a whole number; "
+                f"allowed: 1 to {MAX_KUBE_API_BURST}"
             ) from None
     return raw
 

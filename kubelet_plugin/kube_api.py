@@ -4,7 +4,9 @@ Why not the official client here: importing it (every configuration loader and A
 turning replies into its models costs the plugin more memory and start-up time than all of
 its own code, while the plugin needs a few verbs on four resources and works on dicts anyway.
 Credentials come from a kubeconfig (certificate, token or token file) or, in a pod, from the
-service account, whose token is re-read as the kubelet rotates it.
+service account, whose token is re-read as the kubelet rotates it. Its manners are client-go's
+(api_limits): a QPS/burst limit, 429 and 5xx retried after Retry-After, idempotent requests
+only retried, bounded bodies; and an idle connection is never trusted twice (see request_bytes).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import contextlib
 import http.client
 import json
 import os
+import select
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,23 +25,43 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
+from flexgpu.driver.backoff import Backoff
+from flexgpu.kubelet_plugin import api_limits as limits
+
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Bound service-account tokens are refreshed by the kubelet well before they expire.
 TOKEN_REREAD_S: Final = 60.0
 USER_AGENT: Final = "flexgpu-kubelet-plugin"
-_RETRY_ON_REUSED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+# The connection broke under a request: for an idempotent one, worth one more try on a new
+# connection. (A refused or timed-out connection is not: the server is away, callers back off.)
+_BROKEN = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    BrokenPipeError,
+    http.client.IncompleteRead,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
+# The apiserver closes connections idle for 90 s; one idle half as long is not reused.
+IDLE_REUSE_S: Final = 45.0
+# What is read of an error answer to a watch (a Status object is a few hundred bytes).
+ERROR_BODY_BYTES: Final = 64 * 1024
 
 
 class ApiError(Exception):
     """The API server answered with an error status."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self, status: int, reason: str, message: str, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        # The server's Retry-After, for callers that wait themselves (watch loops).
+        self.retry_after_s = retry_after_s
 
 
 class KubeConfigError(ValueError):
@@ -81,6 +103,9 @@ class KubeApi:
         token: Callable[[], str] | None = None,
         timeout_s: float = 30.0,
         max_idle: int = 4,
+        qps: float = limits.DEFAULT_QPS,
+        burst: int = limits.DEFAULT_BURST,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         url = urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
@@ -96,24 +121,29 @@ class KubeApi:
         self._token = token
         self._timeout_s = timeout_s
         self._max_idle = max_idle
-        self._idle: list[http.client.HTTPConnection] = []
+        self._sleep = sleep
+        self.limiter = limits.RateLimiter(qps, burst, sleep=sleep)
+        # Idle connections with the monotonic time each was last used.
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
         self._lock = threading.Lock()
         # Requests sent, by verb: lets tests and benchmarks count API traffic.
         self.sent: dict[str, int] = {}
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def from_kubeconfig(cls, path: Path) -> KubeApi:
+    def from_kubeconfig(cls, path: Path, **options: Any) -> KubeApi:
         import yaml  # only needed off-cluster
+
+        from flexgpu.kubelet_plugin.kube_config import from_kubeconfig_doc
 
         try:
             doc = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as err:
             raise KubeConfigError(f"kubeconfig {path}: {err}") from None
-        return _from_kubeconfig_doc(doc, path.parent)
+        return from_kubeconfig_doc(doc, path.parent, **options)
 
     @classmethod
-    def in_cluster(cls, sa_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeApi:
+    def in_cluster(cls, sa_dir: Path = SERVICE_ACCOUNT_DIR, **options: Any) -> KubeApi:
         host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
         if not host or not port:
@@ -124,7 +154,12 @@ class KubeApi:
         if ":" in host:  # IPv6 literal
             host = f"[{host}]"
         context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
-        return cls(f"https://{host}:{port}", ssl_context=context, token=TokenFile(sa_dir / "token"))
+        return cls(
+            f"https://{host}:{port}",
+            ssl_context=context,
+            token=TokenFile(sa_dir / "token"),
+            **options,
+        )
 
     # -- requests --------------------------------------------------------------------------
     def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -155,51 +190,75 @@ class KubeApi:
         url = self._url(path, query)
         payload = None if body is None else json.dumps(body).encode()
         headers = self._headers(content_type if payload is not None else None)
-        for attempt in range(2):
-            conn, reused = self._take()
+        idempotent = method in limits.IDEMPOTENT
+        backoff = Backoff(limits.RETRY_FIRST_S, limits.RETRY_CAP_S)
+        give_up_at = time.monotonic() + limits.RETRY_BUDGET_S
+        fresh = False
+        for attempt in range(limits.MAX_RETRIES + 1):
+            last = attempt == limits.MAX_RETRIES
+            self.limiter.acquire()
+            conn, reused = (self._connect(self._timeout_s), False) if fresh else self._take()
             try:
                 self._count(method)
                 conn.request(method, url, body=payload, headers=headers)
                 response = conn.getresponse()
-                data = response.read()
-            except _RETRY_ON_REUSED:
+                data = limits.read_bounded(response)
+            except _BROKEN:
                 conn.close()
-                # A kept-alive connection the server had already closed: try once on a fresh one.
-                if reused and attempt == 0:
-                    continue
-                raise
+                # An idle connection the server closed meanwhile, or one cut mid-answer. Sent
+                # again only when that cannot do anything twice, and then on a new connection:
+                # another idle one may be just as stale.
+                if not idempotent or last:
+                    raise
+                fresh = True
+                if not reused:
+                    self._wait(backoff.next(), give_up_at)
+                continue
             except BaseException:
                 conn.close()
                 raise
             self._give_back(conn, response)
-            if response.status >= 400:
-                raise _api_error(response.status, data)
-            return data
+            if response.status < 400:
+                return data
+            retry_after = limits.retry_after_s(response.headers)
+            error = _api_error(response.status, data, retry_after)
+            if last or not limits.retriable_status(response.status, method, retry_after):
+                raise error
+            delay = backoff.next() if retry_after is None else retry_after
+            if time.monotonic() + delay > give_up_at:
+                raise error
+            self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _wait(self, delay: float, give_up_at: float) -> None:
+        if time.monotonic() + delay > give_up_at:
+            raise TimeoutError(f"the API server still failed after {limits.RETRY_BUDGET_S:g} s")
+        self._sleep(delay)
 
     def watch(self, path: str, query: Mapping[str, str], timeout_s: int = 300) -> WatchStream:
         """A watch on its own connection; iterate it for (type, object) events."""
         url = self._url(path, {**query, "watch": "1", "timeoutSeconds": str(timeout_s)})
         # The server ends the watch after timeout_s; a read that waits much longer than that
         # means the connection is dead.
+        # A watch is retried by its caller's loop (with its own backoff), not here.
+        self.limiter.acquire()
         conn = self._connect(timeout_s + 30.0)
         try:
             self._count("WATCH")
             conn.request("GET", url, headers=self._headers(None))
             response = conn.getresponse()
+            if response.status >= 400:
+                data = limits.read_bounded(response, ERROR_BODY_BYTES)
+                raise _api_error(response.status, data, limits.retry_after_s(response.headers))
         except BaseException:
             conn.close()
             raise
-        if response.status >= 400:
-            data = response.read()
-            conn.close()
-            raise _api_error(response.status, data)
         return WatchStream(conn, response)
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
     # -- plumbing --------------------------------------------------------------------------
@@ -226,20 +285,27 @@ class KubeApi:
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
 
     def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
+        """The most recently used idle connection that still looks open, else a new one."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if now - since < IDLE_REUSE_S and not _closed_by_peer(conn):
+                return conn, True
+            conn.close()
         return self._connect(self._timeout_s), False
 
     def _give_back(
         self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse
     ) -> None:
-        if response.will_close:
+        if response.will_close or not response.isclosed():
             conn.close()
             return
         with self._lock:
             if len(self._idle) < self._max_idle:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
@@ -253,7 +319,11 @@ class WatchStream:
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
-            while line := self._response.readline():
+            while line := self._response.readline(limits.MAX_EVENT_BYTES + 1):
+                if len(line) > limits.MAX_EVENT_BYTES:
+                    raise limits.ResponseTooLarge(
+                        f"watch event over the client's limit of {limits.MAX_EVENT_BYTES} bytes"
+                    )
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -277,89 +347,25 @@ class WatchStream:
         self._conn.close()
 
 
-def _api_error(status: int, data: bytes) -> ApiError:
+def _closed_by_peer(conn: http.client.HTTPConnection) -> bool:
+    """An idle connection with something to read has been closed by the server (or sent
+    what nobody asked for): either way not one to send a request on."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _api_error(status: int, data: bytes, retry_after_s: float | None = None) -> ApiError:
     try:
         body = json.loads(data)
     except ValueError:
         body = None
     if isinstance(body, dict):
-        return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")))
-    return ApiError(
-        status, http.client.responses.get(status, ""), data[:200].decode(errors="replace")
-    )
-
-
-def _named(doc: Mapping[str, Any], kind: str, name: str) -> dict[str, Any]:
-    for entry in doc.get(kind) or []:
-        if entry.get("name") == name:
-            return dict(entry.get(kind[:-1]) or {})
-    raise KubeConfigError(f"kubeconfig: {kind[:-1]} {name!r} is not defined under {kind}")
-
-
-def _from_kubeconfig_doc(doc: Mapping[str, Any], base: Path) -> KubeApi:
-    context_name = doc.get("current-context")
-    if not context_name:
-        raise KubeConfigError("kubeconfig: current-context is not set")
-    context = _named(doc, "contexts", str(context_name))
-    cluster = _named(doc, "clusters", str(context.get("cluster", "")))
-    user = _named(doc, "users", str(context.get("user", ""))) if context.get("user") else {}
-    for unsupported in ("exec", "auth-provider", "username", "password"):
-        if unsupported in user:
-            raise KubeConfigError(
-                f"kubeconfig user {context.get('user')!r}: {unsupported!r} is not supported; "
-                "allowed: token, tokenFile, client-certificate(-data) with client-key(-data)"
-            )
-    if "tls-server-name" in cluster or "proxy-url" in cluster:
-        raise KubeConfigError(
-            f"kubeconfig cluster {context.get('cluster')!r}: tls-server-name and proxy-url are "
-            "not supported; allowed: server, certificate-authority(-data), "
-            "insecure-skip-tls-verify"
-        )
-    server = str(cluster.get("server", ""))
-    context_ssl = None
-    if server.startswith("https"):
-        context_ssl = _tls(cluster, user, base)
-    token: Callable[[], str] | None = None
-    if user.get("token"):
-        value = str(user["token"])
-        token = lambda: value  # noqa: E731
-    elif user.get("tokenFile"):
-        token = TokenFile(_resolve(base, str(user["tokenFile"])))
-    return KubeApi(server, ssl_context=context_ssl, token=token)
-
-
-def _resolve(base: Path, name: str) -> Path:
-    path = Path(name)
-    return path if path.is_absolute() else base / path
-
-
-def _tls(cluster: Mapping[str, Any], user: Mapping[str, Any], base: Path) -> ssl.SSLContext:
-    import base64
-
-    if cluster.get("insecure-skip-tls-verify"):
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    elif cluster.get("certificate-authority-data"):
-        pem = base64.b64decode(str(cluster["certificate-authority-data"])).decode()
-        context = ssl.create_default_context(cadata=pem)
-    elif cluster.get("certificate-authority"):
-        ca = _resolve(base, str(cluster["certificate-authority"]))
-        context = ssl.create_default_context(cafile=str(ca))
+        reason, message = str(body.get("reason", "")), str(body.get("message", ""))
     else:
-        context = ssl.create_default_context()
-    cert, key = user.get("client-certificate-data"), user.get("client-key-data")
-    if cert and key:
-        # The ssl module loads certificates only from files: write them privately, then drop.
-        with tempfile.TemporaryDirectory(prefix="flexgpu-tls-") as tmp:
-            cert_path, key_path = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
-            for path, data in ((cert_path, cert), (key_path, key)):
-                path.write_bytes(base64.b64decode(str(data)))
-                path.chmod(0o600)
-            context.load_cert_chain(str(cert_path), str(key_path))
-    elif user.get("client-certificate") and user.get("client-key"):
-        context.load_cert_chain(
-            str(_resolve(base, str(user["client-certificate"]))),
-            str(_resolve(base, str(user["client-key"]))),
-        )
-    return context
+        reason = http.client.responses.get(status, "")
+        message = data[:200].decode(errors="replace")
+    return ApiError(status, reason, message, retry_after_s)

@@ -57,9 +57,10 @@ def make_backend(config: PluginConfig) -> GpuBackend:
 def make_api(config: PluginConfig) -> KubeApi:
     from flexgpu.kubelet_plugin.kube_api import KubeApi
 
+    qps, burst = config.kube_api_qps, config.kube_api_burst
     if config.kubeconfig is not None:
-        return KubeApi.from_kubeconfig(config.kubeconfig)
-    return KubeApi.in_cluster()
+        return KubeApi.from_kubeconfig(config.kubeconfig, qps=qps, burst=burst)
+    return KubeApi.in_cluster(qps=qps, burst=burst)
 
 
 class NodeReadiness:

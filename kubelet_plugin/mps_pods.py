@@ -58,6 +58,7 @@ from flexgpu.kubelet_plugin.mps_pod_spec import (
     pod_name,
 )
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
+from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,15 @@ class MpsDaemonPods:
         self._owner = dict(owner) if owner is not None else None
         self._owner_pod = owner_pod
         self._loop: Loop | None = None
+        # This node's daemon pods, listed once (resourceVersion=0) and then watched; filled
+        # once watch() starts it. Until then (start-up) _pods() lists.
+        self._pods_copy = WatchedObjects(
+            api,
+            path_of("api", "v1", "namespaces", namespace, "pods"),
+            query=self._pods_query(),
+            name="mps-daemon-pods",
+            on_change=self._pods_changed,
+        )
         # Runs the driver root's control program as a client of a daemon (its limits).
         self._run = run
 
@@ -238,10 +248,13 @@ class MpsDaemonPods:
         locked: Callable[[int], contextlib.AbstractContextManager[None]],
         interval_s: float = 5.0,
     ) -> None:
-        """Every ``interval_s``, starts again the daemon of each GPU that shares still use
-        whose pod has ended, under the GPU's lock."""
+        """Watches this node's daemon pods; at each change, and every ``interval_s``, starts
+        again the daemon of each GPU that shares still use whose pod has ended, under the
+        GPU's lock. The rounds read the watched copy: they cost no API request."""
 
         def step() -> None:
+            if not self._pods_copy.synced:
+                return  # the API server is away: the copy's own retries wait for it
             self.restart_ended(in_use, locked)
 
         # A failed check (API away) is logged by the loop and tried again about one
@@ -254,6 +267,11 @@ class MpsDaemonPods:
             first_run_s=interval_s,
         )
         self._loop.start()
+        self._pods_copy.start()
+
+    def _pods_changed(self) -> None:
+        if self._loop is not None:
+            self._loop.poke()
 
     def restart_ended(
         self,
@@ -307,6 +325,7 @@ class MpsDaemonPods:
         return True
 
     def close(self) -> None:
+        self._pods_copy.stop()
         if self._loop is not None:
             self._loop.stop(timeout_s=10)
 
@@ -444,14 +463,19 @@ class MpsDaemonPods:
                 raise
 
     def _pods(self) -> Iterable[dict[str, Any]]:
+        if self._pods_copy.synced:
+            return self._pods_copy.items()
         listed = self._api.get(
             path_of("api", "v1", "namespaces", self._namespace, "pods"),
-            query={
-                "labelSelector": f"{COMPONENT_LABEL}={COMPONENT}",
-                "fieldSelector": f"spec.nodeName={self._node}",
-            },
+            query={**self._pods_query(), "resourceVersion": "0"},
         )
         return list(listed.get("items", []))
+
+    def _pods_query(self) -> dict[str, str]:
+        return {
+            "labelSelector": f"{COMPONENT_LABEL}={COMPONENT}",
+            "fieldSelector": f"spec.nodeName={self._node}",
+        }
 
 
 def _index_of(pod: Mapping[str, Any]) -> int:

@@ -35,6 +35,7 @@ from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.resource_slice import SliceDevice, slice_specs
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream, path_of
+from flexgpu.kubelet_plugin.watch_pacing import MAX_RETRY_AFTER_S, WatchPacer
 
 log = logging.getLogger(__name__)
 
@@ -334,8 +335,11 @@ class SlicePublisher:
     # -- watch -------------------------------------------------------------------------
     def _watch_loop(self) -> None:
         backoff = new_backoff()
+        # Early ends of watches that did not fail (a proxy cutting them): paced as well.
+        pacer = WatchPacer()
         version: str | None = None  # None: list first (start, or after any failure)
         while not self._stop.is_set():
+            pacer.opened()
             try:
                 if version is None:
                     listed = self._list_raw()
@@ -347,6 +351,11 @@ class SlicePublisher:
                         log.info("slice watch back after %d failure(s)", backoff.failures)
                     backoff.reset()
                 version = self._watch_from(version)
+                delay = pacer.ended()
+                if delay:
+                    log.info("slice watch ended early, reopening in %.1fs", delay)
+                    if self._stop.wait(delay):
+                        return
             except Exception as err:
                 version = None
                 if self._stop.is_set():
@@ -354,6 +363,8 @@ class SlicePublisher:
                 if isinstance(err, ApiError) and err.status == 410:
                     continue  # the version expired (compaction): an ordinary relist
                 delay = retry_delay(backoff, err)
+                if isinstance(err, ApiError) and err.retry_after_s is not None:
+                    delay = max(delay, min(err.retry_after_s, MAX_RETRY_AFTER_S))
                 if backoff.failures == 1:
                     log.warning("slice watch failed, retrying in %.1fs: %s", delay, err)
                 else:

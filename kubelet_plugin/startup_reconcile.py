@@ -531,7 +531,15 @@ def _stop_unused_mps_daemons(
     shares = [r.created.mps_share for r in records if r.created.mps_share is not None]
     gpus_in_use = {s.gpu_index for s in shares if not s.mig}
     keys_in_use = {u for s in shares if s.mig for u in s.gpu_uuids}
-    for daemon in preparer.mps.running():
+    try:
+        running = preparer.mps.running()
+    except Exception as err:
+        # Daemon pods are listed from the API server: while it is away, start-up goes on
+        # (prepare and unprepare are served from local state) and leftovers stay until the
+        # next start; stopping nothing is the safe side.
+        log.warning("MPS daemons not checked for leftovers: %s", err)
+        return
+    for daemon in running:
         if daemon.pipe_dir in in_specs.mps_pipes:
             continue
         if serves_mig(daemon):

@@ -1,9 +1,12 @@
 """A local copy of a set of API objects kept current by one LIST and then a WATCH.
 
 Readers ask the copy, not the API server, so how often they look costs no traffic. The
-watch resumes from the last resourceVersion it saw (bookmarks keep that fresh) and lists
-again only when the server no longer has that version (410 Gone). A resource whose type is
-not installed (404, e.g. the CRD is absent) reads as empty and is looked for again later.
+first LIST asks for resourceVersion=0 (the apiserver's watch cache answers it, etcd is not
+read), as client-go's informers do. The watch resumes from the last resourceVersion it saw
+(bookmarks keep that fresh) and lists again, then from etcd, only when the server no longer
+has that version (410 Gone). A watch that fails or ends early is reopened after a growing,
+jittered delay (watch_pacing). A resource whose type is not installed (404, e.g. the CRD is
+absent) reads as empty and is looked for again later.
 """
 
 from __future__ import annotations
@@ -13,13 +16,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexgpu.driver.backoff import Backoff
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream
+from flexgpu.kubelet_plugin.watch_pacing import WatchPacer
 
 log = logging.getLogger(__name__)
 
-FIRST_RETRY_S = 0.5
-MAX_BACKOFF_S = 30.0
 ABSENT_RECHECK_S = 60.0
 WATCH_TIMEOUT_S = 300
 
@@ -34,6 +35,7 @@ class WatchedObjects:
         on_change: Callable[[], None] = lambda: None,
         name: str = "",
         watch_timeout_s: int = WATCH_TIMEOUT_S,
+        pacer: WatchPacer | None = None,
     ) -> None:
         self._api = api
         self._path = path
@@ -41,6 +43,7 @@ class WatchedObjects:
         self._on_change = on_change
         self.name = name or path
         self._watch_timeout_s = watch_timeout_s
+        self._pacer = pacer or WatchPacer()
         self._objects: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
@@ -82,42 +85,44 @@ class WatchedObjects:
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = Backoff(FIRST_RETRY_S, MAX_BACKOFF_S)
+        pacer = self._pacer
         version: str | None = None
+        from_cache = True  # the first list; after a 410 the cache may be as old as we are
         while not self._stop.is_set():
+            pacer.opened()
             try:
                 if version is None:
-                    version = self._list()
+                    version = self._list(from_cache)
                 version = self._watch(version)
-                backoff.reset()
                 self.last_error = None
+                delay = pacer.ended()
+                if delay:
+                    log.info("watch of %s ended early, reopening in %.1fs", self.name, delay)
             except ApiError as err:
                 if err.status == 410:  # our version is too old: list again
-                    version = None
-                    continue
-                if err.status == 404:
+                    version, from_cache = None, False
+                    delay = pacer.ended()
+                elif err.status == 404:
                     self._absent()
                     version = None
-                    if self._stop.wait(ABSENT_RECHECK_S):
-                        return
-                    continue
-                self._failed(err, backoff)
-                version = None if err.status >= 500 else version
+                    delay = ABSENT_RECHECK_S
+                else:
+                    version = None if err.status >= 500 else version
+                    delay = self._failed(err, pacer.failed(err.retry_after_s))
             except Exception as err:  # connection trouble: retry, never die
-                self._failed(err, backoff)
-            if self._stop.is_set():
+                delay = self._failed(err, pacer.failed())
+            if delay and self._stop.wait(delay):
                 return
 
-    def _failed(self, err: Exception, backoff: Backoff) -> None:
-        if self._stop.is_set():
-            return
+    def _failed(self, err: Exception, delay: float) -> float:
         self.last_error = str(err)
-        delay = backoff.next()
-        log.warning("watch of %s failed, retrying in %.1fs: %s", self.name, delay, err)
-        self._stop.wait(delay)
+        if not self._stop.is_set():
+            log.warning("watch of %s failed, retrying in %.1fs: %s", self.name, delay, err)
+        return delay
 
-    def _list(self) -> str:
-        listed = self._api.get(self._path, self._query)
+    def _list(self, from_cache: bool) -> str:
+        query = {**self._query, "resourceVersion": "0"} if from_cache else self._query
+        listed = self._api.get(self._path, query)
         self.lists += 1
         objects = {_name(o): o for o in listed.get("items") or []}
         with self._lock:

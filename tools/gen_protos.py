@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Regenerate the Python gRPC stubs of the kubelet plugin from its .proto files.
 
-Usage: python tools/gen_protos.py [--out DIR]
+Usage: python tools/gen_protos.py [--out DIR] [--grpc-out DIR]
 
-Reads every .proto under kubelet_plugin/kubeletplugin/proto/ (except the gen/ output) and
-writes messages (*_pb2.py), type stubs (*_pb2.pyi) and gRPC services (*_pb2_grpc.py) into
-kubelet_plugin/kubeletplugin/proto/gen/, with imports rewritten so the output is a regular
-package. The output is committed; tests/unit/kubeletplugin/test_gen_protos.py keeps it in sync.
+Reads every .proto under kubelet_plugin/kubeletplugin/proto/ (except the outputs) and writes
+messages (*_pb2.py) and type stubs (*_pb2.pyi) into kubelet_plugin/kubeletplugin/proto/gen/,
+and gRPC client and servicer stubs (*_pb2_grpc.py) into .../proto/grpc_stubs/, with imports
+rewritten so each output is a regular package. The plugin serves its services from their
+descriptors and ships only gen/; the grpc_stubs/ package, left out of the wheel
+(pyproject.toml), is for the tests, benchmarks and tools that call the plugin. The output is
+committed; tests/unit/kubeletplugin/test_gen_protos.py keeps it in sync.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "kubelet_plugin" / "kubeletplugin" / "proto"
 DEFAULT_OUT = PROTO_ROOT / "gen"
+DEFAULT_GRPC_OUT = PROTO_ROOT / "grpc_stubs"
+GRPC_SUFFIX = "_pb2_grpc.py"
 GEN_PACKAGE = "flexgpu.kubelet_plugin.kubeletplugin.proto.gen"
 MYPY_HEADER = "# mypy: ignore-errors\n"
 INIT_TEXT = (
@@ -31,8 +36,8 @@ INIT_TEXT = (
 
 def proto_files(root: Path = PROTO_ROOT) -> list[Path]:
     """The .proto sources, relative to root, in a stable order."""
-    gen = root / "gen"
-    found = [p for p in root.rglob("*.proto") if gen not in p.parents]
+    outputs = (root / "gen", root / "grpc_stubs")
+    found = [p for p in root.rglob("*.proto") if not any(o in p.parents for o in outputs)]
     return sorted(p.relative_to(root) for p in found)
 
 
@@ -43,8 +48,12 @@ def _rewrite_imports(text: str, top_levels: set[str]) -> str:
     return pattern.sub(lambda m: f"{m.group(1)} {GEN_PACKAGE}.{m.group(2)}", text)
 
 
-def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
-    """Write the stubs into out_dir (replacing what is there) and return the files written."""
+def generate(
+    out_dir: Path, root: Path = PROTO_ROOT, grpc_out_dir: Path | None = None
+) -> list[Path]:
+    """Write messages into out_dir and gRPC stubs into grpc_out_dir (default: grpc_stubs
+    beside out_dir), replacing what is there; returns the files written."""
+    grpc_out_dir = grpc_out_dir or out_dir.parent / "grpc_stubs"
     sources = proto_files(root)
     if not sources:
         raise SystemExit(f"no .proto files found under {root}")
@@ -52,7 +61,8 @@ def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
 
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as tmp:
-        staging = Path(tmp)
+        staging = Path(tmp) / "messages"
+        staging.mkdir()
         cmd = [
             sys.executable,
             "-m",
@@ -76,16 +86,22 @@ def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
             # Checked callers still see the stub types; the generated code itself is not ours
             # to fix, whatever strictness the project's mypy settings apply to it.
             generated.write_text(MYPY_HEADER + text, encoding="utf-8")
-        # Every directory becomes a package, so
-        # "flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1" imports.
-        for directory in [staging, *sorted(p for p in staging.rglob("*") if p.is_dir())]:
-            (directory / "__init__.py").write_text(INIT_TEXT, encoding="utf-8")
-
-        if out_dir.exists():
-            _check_is_generated(out_dir)
-            shutil.rmtree(out_dir)
-        shutil.copytree(staging, out_dir)
-        written = sorted(p for p in out_dir.rglob("*") if p.is_file())
+        grpc_staging = Path(tmp) / "grpc"
+        for stub in sorted(staging.rglob(f"*{GRPC_SUFFIX}")):
+            target = grpc_staging / stub.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            stub.rename(target)
+        written = []
+        for tree, out in ((staging, out_dir), (grpc_staging, grpc_out_dir)):
+            # Every directory becomes a package, so
+            # "flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1" imports.
+            for directory in [tree, *sorted(p for p in tree.rglob("*") if p.is_dir())]:
+                (directory / "__init__.py").write_text(INIT_TEXT, encoding="utf-8")
+            if out.exists():
+                _check_is_generated(out)
+                shutil.rmtree(out)
+            shutil.copytree(tree, out)
+            written += sorted(p for p in out.rglob("*") if p.is_file())
     return written
 
 
@@ -99,9 +115,12 @@ def _check_is_generated(out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="messages' directory")
+    parser.add_argument(
+        "--grpc-out", type=Path, default=DEFAULT_GRPC_OUT, help="gRPC stubs' directory"
+    )
     args = parser.parse_args(argv)
-    written = generate(args.out.resolve())
+    written = generate(args.out.resolve(), grpc_out_dir=args.grpc_out.resolve())
     for path in written:
         print(path)
     return 0

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import grpc
+
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.claims import (
     ClaimRef,
@@ -169,48 +171,36 @@ class DRAService:
                 log.warning("unprepare of claim %s failed: %s", _describe(claim), entry.error)
         return response
 
-    def handlers(self, calls: h.Calls) -> list[h.Service]:
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
         # v1beta1 requests are byte-for-byte v1 requests, so both versions parse into v1.
         prepare, unprepare = self.node_prepare_resources, self.node_unprepare_resources
+        parse_prepare = v1.NodePrepareResourcesRequest.FromString
+        parse_unprepare = v1.NodeUnprepareResourcesRequest.FromString
         v1_methods = {
-            "NodePrepareResources": h.unary(
-                calls, prepare, v1.NodePrepareResourcesRequest, v1.NodePrepareResourcesResponse
-            ),
-            "NodeUnprepareResources": h.unary(
-                calls,
-                unprepare,
-                v1.NodeUnprepareResourcesRequest,
-                v1.NodeUnprepareResourcesResponse,
-            ),
+            "NodePrepareResources": h.unary(prepare, parse_prepare),
+            "NodeUnprepareResources": h.unary(unprepare, parse_unprepare),
         }
         v1beta1_methods = {
             "NodePrepareResources": h.unary(
-                calls,
-                prepare,
-                v1.NodePrepareResourcesRequest,
-                v1beta1.NodePrepareResourcesResponse,
-                _as_v1beta1(v1beta1.NodePrepareResourcesResponse),
+                prepare, parse_prepare, _as_v1beta1(v1beta1.NodePrepareResourcesResponse)
             ),
             "NodeUnprepareResources": h.unary(
-                calls,
-                unprepare,
-                v1.NodeUnprepareResourcesRequest,
-                v1beta1.NodeUnprepareResourcesResponse,
-                _as_v1beta1(v1beta1.NodeUnprepareResourcesResponse),
+                unprepare, parse_unprepare, _as_v1beta1(v1beta1.NodeUnprepareResourcesResponse)
             ),
         }
         return [
-            h.Service(h.service_name(v1.DESCRIPTOR, "DRAPlugin"), v1_methods),
-            h.Service(h.service_name(v1beta1.DESCRIPTOR, "DRAPlugin"), v1beta1_methods),
+            h.service(h.service_name(v1.DESCRIPTOR, "DRAPlugin"), v1_methods),
+            h.service(h.service_name(v1beta1.DESCRIPTOR, "DRAPlugin"), v1beta1_methods),
         ]
 
 
-def _as_v1beta1(message_type: Any) -> h.Convert:
-    """A v1 response as its v1beta1 twin, dropping what v1beta1 lacks (share_id)."""
+def _as_v1beta1(message_type: Any) -> h.Serializer:
+    """Serialiser of a v1 response as its v1beta1 twin, dropping what v1beta1 lacks (share_id)."""
 
-    def convert(response: Any) -> Any:
+    def serialize(response: Any) -> bytes:
         converted = message_type.FromString(response.SerializeToString())
         converted.DiscardUnknownFields()
-        return converted
+        data: bytes = converted.SerializeToString()
+        return data
 
-    return convert
+    return serialize

@@ -11,13 +11,11 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
-from grpclib.server import Stream
+import grpc
 
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.health import DeviceHealth, HealthSource
@@ -79,14 +77,15 @@ class HealthService:
         for wake in wakers:
             wake()
 
-    async def watch(self, pb: ModuleType, stream: Stream[Any, Any]) -> None:
-        await stream.recv_message()
+    async def watch(
+        self, pb: ModuleType, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         changed = asyncio.Event()
         wake = _thread_safe_setter(changed)
         with self._lock:
             self._wakers.add(wake)
         unsubscribe = self.source.subscribe(wake)
-        # A client that goes away cancels this coroutine at its next await; finally cleans up.
+        # A client that goes away cancels this generator at its next await; finally cleans up.
         try:
             while not self._stopping.is_set():
                 changed.clear()  # before the snapshot, so a change during it is not lost
@@ -94,29 +93,36 @@ class HealthService:
                     devices = self.source.snapshot()
                 except Exception as exc:
                     log.exception("reading device health failed")
-                    raise GRPCError(Status.UNAVAILABLE, f"reading device health: {exc}") from exc
-                await stream.send_message(health_response(pb, devices))
+                    problem = f"reading device health: {exc}"
+                else:
+                    problem = ""
+                if problem:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, problem)
+                yield health_response(pb, devices)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), self.interval_seconds)
             # Tell the kubelet this is not a normal end: it should reconnect.
-            raise GRPCError(Status.UNAVAILABLE, "the plugin is shutting down")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the plugin is shutting down")
         finally:
             unsubscribe()
             with self._lock:
                 self._wakers.discard(wake)
 
-    def handlers(self) -> list[h.Service]:
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
         result = []
         for pb in (v1, v1alpha1):
-            method = h.server_stream(
-                self._behaviour(pb), pb.NodeWatchResourcesRequest, pb.NodeWatchResourcesResponse
-            )
+            method = h.server_stream(self._behaviour(pb), pb.NodeWatchResourcesRequest.FromString)
             name = h.service_name(pb.DESCRIPTOR, "DRAResourceHealth")
-            result.append(h.Service(name, {"NodeWatchResources": method}))
+            result.append(h.service(name, {"NodeWatchResources": method}))
         return result
 
     def _behaviour(self, pb: ModuleType) -> h.StreamMethod:
-        async def node_watch_resources(stream: Stream[Any, Any]) -> None:
-            await self.watch(pb, stream)
+        # An async generator function itself: grpc.aio runs any other kind of stream handler
+        # on a worker thread, which an open stream would then hold.
+        async def node_watch_resources(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            async for reply in self.watch(pb, context):
+                yield reply
 
         return node_watch_resources

@@ -6,12 +6,11 @@ that GetInfo names (an empty request prepares nothing).
 
 from __future__ import annotations
 
-import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
-from grpclib.client import Channel, UnaryUnaryMethod
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+import grpc
 
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
@@ -22,40 +21,36 @@ from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import
 TIMEOUT_S = 5.0
 
 
-async def _call(socket: str, path: str, request: Any, reply: Any, timeout: float) -> Any:
-    channel = Channel(path=socket)
-    try:
-        call = UnaryUnaryMethod(channel, path, type(request), reply)
-        return await call(request, timeout=timeout)
-    finally:
-        channel.close()
-
-
-async def _ask(registration_socket: Path, timeout: float) -> None:
-    info = await _call(
-        str(registration_socket),
-        f"/{h.service_name(registration_pb2.DESCRIPTOR, 'Registration')}/GetInfo",
-        registration_pb2.InfoRequest(),
-        registration_pb2.PluginInfo,
-        timeout,
-    )
-    await _call(
-        info.endpoint,
-        f"/{h.service_name(dra_pb2.DESCRIPTOR, 'DRAPlugin')}/NodePrepareResources",
-        dra_pb2.NodePrepareResourcesRequest(),
-        dra_pb2.NodePrepareResourcesResponse,
-        timeout,
-    )
+def _call(socket: str, path: str, request: Any, reply: Any, timeout: float) -> Any:
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        call = channel.unary_unary(
+            path, request_serializer=h.serialize, response_deserializer=reply.FromString
+        )
+        return call(request, timeout=timeout)
 
 
 def probe(registration_socket: Path, timeout: float = TIMEOUT_S) -> str | None:
     """None when both services answer within timeout, else what is wrong."""
+    deadline = time.monotonic() + 2 * timeout
     try:
-        asyncio.run(asyncio.wait_for(_ask(registration_socket, timeout), 2 * timeout))
-    except GRPCError as err:
-        return f"plugin not answering: {err.status.name}: {err.message}"
-    except (OSError, StreamTerminatedError) as err:
-        return f"plugin not answering: {type(err).__name__}: {err}"
-    except TimeoutError:
-        return f"plugin not answering: no reply within {timeout:g} s"
+        info = _call(
+            str(registration_socket),
+            f"/{h.service_name(registration_pb2.DESCRIPTOR, 'Registration')}/GetInfo",
+            registration_pb2.InfoRequest(),
+            registration_pb2.PluginInfo,
+            timeout,
+        )
+        _call(
+            info.endpoint,
+            f"/{h.service_name(dra_pb2.DESCRIPTOR, 'DRAPlugin')}/NodePrepareResources",
+            dra_pb2.NodePrepareResourcesRequest(),
+            dra_pb2.NodePrepareResourcesResponse,
+            max(0.1, min(timeout, deadline - time.monotonic())),
+        )
+    except grpc.RpcError as err:
+        code = err.code() if isinstance(err, grpc.Call) else None
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"plugin not answering: no reply within {timeout:g} s"
+        details = err.details() if isinstance(err, grpc.Call) else str(err)
+        return f"plugin not answering: {code.name if code else 'error'}: {details}"
     return None

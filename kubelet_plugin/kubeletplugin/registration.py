@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import grpc
+
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2 as reg,
@@ -86,14 +88,11 @@ class RegistrationService:
         # Acknowledge either way: an error reply would only be logged by the kubelet.
         return reg.RegistrationStatusResponse()
 
-    def handlers(self, calls: h.Calls) -> list[h.Service]:
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
         methods = {
-            "GetInfo": h.unary(calls, self.get_info, reg.InfoRequest, reg.PluginInfo),
+            "GetInfo": h.unary(self.get_info, reg.InfoRequest.FromString),
             "NotifyRegistrationStatus": h.unary(
-                calls,
-                self.notify_registration_status,
-                reg.RegistrationStatus,
-                reg.RegistrationStatusResponse,
+                self.notify_registration_status, reg.RegistrationStatus.FromString
             ),
         }
-        return [h.Service(h.service_name(reg.DESCRIPTOR, "Registration"), methods)]
+        return [h.service(h.service_name(reg.DESCRIPTOR, "Registration"), methods)]

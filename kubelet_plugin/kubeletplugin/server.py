@@ -5,12 +5,12 @@ listens on the DRA socket; the registration server listens in the kubelet's plug
 directory, where its appearance is what makes the kubelet call us. DRA starts first so it is
 ready when the kubelet follows the registration; on stop, registration goes first.
 
-The servers are grpclib's (HTTP/2 and gRPC in Python over asyncio) on one event loop of their
+The servers are grpcio's asyncio servers (grpc.aio: gRPC's C core) on one event loop of their
 own thread; prepare, checkpoints, file locks and device libraries are blocking calls, so each
-unary call runs on a worker thread (grpc_handlers.Calls) and health streams wait on the loop.
-grpclib rather than grpcio: the plugin is about 10 MiB smaller with it, for about 0.5 ms more
-CPU per call, which the prepare path's speed targets still allow; both were measured against
-the reference driver (docs/kubelet-plugin.md, "Measured").
+unary call runs on a worker thread of the server's pool and health streams wait on the loop,
+holding no thread. The C core enforces the request size limit as messages arrive and its
+HTTP/2 keeps up with the kubelet's Go client; it costs about 10 MiB more than a pure-Python
+server, which a GPU node does not notice (docs/kubelet-plugin.md, "Measured").
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-from grpclib.server import Server as GrpcServer
+import grpc
 
 from flexgpu.kubelet_plugin.kubeletplugin import grpc_handlers as h
 from flexgpu.kubelet_plugin.kubeletplugin.claims import DraDriver
@@ -51,8 +52,13 @@ log = logging.getLogger(__name__)
 # pool's queue; none fails.
 PREPARE_WORKERS = 4
 REGISTRATION_WORKERS = 2
-# How long stop() waits for the servers' own shutdown once in-flight calls were cancelled.
+# How long stop() waits beyond the grace period for the servers' own shutdown.
 CLOSE_TIMEOUT_S = 2.0
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", h.MAX_REQUEST_BYTES),
+    # A unix socket of our own: no other process may share it.
+    ("grpc.so_reuseport", 0),
+]
 
 T = TypeVar("T")
 
@@ -88,8 +94,8 @@ class Options:
 class _Listener:
     name: str
     path: Path
-    server: GrpcServer
-    calls: h.Calls
+    server: grpc.aio.Server
+    pool: futures.ThreadPoolExecutor
 
 
 class _EventLoop:
@@ -150,17 +156,13 @@ class Server:
                 self.health.start()
             self._loop = _EventLoop()
             try:
-                dra_calls = h.Calls(PREPARE_WORKERS, "grpc-dra")
-                dra_handlers = self.dra.handlers(dra_calls) + (
-                    self.health.handlers() if self.health else []
-                )
-                self._listen("dra", self.options.dra_socket, dra_handlers, dra_calls)
-                registration_calls = h.Calls(REGISTRATION_WORKERS, "grpc-registration")
+                dra_handlers = self.dra.handlers() + (self.health.handlers() if self.health else [])
+                self._listen("dra", self.options.dra_socket, dra_handlers, PREPARE_WORKERS)
                 self._listen(
                     "registration",
                     self.options.registration_socket,
-                    self.registration.handlers(registration_calls),
-                    registration_calls,
+                    self.registration.handlers(),
+                    REGISTRATION_WORKERS,
                 )
             except BaseException:
                 self._stop_locked(grace=0)
@@ -221,17 +223,19 @@ class Server:
     ) -> None:
         self.stop()
 
-    def _listen(self, name: str, path: Path, services: list[h.Service], calls: h.Calls) -> None:
+    def _listen(
+        self, name: str, path: Path, handlers: list[grpc.GenericRpcHandler], workers: int
+    ) -> None:
         assert self._loop is not None
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(path)
-        server = self._loop.call(_new_server(services))
+        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{name}")
         try:
-            self._loop.call(server.start(path=str(path)))
-        except OSError as exc:
-            calls.shutdown()
+            server = self._loop.call(_new_server(handlers, pool, path))
+        except RuntimeError as exc:
+            pool.shutdown(wait=False)
             raise ServerError(f"cannot listen on {name} socket {path}: {exc}") from exc
-        self._listeners.append(_Listener(name, path, server, calls))
+        self._listeners.append(_Listener(name, path, server, pool))
 
     def _stop_locked(self, grace: float) -> None:
         loop = self._loop
@@ -244,30 +248,27 @@ class Server:
         for listener in reversed(self._listeners):
             listener.path.unlink(missing_ok=True)
             try:
-                loop.call(_close(listener, grace), grace + CLOSE_TIMEOUT_S + 1)
+                loop.call(listener.server.stop(grace), grace + CLOSE_TIMEOUT_S)
             except Exception:
                 log.exception("stopping the %s server", listener.name)
-            listener.calls.shutdown()
+            # Workers still busy past the grace period are left to finish on their own.
+            listener.pool.shutdown(wait=False, cancel_futures=True)
         self._listeners.clear()
         loop.close()
         self._loop = None
         log.info("plugin gRPC servers stopped")
 
 
-async def _new_server(services: list[h.Service]) -> GrpcServer:
-    # Built on the loop that will run it: grpclib binds the running loop at construction.
-    return GrpcServer(services, codec=h.BoundedProtoCodec())
-
-
-async def _close(listener: _Listener, grace: float) -> None:
-    """In-flight unary calls get `grace` seconds to finish; what is left is cancelled."""
-    if not await listener.calls.drained(grace):
-        log.warning("%s server: calls still running after %.1f s, cancelling", listener.name, grace)
-    listener.server.close()
-    try:
-        await asyncio.wait_for(listener.server.wait_closed(), CLOSE_TIMEOUT_S)
-    except TimeoutError:
-        log.warning("%s server: connections still open after close", listener.name)
+async def _new_server(
+    handlers: list[grpc.GenericRpcHandler], pool: futures.ThreadPoolExecutor, path: Path
+) -> grpc.aio.Server:
+    """A started server on the unix socket at path; in-flight calls past stop()'s grace
+    period are cancelled (their callers get CANCELLED)."""
+    # Built on the loop that will run it: grpc.aio binds the running loop at construction.
+    server = grpc.aio.server(pool, handlers=handlers, options=SERVER_OPTIONS)
+    server.add_insecure_port(f"unix://{path}")  # RuntimeError when it cannot bind
+    await server.start()
+    return server
 
 
 def serve(driver: DraDriver, options: Options, health: HealthSource | None = None) -> Server:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
 import shutil
 import subprocess
 import sys
@@ -82,10 +85,11 @@ def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         text = archive.read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text
-    # The plugin serves gRPC with grpclib; grpcio is only the tests' client.
+    # The plugin serves gRPC with grpcio (the design's choice); grpclib is gone.
     requires = [line for line in text.splitlines() if line.startswith("Requires-Dist:")]
-    assert any(r.startswith("Requires-Dist: grpclib") for r in requires), requires
-    assert not any(r.startswith("Requires-Dist: grpcio") and "extra ==" not in r for r in requires)
+    runtime = [r for r in requires if "extra ==" not in r]
+    assert any(r.startswith("Requires-Dist: grpcio") for r in runtime), requires
+    assert not any(r.startswith("Requires-Dist: grpclib") for r in requires), requires
     assert any(n.endswith("licenses/LICENSE") for n in names)
     # One namespace installed: nothing that could collide with another project's `driver`.
     top_level = {n.split("/")[0] for n in names if not n.startswith(f"flexgpu-{version}")}
@@ -94,3 +98,35 @@ def test_the_wheel_carries_the_version_and_the_license(tmp_path: Path) -> None:
         assert f"flexgpu/{package}/__init__.py" in names
     assert "flexgpu/driver/topologies/h200-4.yaml" in names
     assert "flexgpu/kubelet_plugin/kubeletplugin/proto/gen/dra/v1/dra_pb2.py" in names
+    # Only what shipped code uses: the plugin serves from descriptors, so the gRPC client
+    # stubs (tests' and tools') stay out.
+    assert not [n for n in names if "_pb2_grpc" in n or "/grpc_stubs/" in n]
+    # Every third-party package that shipped code imports is a declared dependency.
+    declared = {
+        re.split(r"[<>=!~; \[]", r.removeprefix("Requires-Dist: "), maxsplit=1)[0]
+        .lower()
+        .replace("_", "-")
+        for r in runtime
+    }
+    imported = _third_party_imports(ROOT / "driver", ROOT / "kubelet_plugin", ROOT / "controller")
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {
+        module: dists
+        for module, dists in ((m, distributions.get(m, [m])) for m in imported)
+        if not any(d.lower().replace("_", "-") in declared for d in dists)
+    }
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+
+
+def _third_party_imports(*roots: Path) -> set[str]:
+    """Top-level names of the modules imported by the .py files under roots, less the
+    standard library and flexgpu itself."""
+    names: set[str] = set()
+    for root in roots:
+        for path in root.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names.update(a.name.split(".")[0] for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"flexgpu", "__future__"}

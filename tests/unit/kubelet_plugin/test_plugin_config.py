@@ -43,12 +43,15 @@ def test_flags_win_over_env_and_env_over_defaults() -> None:
         "FLEXGPU_CDI_DIR": "/etc/cdi",
         "FLEXGPU_HEALTH_INTERVAL": "5",
         "FLEXGPU_POD_UID": "",  # an unset downward API value arrives as empty
+        "FLEXGPU_KUBE_API_QPS": "20",
+        "FLEXGPU_KUBE_API_BURST": "40",
     }
-    config = load_config(["--node-name", "from-flag"], environ=env)
+    config = load_config(["--node-name", "from-flag", "--kube-api-burst", "30"], environ=env)
     assert config.node_name == "from-flag"
     assert config.cdi_dir == Path("/etc/cdi")
     assert config.health_interval_seconds == 5.0
     assert config.pod_uid is None
+    assert (config.kube_api_qps, config.kube_api_burst) == (20.0, 30)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,10 @@ def test_flags_win_over_env_and_env_over_defaults() -> None:
         (["--health-interval", "0"], "greater than 0"),
         (["--health-interval", "soon"], "value 'soon' is not a number"),
         (["--pod-uid", "a/b"], "pod_uid: value 'a/b' is not allowed"),
+        (["--kube-api-qps", "0"], "kube_api_qps: value 0.0"),
+        (["--kube-api-qps", "fast"], "kube_api_qps (--kube-api-qps): value 'fast' is not a number"),
+        (["--kube-api-burst", "2.5"], "value '2.5' is not a whole number; allowed: 1 to 10000"),
+        (["--kube-api-burst", "0"], "kube_api_burst: value 0"),
         (["--plugins-dir", "/" + "p" * 90], "plugins_dir/pod_uid: socket path"),
         (
             ["--shared-gpu-tenants", "all"],

@@ -15,8 +15,10 @@ import pytest
 
 from flexgpu.kubelet_plugin.config import PluginConfig
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Server
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2, health_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra_health.v1 import health_pb2_grpc
 from flexgpu.kubelet_plugin.startup_gate import StartupGate
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
@@ -98,6 +100,8 @@ def test_plugin_serves_its_sockets_before_start_up_work_runs(
     from flexgpu.kubelet_plugin import main
     from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
         registration_pb2,
+    )
+    from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.pluginregistration.v1 import (
         registration_pb2_grpc,
     )
 

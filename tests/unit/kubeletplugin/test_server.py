@@ -28,25 +28,25 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
 from flexgpu.kubelet_plugin.kubeletplugin.grpc_handlers import MAX_REQUEST_BYTES
 from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2 as dra_v1
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2_grpc as dra_v1_grpc
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import dra_pb2 as dra_v1beta1
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1beta1 import (
-    dra_pb2_grpc as dra_v1beta1_grpc,
-)
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2 as health_v1
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import (
-    health_pb2_grpc as health_v1_grpc,
-)
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
     health_pb2 as health_v1alpha1,
-)
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
-    health_pb2_grpc as health_v1alpha1_grpc,
 )
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
     registration_pb2 as reg,
 )
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import (
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc as dra_v1_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1beta1 import (
+    dra_pb2_grpc as dra_v1beta1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra_health.v1 import (
+    health_pb2_grpc as health_v1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra_health.v1alpha1 import (
+    health_pb2_grpc as health_v1alpha1_grpc,
+)
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.pluginregistration.v1 import (
     registration_pb2_grpc as reg_grpc,
 )
 from flexgpu.kubelet_plugin.kubeletplugin.server import PREPARE_WORKERS
@@ -392,8 +392,8 @@ def test_rolling_update_instances_serve_side_by_side(options: Options) -> None:
 def test_oversized_request_is_refused_and_the_server_goes_on(
     dra_channel: grpc.Channel, preparer: MemoryPreparer
 ) -> None:
-    """A request over 4 MiB (what gRPC servers accept by default) is refused before it is
-    parsed, naming its size and the limit; the next call on the same channel is served."""
+    """A request over 4 MiB (what gRPC servers accept by default) is refused by the transport
+    before it is parsed, naming the limit; the next call on the same channel is served."""
     stub = dra_v1_grpc.DRAPluginStub(dra_channel)
     huge = dra_v1.Claim(namespace="ns", name="x" * (MAX_REQUEST_BYTES + 1), uid="u-huge")
     with pytest.raises(grpc.RpcError) as info:
@@ -401,7 +401,7 @@ def test_oversized_request_is_refused_and_the_server_goes_on(
             dra_v1.NodePrepareResourcesRequest(claims=[huge]), timeout=TIMEOUT
         )
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert f"over the limit of {MAX_REQUEST_BYTES} bytes" in str(info.value.details())
+    assert f"vs. {MAX_REQUEST_BYTES})" in str(info.value.details())
     assert preparer.calls == []
     small = dra_v1.Claim(namespace="ns", name="ok", uid="u-ok")
     response = stub.NodePrepareResources(

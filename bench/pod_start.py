@@ -1,0 +1,365 @@
+"""What users wait for: pod created -> container running, for a pod with one whole GPU, on
+the real node (upstream kubelet + containerd + runc, tools/node), flexgpu's plugin (the chart's
+DaemonSet) against the reference driver's (sigs.k8s.io/dra-example-driver, run on the host
+against the same kubelet).
+
+    python -m bench.pod_start [--pods 30] [--mig]
+
+For each driver: `--pods` pods one after another, then the same number 8 at a time. Each pod
+has its own ResourceClaim for one device of the driver's DeviceClass and runs the node's
+pause image; the time is from the create call returning to the first watch event showing
+the container running (the scheduler's allocation, the kubelet's prepare, the sandbox and
+the container start are all in it). Pods and claims are deleted between batches. Nothing is
+asserted: the table shows each figure, the ratio and the target. With --mig, flexgpu alone:
+pods whose claim asks for a 1g.10gb MIG partition, created on demand on GPUs 4 and 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from bench.compare_table import Row, percentile, ratio_at_most, render
+from bench.plugins import example_binary
+from tools.cluster import ControlPlane
+from tools.node import chart
+from tools.node.node import RealNode
+
+NODE = "real-gpu-node"
+TOPOLOGY = "hgx-h100-8"
+NAMESPACE = "podstart"
+PLUGIN_NAMESPACE = "flexgpu-system"
+EXAMPLE_DRIVER = "gpu.example.com"
+AT_ONCE = 8
+MIG_GPUS = "4,5"
+# Helm splits --set values at commas: the list's own are escaped.
+MIG_GPUS_SET = MIG_GPUS.replace(",", "\\,")
+MIG_CLASS = "mig.flexgpu.dev"
+SMALL_MIG = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
+POD_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Starts:
+    sequential_s: list[float] = field(default_factory=list)
+    concurrent_s: list[float] = field(default_factory=list)
+
+
+class RunningSeen:
+    """Watches the namespace's pods; notes when each first shows a running container."""
+
+    def __init__(self, api: Any) -> None:
+        self._core: Any = client.CoreV1Api(api)
+        self._watch = watch.Watch()
+        self.at: dict[str, float] = {}
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception as err:  # the control plane going away at the end
+            print(f"pod watch ended: {type(err).__name__}", flush=True)
+
+    def _follow(self) -> None:
+        for event in self._watch.stream(self._core.list_namespaced_pod, NAMESPACE):
+            pod = event["object"]
+            statuses = pod.status.container_statuses or []
+            if any(s.state and s.state.running for s in statuses):
+                with self._changed:
+                    self.at.setdefault(pod.metadata.name, time.monotonic())
+                    self._changed.notify_all()
+
+    def wait(self, names: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not all(n in self.at for n in names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [n for n in names if n not in self.at]
+                    raise TimeoutError(f"pods not running after {timeout_s:.0f}s: {missing}")
+                self._changed.wait(left)
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
+def _claim(name: str, device_class: str, selector: str | None) -> dict[str, Any]:
+    request: dict[str, Any] = {"deviceClassName": device_class, "count": 1}
+    if selector is not None:
+        request["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+
+
+def _pod(name: str, claim: str, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": "g"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "g", "resourceClaimName": claim}],
+        },
+    }
+
+
+def _batch(
+    api: Any,
+    seen: RunningSeen,
+    names: list[str],
+    *,
+    device_class: str,
+    image: str,
+    kubelet_state: Path,
+    selector: str | None = None,
+) -> list[float]:
+    core: Any = client.CoreV1Api(api)
+    resource: Any = client.ResourceV1Api(api)
+    for name in names:
+        resource.create_namespaced_resource_claim(NAMESPACE, _claim(name, device_class, selector))
+    created: dict[str, float] = {}
+
+    def create(name: str) -> None:
+        core.create_namespaced_pod(NAMESPACE, _pod(name, name, image))
+        created[name] = time.monotonic()
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seen.wait(names, POD_TIMEOUT_S)
+    took = [seen.at[n] - created[n] for n in names]
+    for name in names:
+        core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    deadline = time.monotonic() + POD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        left = {p.metadata.name for p in core.list_namespaced_pod(NAMESPACE).items}
+        if not left & set(names):
+            break
+        time.sleep(0.2)
+    for name in names:
+        resource.delete_namespaced_resource_claim(name, NAMESPACE)
+    while time.monotonic() < deadline:
+        left = {c.metadata.name for c in resource.list_namespaced_resource_claim(NAMESPACE).items}
+        if not left & set(names) and not _still_prepared(kubelet_state, names):
+            break
+        time.sleep(0.2)
+    return took
+
+
+def _still_prepared(kubelet_state: Path, names: list[str]) -> bool:
+    """Whether the kubelet still holds any of these claims as prepared (its DRA checkpoint).
+    A pod deleted without grace leaves the API at once while the kubelet unprepares after:
+    the next batch waits for that, or its claims could get a device still prepared for the
+    last one (which flexgpu refuses until it is unprepared, and the kubelet retries later)."""
+    try:
+        text = kubelet_state.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+    return any(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) for name in names)
+
+
+def measure(
+    api: Any,
+    label: str,
+    *,
+    device_class: str,
+    image: str,
+    pods: int,
+    kubelet_state: Path,
+    selector: str | None = None,
+) -> Starts:
+    seen = RunningSeen(api)
+    starts = Starts()
+    where: dict[str, Any] = {
+        "device_class": device_class,
+        "image": image,
+        "kubelet_state": kubelet_state,
+        "selector": selector,
+    }
+    try:
+        _batch(api, seen, [f"{label}-warm"], **where)
+        for i in range(pods):
+            names = [f"{label}-s{i}"]
+            starts.sequential_s += _batch(api, seen, names, **where)
+        for b in range((pods + AT_ONCE - 1) // AT_ONCE):
+            names = [f"{label}-c{b}-{k}" for k in range(AT_ONCE)]
+            starts.concurrent_s += _batch(api, seen, names, **where)
+        print(f"{label}: {len(starts.sequential_s)} + {len(starts.concurrent_s)} pods", flush=True)
+    finally:
+        seen.stop()
+    return starts
+
+
+def _example_class(api: Any) -> None:
+    resource: Any = client.ResourceV1Api(api)
+    selector = f"device.driver == '{EXAMPLE_DRIVER}'"
+    resource.create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": EXAMPLE_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]},
+        }
+    )
+
+
+def _start_example(node: RealNode, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
+    kubelet = node.layout.kubelet_dir
+    return subprocess.Popen(
+        [
+            str(example_binary()),
+            f"--node-name={NODE}",
+            "--num-devices=8",
+            f"--cdi-root={node.layout.cdi_dir}",
+            f"--kubelet-registrar-directory-path={kubelet / 'plugins_registry'}",
+            f"--kubelet-plugins-directory-path={kubelet / 'plugins'}",
+            f"--kubeconfig={kubeconfig}",
+            "--kube-api-qps=1000",
+            "--kube-api-burst=1000",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())},
+    )
+
+
+def _wait_registered(node: RealNode, driver: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not node.plugin_registered(driver):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{driver} not registered with the kubelet\n{node.log_tails()}")
+        time.sleep(0.5)
+
+
+def rows(flexgpu: Starts, example: Starts) -> list[Row]:
+    def row(pick: Any, pct: float, name: str, target: Any = None) -> Row:
+        return Row(name, percentile(pick(flexgpu), pct), percentile(pick(example), pct), 2, target)
+
+    return [
+        row(lambda s: s.sequential_s, 50, "pod start p50 s, one at a time", ratio_at_most(1.1)),
+        row(lambda s: s.sequential_s, 99, "pod start p99 s, one at a time", ratio_at_most(1.1)),
+        row(
+            lambda s: s.concurrent_s, 50, f"pod start p50 s, {AT_ONCE} at once", ratio_at_most(1.1)
+        ),
+        row(
+            lambda s: s.concurrent_s, 99, f"pod start p99 s, {AT_ONCE} at once", ratio_at_most(1.1)
+        ),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pods", type=int, default=30, help="pods per driver and mode")
+    parser.add_argument("--mig", action="store_true", help="flexgpu alone, on-demand MIG pods")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with ControlPlane() as plane:
+        node = RealNode(plane, NODE, gpus=8, labels={"flexgpu.dev/topology": TOPOLOGY})
+        node.start()
+        example: subprocess.Popen[bytes] | None = None
+        try:
+            api = node.api
+            core: Any = client.CoreV1Api(api)
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+            image = node.images["pause"].name
+            flexgpu_image = node.images["flexgpu"].name
+            chart.install(
+                node,
+                release="flexgpu",
+                namespace=PLUGIN_NAMESPACE,
+                image=flexgpu_image,
+                topology=TOPOLOGY,
+                extra=(
+                    ("--set-string", f"kubeletPlugin.dynamicMigGpus={MIG_GPUS_SET}")
+                    if args.mig
+                    else ()
+                ),
+            )
+            chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=flexgpu_image)
+            state = node.layout.kubelet_dir / "dra_manager_state"
+            common = {"image": image, "pods": args.pods, "kubelet_state": state}
+            if args.mig:
+                mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)
+                _print_mig(mig, args.pods, load_before)
+                return 0
+            _example_class(api)
+            # Outside the node's folder, which cleanup removes.
+            example_log = Path(f"/tmp/{NODE}-example-plugin.log")
+            example = _start_example(node, plane.kubeconfig, example_log)
+            print(f"example plugin log: {example_log}", flush=True)
+            _wait_registered(node, EXAMPLE_DRIVER)
+            flexgpu = measure(api, "flexgpu", device_class="gpu.flexgpu.dev", **common)
+            reference = measure(api, "example", device_class=EXAMPLE_DRIVER, **common)
+        finally:
+            if example is not None:
+                example.terminate()
+                example.wait(10)
+            # The node's logs outlive it, to see where a pod's start time went.
+            kept = Path(f"/tmp/{NODE}-logs")
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(node.layout.logs, kept, dirs_exist_ok=True)
+            shutil.copytree(node.layout.pod_logs, kept / "pods", dirs_exist_ok=True)
+            print(f"node logs: {kept}", flush=True)
+            node.cleanup()
+    print(
+        "\nPod created -> container running, one whole GPU per pod, real node (kubelet v1.37, "
+        "containerd, runc), ratio = flexgpu / example\n"
+    )
+    print(render(rows(flexgpu, reference)))
+    print(
+        f"{args.pods} pods one at a time and {len(flexgpu.concurrent_s)} {AT_ONCE} at a time "
+        f"per driver, after one warm-up pod. Load average (1 min): {load_before:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs."
+    )
+    return 0
+
+
+def _print_mig(mig: Starts, pods: int, load_before: float) -> None:
+    print(
+        "\nPod created -> container running, one on-demand 1g.10gb MIG partition per pod "
+        f"(created at prepare on GPUs {MIG_GPUS}), flexgpu alone, real node\n"
+    )
+    for label, values in (
+        ("one at a time", mig.sequential_s),
+        (f"{AT_ONCE} at once", mig.concurrent_s),
+    ):
+        print(
+            f"{label}: p50 {percentile(values, 50):.2f} s, p99 {percentile(values, 99):.2f} s "
+            f"({len(values)} pods)"
+        )
+    print(
+        f"Load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
+        f"on {os.cpu_count()} CPUs."
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
