@@ -262,7 +262,7 @@ class _Setting:
     flag: str
     env: str
     help: str
-    kind: Literal["str", "path", "seconds", "number", "count"]
+    kind: Literal["str", "path", "seconds", "number", "count", "port"]
 
 
 _SETTINGS: Final = (
@@ -322,7 +322,7 @@ _SETTINGS: Final = (
         "--health-port",
         "FLEXGPU_HEALTH_PORT",
         "port serving /livez and /readyz for the kubelet's probes (default: off)",
-        "str",
+        "port",
     ),
     _Setting(
         "gpu_backend",
@@ -466,6 +466,14 @@ def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float:
             raise ConfigError(
                 f"{setting.field} ({source}): value {raw!r} is not a number; "
                 f"allowed: a number greater than 0, at most {MAX_KUBE_API_QPS:g}"
+            ) from None
+    if setting.kind == "port":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"{setting.field} ({source}): value {raw!r} is not a port number; "
+                "allowed: 0 (any free port) to 65535"
             ) from None
     if setting.kind == "count":
         try:

@@ -82,3 +82,19 @@ def test_plugin_readiness_waits_for_prepares_and_a_published_slice() -> None:
     assert readiness() == "ResourceSlices not published yet: the API server is unreachable"
     publisher.published, publisher.last_error = True, None
     assert readiness() is None
+
+
+def test_the_charts_health_port_setting_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEXGPU_HEALTH_PORT as the chart sets it (a string) configures the port; a bad one is
+    refused naming the setting and what is allowed."""
+    from flexgpu.kubelet_plugin.config import ConfigError, load_config
+
+    monkeypatch.setenv("FLEXGPU_NODE_NAME", "node-a")
+    monkeypatch.setenv("FLEXGPU_HEALTH_PORT", "8083")
+    assert load_config([]).health_port == 8083
+    monkeypatch.setenv("FLEXGPU_HEALTH_PORT", "http")
+    with pytest.raises(ConfigError, match=r"health_port .*'http' is not a port number; allowed: 0"):
+        load_config([])
+    monkeypatch.setenv("FLEXGPU_HEALTH_PORT", "70000")
+    with pytest.raises(ConfigError, match="health_port"):
+        load_config([])
