@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from tests.conftest import target_minor
@@ -27,8 +28,10 @@ from tests.integration.test_chart_install import (
     _denial,
     _policies_loaded,
     installed,
+    run,
 )
 from tools.cluster import ControlPlane, create_simulated_node
+from tools.cluster.binaries import REPO_ROOT
 from tools.cluster.tokens import service_account_kubeconfig
 
 pytestmark = pytest.mark.integration
@@ -190,19 +193,14 @@ def _with_devices(claim: dict[str, Any], *entries: tuple[str, str, str]) -> dict
     return changed
 
 
-@pytest.mark.core
-def test_plugin_writes_only_its_nodes_claim_status(
-    cluster: ControlPlane, api: Any, namespace: str, installed: Path
-) -> None:
-    """On every supported release: 1.36+ by the apiserver's resourceclaims/driver check (the
-    chart grants only associated-node:update for gpu.flexgpu.dev), 1.34/1.35 by the chart's
-    admission policy, which helm renders for the server it installs to."""
+def _status_attacks(
+    cluster: ControlPlane, api: Any, namespace: str, policy_only: bool
+) -> dict[str, str]:
+    """Node A's plugin token tries each write of the table on claims allocated on node A and
+    node B; returns each refusal. Then checks that nothing changed and that its own entry
+    it may write. ``policy_only``: the admission policy is what must refuse (it waits for it)."""
     create_simulated_node(api, NODE_A)
     create_simulated_node(api, NODE_B)
-    granular = target_minor() >= GRANULAR
-    admission: Any = client.AdmissionregistrationV1Api(api)
-    names = {p.metadata.name for p in admission.list_validating_admission_policy().items}
-    assert (CLAIM_STATUS_POLICY in names) is not granular
     plugin: Any = client.ResourceV1Api(_plugin_of(cluster, api, NODE_A))
     theirs = _allocated_claim(api, namespace, "on-b", NODE_B, [(DRIVER, NODE_B, "gpu-0")])
     ours = _allocated_claim(
@@ -224,7 +222,7 @@ def test_plugin_writes_only_its_nodes_claim_status(
         )
 
     foreign = _with_devices(theirs, (DRIVER, NODE_B, "gpu-0"))
-    if not granular:
+    if policy_only:
         _policies_loaded(write, foreign)
     other_driver = copy.deepcopy(ours)
     other_driver["status"]["devices"][0]["conditions"] = [
@@ -255,39 +253,129 @@ def test_plugin_writes_only_its_nodes_claim_status(
         "its own claim: reserved for another pod": reserved,
     }
     refused = {what: _denial(write, body) for what, body in rows.items()}
-    message = refused["a claim of node B: its device status"]
-    if granular:
-        # Node B's claim: A's token would need arbitrary-node, which the chart never grants.
-        assert "resourceclaims/driver" in message and "cannot arbitrary-node:update" in message
-        assert "resourceclaims/binding" in refused["its own claim: deallocated"]
-        assert "resourceclaims/binding" in refused["its own claim: reserved for another pod"]
-        assert (
-            "cannot associated-node:update"
-            in refused["its own claim: another driver's entry removed"]
-        )
-    else:
-        assert f"may only write status.devices entries of its own pool, not of pool '{NODE_B}'" in (
-            message
-        )
-        assert (
-            f"not of driver '{OTHER_DRIVER}'"
-            in refused["its own claim: another driver's entry removed"]
-        )
-        assert (
-            "not status.allocation or status.reservedFor" in refused["its own claim: deallocated"]
-        )
     # Nothing changed; and its own entry it may write.
     assert _claim(api, namespace, "on-b")["status"] == theirs["status"]
+    assert _claim(api, namespace, "on-a")["status"] == ours["status"]
     written = write(_with_devices(ours, (DRIVER, NODE_A, "gpu-0")))
     assert {(d.driver, d.device) for d in written.status.devices} == {
         (OTHER_DRIVER, "x"),
         (DRIVER, "gpu-0"),
     }
+    return refused
+
+
+def _assert_refused_by_the_policy(refused: dict[str, str]) -> None:
+    assert (
+        f"may only write status.devices entries of its own pool, not of pool '{NODE_B}'"
+        in refused["a claim of node B: its device status"]
+    )
+    for row in ("entry changed", "entry removed", "new entry"):
+        message = refused[f"its own claim: another driver's {row}"]
+        assert f"may only write status.devices entries of driver {DRIVER}" in message
+        assert f"not of driver '{OTHER_DRIVER}'" in message
+    for row in ("deallocated", "reserved for another pod"):
+        assert "not status.allocation or status.reservedFor" in refused[f"its own claim: {row}"]
+
+
+@pytest.mark.core
+def test_plugin_writes_only_its_nodes_claim_status(
+    cluster: ControlPlane, api: Any, namespace: str, installed: Path
+) -> None:
+    """On every supported release: 1.36+ by the apiserver's resourceclaims/driver check (the
+    chart grants only associated-node:update for gpu.flexgpu.dev), 1.34/1.35 by the chart's
+    admission policy, which helm renders for the server it installs to."""
+    granular = target_minor() >= GRANULAR
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    names = {p.metadata.name for p in admission.list_validating_admission_policy().items}
+    assert (CLAIM_STATUS_POLICY in names) is not granular
+    refused = _status_attacks(cluster, api, namespace, policy_only=not granular)
+    if not granular:
+        _assert_refused_by_the_policy(refused)
+        return
+    # Node B's claim: A's token would need arbitrary-node, which the chart never grants.
+    message = refused["a claim of node B: its device status"]
+    assert "resourceclaims/driver" in message and "cannot arbitrary-node:update" in message
+    assert (
+        "cannot associated-node:update" in refused["its own claim: another driver's entry removed"]
+    )
+    assert "resourceclaims/binding" in refused["its own claim: deallocated"]
+    assert "resourceclaims/binding" in refused["its own claim: reserved for another pod"]
+
+
+@pytest.mark.core
+def test_claim_status_policy_alone_refuses_the_same_writes(
+    cluster: ControlPlane, api: Any, namespace: str, installed: Path
+) -> None:
+    """The admission policy that guards 1.34/1.35 (and 1.36+ with the granular check turned
+    off: claimStatusAdmissionPolicy=always), tried on this release with the apiserver's own
+    check out of the way: the plugin's ServiceAccount is given arbitrary-node and binding
+    rights for the test, so only the policy stands between its token and each write."""
+    granular = target_minor() >= GRANULAR
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    made: list[tuple[Any, str]] = []
+    if granular:
+        rendered = run(
+            str(installed / "helm"),
+            "template",
+            RELEASE,
+            str(REPO_ROOT / "charts/flexgpu"),
+            "--namespace",
+            NS,
+            "--set",
+            "kubeletPlugin.claimStatusAdmissionPolicy=always",
+            "--show-only",
+            "templates/claim-status-admission-policy.yaml",
+            kubeconfig=cluster.kubeconfig,
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        policy, binding = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+        admission.create_validating_admission_policy(policy)
+        made.append((admission.delete_validating_admission_policy, CLAIM_STATUS_POLICY))
+        admission.create_validating_admission_policy_binding(binding)
+        made.append((admission.delete_validating_admission_policy_binding, CLAIM_STATUS_POLICY))
+        wider = "attack-test-any-claim-status"
+        rbac.create_cluster_role(
+            {
+                "metadata": {"name": wider},
+                "rules": [
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "resources": ["resourceclaims/driver"],
+                        "verbs": ["arbitrary-node:update", "associated-node:update"],
+                    },
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "resources": ["resourceclaims/binding"],
+                        "verbs": ["update"],
+                    },
+                ],
+            }
+        )
+        made.append((rbac.delete_cluster_role, wider))
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": wider},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": wider,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_SA, "namespace": NS}],
+            }
+        )
+        made.append((rbac.delete_cluster_role_binding, wider))
+    try:
+        _assert_refused_by_the_policy(_status_attacks(cluster, api, namespace, policy_only=True))
+    finally:
+        for delete, name in reversed(made):
+            delete(name)
 
 
 # --------------------------------------------------------------------------- controller
 
 
+@pytest.mark.core
 def test_controller_reaches_only_its_own_secret_and_lease(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:
@@ -341,6 +429,7 @@ def _hook_index(stored: Any, name: str) -> int:
     return next(i for i, w in enumerate(stored.webhooks) if w.name == name)
 
 
+@pytest.mark.core
 def test_controller_cannot_redirect_or_widen_its_webhooks(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:
