@@ -132,10 +132,12 @@ def device_env_name(claim_uid: str, device_name: str, share_id: str | None = Non
     )
 
 
-def device_env_value(claim: ClaimIdentity, device: CdiDevice) -> str:
+def device_env_value(claim: ClaimIdentity, device: CdiDevice, boot_id: str = "") -> str:
     """``uuid=GPU-...;claim=<ns>/<name>;claimUID=<uid>;device=gpu-0[;share=<id>]
-    [;timeSlice=Long]``: what the container got from this device, readable by people and by a
-    rebuild of lost state."""
+    [;timeSlice=Long][;boot=<boot id>]``: what the container got from this device, readable by
+    people and by a rebuild of lost state. The boot id (the node's, which every container can
+    read in /proc/sys/kernel/random/boot_id anyway) tells a rebuild after a power loss that a
+    surviving spec is of an earlier boot, whose MIG instances and MPS daemons are gone."""
     parts = [
         ("uuid", device.uuid),
         ("claim", f"{claim.namespace}/{claim.name}"),
@@ -146,6 +148,8 @@ def device_env_value(claim: ClaimIdentity, device: CdiDevice) -> str:
         parts.append(("share", device.share_id))
     if device.time_slice:
         parts.append(("timeSlice", device.time_slice))
+    if boot_id:
+        parts.append(("boot", boot_id))
     return ";".join(f"{k}={v}" for k, v in parts)
 
 
@@ -190,13 +194,14 @@ def render_claim_spec(
     claim: ClaimIdentity,
     devices: Sequence[CdiDevice],
     driver_edits: Mapping[str, Any] | None = None,
+    boot_id: str = "",
 ) -> dict[str, Any]:
     """The spec for one claim: one CDI device per allocated device, the driver's edits at
-    spec level."""
+    spec level; ``boot_id`` names the boot it is written in (device_env_value)."""
     cdi_devices = []
     for device in devices:
         own = device_env_name(claim.uid, device.device_name, device.share_id)
-        env = {own: device_env_value(claim, device), **device.env}
+        env = {own: device_env_value(claim, device, boot_id), **device.env}
         edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
         if device.device_nodes:
             edits["deviceNodes"] = [n.edit() for n in device.device_nodes]

@@ -556,7 +556,7 @@ class ClaimPreparerImpl:
         if not devices:
             return  # nothing of ours in the claim: a spec needs at least one device
         identity = ClaimIdentity(claim.uid, claim.namespace, claim.name)
-        spec = render_claim_spec(identity, devices, self.driver_edits)
+        spec = render_claim_spec(identity, devices, self.driver_edits, self._store.boot_id)
         # The container runtime reads the spec without a checksum, so its data is synced: a
         # rename that survives a power loss never names a torn spec. The directory is not: a
         # lost rename only follows a reboot, after which the kubelet prepares again.

@@ -8,11 +8,12 @@ order, each step safe to repeat after a crash:
 2. after a reboot, resets what records of the earlier boot say the plugin set (time-slices,
    MPS daemons, MIG instances) and drops them;
 3. when a file is corrupt or of a newer version, rebuilds the records of claims whose CDI spec
-   survives, with everything they hold: MIG instance (the spec's MIG UUID among the live
-   instances), MPS share (pipe folder and limits in the spec's env) and time-slice (each
-   device's FLEXGPU_DEVICE_* variable; FLEXGPU_TIME_SLICE in specs of earlier releases),
-   checked against the API; corrupt files are set aside only once the
-   rebuilt records are written, files of a newer version are never touched;
+   of this boot survives (a spec of an earlier boot is never used: spec_facts.py), with
+   everything they hold: MIG instance (the spec's MIG UUID among the live instances), MPS
+   share (pipe folder and limits in the spec's env) and time-slice (each device's
+   FLEXGPU_DEVICE_* variable; FLEXGPU_TIME_SLICE in specs of earlier releases), checked
+   against the API; corrupt files are set aside only once the rebuilt records are written,
+   files of a newer version are never touched;
 4. rolls back half-done claims, deletes CDI specs no record owns, then stops MPS daemons and
    destroys dynamic-MIG instances that no record and no surviving spec uses (a MIG device's
    daemon first: it holds its partition).
@@ -24,7 +25,6 @@ Event says so, and unprepare, which frees space, keeps working.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Iterable
@@ -32,19 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flexgpu.driver.cdi import (
-    ENV_DEVICE_PREFIX,
     ENV_MPS_PINNED,
     ENV_MPS_PIPE,
     ENV_MPS_THREADS,
-    ENV_VISIBLE_DEVICES,
-    LEGACY_ENV_CLAIM_NAME,
-    LEGACY_ENV_CLAIM_NAMESPACE,
-    LEGACY_ENV_DEVICES,
-    LEGACY_ENV_TIME_SLICE,
     cdi_device_id,
     claim_uid_from_spec_file,
-    parse_device_env_value,
-    spec_env,
 )
 from flexgpu.driver.gpu_model import MigDevice
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, serves_mig
@@ -64,66 +56,16 @@ from flexgpu.kubelet_plugin.checkpoint import (
 from flexgpu.kubelet_plugin.claim_source import ClaimSource
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
 from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl, device_records
+from flexgpu.kubelet_plugin.spec_facts import (
+    SpecFacts,
+    read_boot_time,
+    spec_facts,
+    written_before_this_boot,
+)
 
 log = logging.getLogger(__name__)
 
 # (reason, message) -> records a Warning Event on the node; never raises.
-
-
-@dataclass(frozen=True)
-class _SpecDevice:
-    name: str
-    share_id: str | None
-    uuid: str
-    time_slice: str | None
-
-
-@dataclass(frozen=True)
-class _SpecFacts:
-    """What a spec of ours says about its claim: identity, devices, sharing (env)."""
-
-    namespace: str
-    name: str
-    devices: tuple[_SpecDevice, ...]
-    env: dict[str, str]
-    legacy: bool  # written before one CDI device per allocated device
-
-
-def _spec_facts(path: Path) -> _SpecFacts | None:
-    try:
-        env = spec_env(json.loads(path.read_bytes()))
-    except (OSError, ValueError, AttributeError):
-        return None  # unreadable: no runtime can use it either; removed as an orphan
-    devices = []
-    claim = ""
-    for key in sorted(env):
-        if key.startswith(ENV_DEVICE_PREFIX):
-            fields = parse_device_env_value(env[key])
-            claim = claim or fields.get("claim", "")
-            devices.append(
-                _SpecDevice(
-                    fields.get("device", ""),
-                    fields.get("share"),
-                    fields.get("uuid", ""),
-                    fields.get("timeSlice"),
-                )
-            )
-    if devices:
-        namespace, _, name = claim.partition("/")
-        return _SpecFacts(namespace, name, tuple(devices), env, legacy=False)
-    # One CDI device for the whole claim, identity and GPUs in shared variables.
-    names = [n for n in env.get(LEGACY_ENV_DEVICES, "").split(",") if n]
-    uuids = [u for u in env.get(ENV_VISIBLE_DEVICES, "").split(",") if u and u != "void"]
-    slice_ = env.get(LEGACY_ENV_TIME_SLICE)
-    legacy = [_SpecDevice(n, None, "", slice_) for n in names]
-    legacy += [_SpecDevice("", None, u, None) for u in uuids]
-    return _SpecFacts(
-        env.get(LEGACY_ENV_CLAIM_NAMESPACE, ""),
-        env.get(LEGACY_ENV_CLAIM_NAME, ""),
-        tuple(legacy),
-        env,
-        legacy=True,
-    )
 
 
 @dataclass
@@ -142,6 +84,8 @@ class ReconcileReport:
     rebuilt_mig: int = 0
     rebuilt_mps: int = 0
     rebuilt_time_slices: int = 0
+    # Specs of an earlier boot found while rebuilding: never used, deleted as orphans.
+    earlier_boot_specs: list[str] = field(default_factory=list)
     write_failures: list[str] = field(default_factory=list)
     checkpoint_status: str = ""
 
@@ -275,7 +219,7 @@ def _rebuild(
     # Copies of the corrupt files first; the files themselves go only once the records that
     # replace them are written: a crash before that finds them again and rebuilds again.
     copies = [(c, store.set_aside(c)) for c in scan.corrupt]
-    rebuilt = _rebuild_from_cdi(preparer, claims, set(records), report)
+    rebuilt = _rebuild_from_cdi(preparer, claims, set(records), report, store.boot_id)
     failed = False
     for record in rebuilt:
         try:
@@ -294,6 +238,12 @@ def _rebuild(
         f"{report.rebuilt_time_slices} time-slice setting(s) from the CDI specs in "
         f"{preparer.cdi_dir}, checked against the API server; nothing they use was changed."
     )
+    if report.earlier_boot_specs:
+        what += (
+            f" {len(report.earlier_boot_specs)} CDI spec(s) of an earlier boot"
+            f"{_names(report.earlier_boot_specs)} were not used and are deleted: their claims "
+            "are prepared afresh."
+        )
     if scan.corrupt:
         files = ", ".join(
             f"{c.path} ({c.reason[:120]}; {f'copy kept as {to.name}' if to else 'no copy kept'})"
@@ -322,18 +272,28 @@ def _names(names: list[str]) -> str:
 
 
 def _rebuild_from_cdi(
-    preparer: ClaimPreparerImpl, claims: ClaimSource, known: set[str], report: ReconcileReport
+    preparer: ClaimPreparerImpl,
+    claims: ClaimSource,
+    known: set[str],
+    report: ReconcileReport,
+    boot_id: str,
 ) -> list[ClaimRecord]:
-    """A record for each spec of ours with none, when the API still shows the claim
-    allocated to us (or cannot be asked: then the spec alone is trusted, not deleted)."""
+    """A record for each spec of ours of this boot with none, when the API still shows the
+    claim allocated to us (or cannot be asked: then the spec alone is trusted, not deleted).
+    A spec of an earlier boot names what the reboot took away (spec_facts.py): it rebuilds
+    nothing and goes as an orphan."""
     live = _live_partitions(preparer)
+    boot_time = read_boot_time()
     rebuilt = []
     for path in _our_specs(preparer.cdi_dir):
         uid = claim_uid_from_spec_file(path.name)
         if uid is None or uid in known:
             continue
-        facts = _spec_facts(path)
+        facts = spec_facts(path)
         if facts is None:
+            continue
+        if written_before_this_boot(path, facts, boot_id, boot_time):
+            report.earlier_boot_specs.append(path.name)
             continue
         namespace, name = facts.namespace, facts.name
         if not namespace or not name:
@@ -369,7 +329,7 @@ def _rebuild_from_cdi(
 
 
 def _devices_from_spec(
-    preparer: ClaimPreparerImpl, uid: str, facts: _SpecFacts
+    preparer: ClaimPreparerImpl, uid: str, facts: SpecFacts
 ) -> list[DeviceRecord]:
     return [
         DeviceRecord(
@@ -398,7 +358,7 @@ def _live_partitions(preparer: ClaimPreparerImpl) -> dict[str, MigDevice]:
 def _created_from_spec(
     preparer: ClaimPreparerImpl,
     spec_path: str,
-    facts: _SpecFacts,
+    facts: SpecFacts,
     live: dict[str, MigDevice],
 ) -> CreatedResources:
     """What the claim's spec shows it holds: the MIG instances its MIG UUIDs name, its MPS
@@ -484,7 +444,7 @@ def _spec_references(cdi_dir: Path) -> _SpecReferences:
     uuids: set[str] = set()
     pipes: set[str] = set()
     for path in _our_specs(cdi_dir):
-        facts = _spec_facts(path)
+        facts = spec_facts(path)
         if facts is None:
             continue
         uuids.update(d.uuid for d in facts.devices if d.uuid)

@@ -126,7 +126,7 @@ def env_from_log(text: str) -> dict[str, str]:
 
 def granted(env: dict[str, str]) -> list[dict[str, str]]:
     """What a container was given, one entry per CDI device it received: the fields of its
-    ``FLEXGPU_DEVICE_*`` variable (uuid, claim, claimUID, device, share, timeSlice)."""
+    ``FLEXGPU_DEVICE_*`` variable (uuid, claim, claimUID, device, share, timeSlice, boot)."""
     return [
         dict(part.split("=", 1) for part in value.split(";") if "=" in part)
         for key, value in sorted(env.items())

@@ -164,7 +164,9 @@ def test_uninstall_leaves_nothing_and_policy_writes_work_again(
     coordination: Any = client.CoordinationV1Api(api)
     wait_for(
         lambda: (
-            not _exists(coordination.read_namespaced_lease, "flexgpu-controller", namespace)
+            not _exists(
+                coordination.read_namespaced_lease, f"{release}-flexgpu-controller", namespace
+            )
             and not _exists(
                 core.read_namespaced_secret, f"{release}-flexgpu-webhook-tls", namespace
             )
@@ -208,6 +210,7 @@ def _run_controller_once(
             f"--kubeconfig={kubeconfig}",
             f"--namespace={namespace}",
             f"--owner-deployment={name}",
+            f"--lease-name={name}",
             "--metrics-port=0",
             "--liveness-port=0",
             "--webhook-listen=127.0.0.1:0",
@@ -225,7 +228,7 @@ def _run_controller_once(
 
     def settled() -> bool:
         try:
-            lease = coordination.read_namespaced_lease("flexgpu-controller", namespace)
+            lease = coordination.read_namespaced_lease(name, namespace)
             core.read_namespaced_secret(f"{release}-flexgpu-webhook-tls", namespace)
             hooks = admission.read_validating_webhook_configuration(
                 f"{release}-flexgpu-validation"
@@ -241,7 +244,7 @@ def _run_controller_once(
         assert "Forbidden" not in controller.log_tail(400)
     finally:
         controller.stop()
-    lease = coordination.read_namespaced_lease("flexgpu-controller", namespace)
+    lease = coordination.read_namespaced_lease(name, namespace)
     secret = core.read_namespaced_secret(f"{release}-flexgpu-webhook-tls", namespace)
     return {
         "owners": [

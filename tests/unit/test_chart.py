@@ -20,7 +20,7 @@ def helm() -> Path:
     return helm_tools_dir() / "helm"
 
 
-def render(helm: Path, *values: str) -> list[dict[str, Any]]:
+def render(helm: Path, *values: str, kube_version: str = "") -> list[dict[str, Any]]:
     args = [
         str(helm),
         "template",
@@ -33,6 +33,8 @@ def render(helm: Path, *values: str) -> list[dict[str, Any]]:
         "--api-versions",
         "cert-manager.io/v1",
     ]
+    if kube_version:  # else helm's default, the newest release it knows
+        args += ["--kube-version", kube_version]
     for value in values:
         args += ["--set", value]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -187,9 +189,108 @@ def test_controller_writes_only_its_own_webhook_configuration(helm: Path) -> Non
     role_off = find(off, "ClusterRole", "controller")
     assert not any("validatingwebhookconfigurations" in r["resources"] for r in role_off["rules"])
     assert not any(
-        d["kind"] == "ValidatingAdmissionPolicy" and "controller" in d["metadata"]["name"]
+        d["kind"] == "ValidatingAdmissionPolicy"
+        and "webhook-configuration" in d["metadata"]["name"]
         for d in off
     )
+
+
+@pytest.mark.parametrize("cert_manager", [False, True])
+def test_controller_secrets_and_lease_only_by_name(helm: Path, cert_manager: bool) -> None:
+    """Its Secret (the webhook certificate it makes; none with cert-manager) and its Lease,
+    by name; creating them is pinned to those names by an admission policy."""
+    docs = render(helm, f"webhook.certManager.enabled={str(cert_manager).lower()}")
+    role = find(docs, "Role", "t-flexgpu-controller")
+    secrets = [r for r in role["rules"] if r["resources"] == ["secrets"]]
+    leases = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert leases == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["t-flexgpu-controller"],
+            "verbs": ["get", "update", "patch"],
+        },
+    ]
+    if cert_manager:
+        assert secrets == []
+    else:
+        assert secrets == [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": ["t-flexgpu-webhook-tls"],
+                "verbs": ["get", "update"],
+            },
+        ]
+    args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--lease-name=t-flexgpu-controller" in args
+    policy = find(docs, "ValidatingAdmissionPolicy", "controller-own-secret-and-lease")
+    own = policy["spec"]["variables"][0]["expression"]
+    assert '"t-flexgpu-controller"' in own
+    assert ('"t-flexgpu-webhook-tls"' in own) is not cert_manager
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values", "policy", "granular"),
+    [
+        ("1.34.0", [], True, False),
+        ("1.35.2", [], True, False),
+        ("1.36.0", [], False, True),
+        ("1.37.2", [], False, True),
+        ("1.37.2", ["kubeletPlugin.claimStatusAdmissionPolicy=always"], True, True),
+    ],
+)
+def test_plugin_claim_status_rights_follow_the_server_release(
+    helm: Path, kube_version: str, values: list[str], policy: bool, granular: bool
+) -> None:
+    """1.36+ checks status.devices writes per driver and node (resourceclaims/driver,
+    associated-node); before, an admission policy limits the plugin to its node's entries."""
+    docs = render(helm, *values, kube_version=kube_version)
+    rules = find(docs, "ClusterRole", "kubelet-plugin")["rules"]
+    status = [r for r in rules if r["resources"] == ["resourceclaims/status"]]
+    assert [r["verbs"] for r in status] == [["update"]]
+    driver = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
+    assert driver == (
+        [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceclaims/driver"],
+                "resourceNames": ["gpu.flexgpu.dev"],
+                "verbs": ["associated-node:update"],
+            }
+        ]
+        if granular
+        else []
+    )
+    assert not any("arbitrary-node" in v for r in rules for v in r["verbs"])
+    assert not any("resourceclaims/binding" in r["resources"] for r in rules)
+    policies = [
+        d
+        for d in docs
+        if d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+        and d["metadata"]["name"] == "t-flexgpu-kubelet-plugin-own-node-claim-status"
+    ]
+    assert len(policies) == (2 if policy else 0)
+
+
+def test_claim_status_policy_value_is_checked(helm: Path) -> None:
+    result = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "t",
+            str(CHART),
+            "--set",
+            "kubeletPlugin.claimStatusAdmissionPolicy=never",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "/kubeletPlugin/claimStatusAdmissionPolicy" in result.stderr
 
 
 def test_webhook_configuration_is_the_controllers_own(helm: Path) -> None:

@@ -75,7 +75,9 @@ def test_prepare_writes_cdi_and_records_prepared(
     assert cdi["name"] == "uid-c-gpu-1"
     (own,) = cdi["containerEdits"]["env"]
     assert own.startswith("FLEXGPU_DEVICE_UID_C_GPU_1=uuid=GPU-")
-    assert own.endswith(";claim=ns/c;claimUID=uid-c;device=gpu-1")
+    # The boot it was written in: a rebuild after a power loss never trusts an older one.
+    boot = preparer._store.boot_id
+    assert own.endswith(f";claim=ns/c;claimUID=uid-c;device=gpu-1;boot={boot}")
     # The NVIDIA runtime is told to add nothing: CDI alone decides what the container gets.
     assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert preparer.load_checkpoint().claims["uid-c"].state == ClaimState.PREPARED

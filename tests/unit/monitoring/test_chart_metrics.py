@@ -73,7 +73,8 @@ def test_plugin_port_zero_or_idle_off_removes_the_pieces() -> None:
     docs = render("kubeletPlugin.metricsPort=0", "metrics.serviceMonitor.enabled=true")
     env = {e["name"]: e.get("value") for e in plugin_container(docs)["env"]}
     assert settings_from_env({k: v for k, v in env.items() if v is not None}).port is None
-    assert "ports" not in plugin_container(docs)
+    ports = plugin_container(docs).get("ports", [])
+    assert [p["name"] for p in ports] == ["health"]  # the probes' port stays
     assert not [d for d in docs if d["metadata"]["name"].endswith("-kubelet-plugin-metrics")]
     monitors = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceMonitor"]
     assert monitors == ["t-flexgpu-controller"]
