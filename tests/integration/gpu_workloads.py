@@ -202,3 +202,11 @@ def policy_webhook_ignored(api: Any, configuration: str) -> Iterator[None]:
         yield
     finally:
         set_policy("Fail")
+
+
+def default_chart_image() -> str:
+    """The image the chart runs at its default values: [registry/]repository:appVersion."""
+    chart = yaml.safe_load((REPO / "charts/flexgpu/Chart.yaml").read_text())
+    image = yaml.safe_load((REPO / "charts/flexgpu/values.yaml").read_text())["image"]
+    registry = f"{image['registry']}/" if image.get("registry") else ""
+    return f"{registry}{image['repository']}:{chart['appVersion']}"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import yaml
 from kubernetes import client, config
 
 from flexgpu.driver.backend import GpuBackend
@@ -26,6 +25,7 @@ from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import (
     create_claim,
+    default_chart_image,
     env_from_log,
     gpu_request,
     granted,
@@ -492,12 +492,6 @@ def _plugin_daemonset(api: Any) -> dict[str, str]:
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": uid}
 
 
-def _chart_image() -> str:
-    chart = yaml.safe_load((REPO_ROOT / "charts/flexgpu/Chart.yaml").read_text())
-    values = yaml.safe_load((REPO_ROOT / "charts/flexgpu/values.yaml").read_text())
-    return f"{values['image']['repository']}:{chart['appVersion']}"
-
-
 def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:
@@ -522,7 +516,7 @@ def test_plugin_may_run_only_mps_daemon_pods_on_its_node(
         cast(GpuBackend, None),  # building the pod reads no GPU
         node_name=NODE_A,
         namespace=NS,
-        image=_chart_image(),
+        image=default_chart_image(),
         mps_root=_mps_root(cluster),
         driver_root=Path("/driver-root"),
         host_driver_root=Path("/"),

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import yaml
 from kubernetes import client, config
 
 from flexgpu.driver.backend import GpuBackend
@@ -25,6 +24,7 @@ from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.kubelet_plugin.kube_api import KubeApi
 from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
 from tests.conftest import wait_for
+from tests.integration.gpu_workloads import default_chart_image
 from tools.cluster import ControlPlane, create_simulated_node
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
 from tools.cluster.tokens import service_account_kubeconfig
@@ -51,9 +51,7 @@ def mps_root(cluster: ControlPlane) -> Path:
 
 @pytest.fixture(scope="module")
 def chart_image() -> str:
-    chart = yaml.safe_load((REPO_ROOT / "charts/flexgpu/Chart.yaml").read_text())
-    values = yaml.safe_load((REPO_ROOT / "charts/flexgpu/values.yaml").read_text())
-    return f"{values['image']['repository']}:{chart['appVersion']}"
+    return default_chart_image()
 
 
 @pytest.fixture(scope="module")
