@@ -12,9 +12,9 @@ export FLEXGPU_K8S := $(K8S)
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
 .PHONY: setup venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
-        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node
+        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node nvidia-driver
 
-setup: venv control-plane helm-tools nvml-mock nvidia-ctk node
+setup: venv control-plane helm-tools nvml-mock nvidia-ctk node nvidia-driver
 
 venv: $(STAMP)
 
@@ -35,6 +35,12 @@ control-plane:
 nvml-mock:
 	@echo "==> NVML mock library (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvml-mock/build.sh >/dev/null
+
+# NVIDIA's DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu, cgo) for the differential
+# tests against it (docs/nvidia-differential.md). Cold: 10-15 min on 2 cores; warm: instant.
+nvidia-driver:
+	@echo "==> NVIDIA's DRA kubelet plugin (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/nvidia-driver/build.sh >/dev/null
 
 nvidia-ctk:
 	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
