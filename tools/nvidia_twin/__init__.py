@@ -3,6 +3,7 @@ tools/nvidia-driver/build.sh) and flexgpu's, each run as a simulated node of the
 the same NVML mock machine, for the differential tests (tooling, not product)."""
 
 from tools.nvidia_twin.plugins import (
+    CHART_GATES,
     DYNAMIC_MIG_GATES,
     NVIDIA_DRIVER,
     STATIC_GATES,
@@ -13,6 +14,7 @@ from tools.nvidia_twin.plugins import (
 )
 
 __all__ = [
+    "CHART_GATES",
     "DYNAMIC_MIG_GATES",
     "NVIDIA_DRIVER",
     "STATIC_GATES",

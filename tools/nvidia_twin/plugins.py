@@ -24,6 +24,7 @@ NVIDIA_DRIVER = "gpu.nvidia.com"
 FLEXGPU_DRIVER = "gpu.flexgpu.dev"
 # NVIDIA's chart ships no gates on; the ones a GPU user turns on, as far as the plugin lets them
 # be combined: DynamicMIG excludes MPSSupport and NVMLDeviceHealthCheck in v0.4.1.
+CHART_GATES = ""
 STATIC_GATES = "TimeSlicingSettings=true,MPSSupport=true,NVMLDeviceHealthCheck=true"
 DYNAMIC_MIG_GATES = "DynamicMIG=true,TimeSlicingSettings=true"
 # Only used to render MPS control-daemon Deployments; nothing pulls it here.
@@ -114,7 +115,8 @@ def nvidia_twin(
     feature_gates: str,
 ) -> TwinPlugin:
     """NVIDIA's plugin as its DaemonSet runs it, the driver root mounted where the chart mounts
-    it (here: the same folder for host and container)."""
+    it (here: the same folder for host and container); ``feature_gates`` empty: none, as its
+    chart sets them."""
     plugins = root / "plugins"
     registry = root / "registry"
     return TwinPlugin(
@@ -132,7 +134,7 @@ def nvidia_twin(
             f"--image-name={NVIDIA_IMAGE}",
             f"--kubelet-registrar-directory-path={registry}",
             f"--kubelet-plugins-directory-path={plugins}",
-            f"--feature-gates={feature_gates}",
+            *([f"--feature-gates={feature_gates}"] if feature_gates else []),
             "-v=4",
         ],
         # Its flags also read environment variables (KUBECONFIG, NODE_NAME, ...): none leak in.
