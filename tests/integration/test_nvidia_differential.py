@@ -92,6 +92,12 @@ CONFIGURATIONS = (
 # Health, on the static pair once compared: the same Xids on both machines. 79 (fallen off the
 # bus) is fatal; 13 (a graphics engine exception) is one a workload causes itself.
 HEALTH = "health"
+# bench/scale_publications.py's NVIDIA-style publication, set against the real one.
+IMITATION = "imitation"
+# Where the imitation may differ from NVIDIA's plugin over this mock: NVIDIA counts a GPU's
+# memory slices from its largest placement (7 in NVIDIA's mock, whose 7g spans 0:7), the
+# imitation from the GPU's real count (8 on every GPU the catalog holds).
+IMITATION_ALLOWED = {"consumes memory-slice-7", "counter memory-slice-7"}
 XIDS = ((1, 79), (2, 13))
 CHANGE_TIMEOUT_S = 60.0
 
@@ -129,6 +135,42 @@ def _serialized(api: Any, slices: list[Any], keep: Path | None = None) -> list[d
     if keep is not None:
         keep.write_text(json.dumps(served, indent=1, sort_keys=True))
     return served
+
+
+DUMP_GPU = """
+import json, sys
+from flexgpu.driver.nvml_backend import NvmlBackend
+backend = NvmlBackend()
+backend.set_mig_mode(0, True)  # NVML lists MIG profiles only with MIG mode on
+gpu = backend.list_gpus()[0]
+profiles = backend.mig_profiles(0)
+print(json.dumps({"gpu": gpu.model_dump(mode="json"),
+                  "profiles": [p.model_dump(mode="json") for p in profiles]}))
+backend.close()
+"""
+
+
+def _imitation(folder: Path) -> Published:
+    """bench.scale_publications' NVIDIA-style devices and counters for GPU 0 of the same
+    machine, from what flexgpu's NVML backend reads there (in a process of its own, on a
+    throwaway state)."""
+    from bench.scale_publications import nvidia_gpu
+    from flexgpu.driver.gpu_model import GpuInfo, MigProfile
+
+    machine = MockMachine.write(folder, json.loads(json.dumps(MACHINE)))
+    done = subprocess.run(
+        [sys.executable, "-c", DUMP_GPU],
+        env={**machine.env(), "PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    read = json.loads(done.stdout)
+    gpu = GpuInfo.model_validate(read["gpu"])
+    profiles = [MigProfile.model_validate(p) for p in read["profiles"]]
+    devices, counters = nvidia_gpu(gpu, profiles)
+    return reduce("nvidia", [{"spec": {"devices": devices, "sharedCounters": [counters]}}])
 
 
 def _republished(api: Any, plugin: TwinPlugin, driver: str, before: Published) -> Published:
@@ -188,6 +230,8 @@ def publications(
                 "flexgpu", _serialized(api, flexgpu.wait_published(api), folder / "flexgpu.json")
             )
             results[configuration.name] = (theirs, ours)
+            if configuration.name == "dynamic":
+                results[IMITATION] = (theirs, _imitation(folder / "imitation"))
             if configuration.name == "static":
                 for machine_copy in (nvidia_machine, flexgpu_machine):
                     for gpu, xid in XIDS:
@@ -207,7 +251,7 @@ def publications(
 def _measured(publications: dict[str, tuple[Published, Published]]) -> dict[RowKey, str]:
     rows: dict[RowKey, str] = {}
     for name, (theirs, ours) in publications.items():
-        if name != HEALTH:
+        if name not in {HEALTH, IMITATION}:
             rows.update(differences(name, theirs, ours))
     # After the Xids: only what changed on the GPUs that had one (the rest is in "static").
     static = {(field, a, b) for configuration, field, a, b in rows if configuration == "static"}
@@ -222,7 +266,7 @@ def test_both_publish_every_gpu_of_the_machine(
     publications: dict[str, tuple[Published, Published]],
 ) -> None:
     for name, (theirs, ours) in publications.items():
-        if name == HEALTH:
+        if name in {HEALTH, IMITATION}:
             continue
         for published in (theirs, ours):
             parents = {key[0] for key in published.devices}
@@ -259,3 +303,31 @@ def test_table_parser_reads_the_document() -> None:
     assert {configuration for configuration, *_ in rows} <= {c.name for c in CONFIGURATIONS} | {
         HEALTH
     }
+
+
+def test_benchmark_imitation_publishes_what_nvidia_does(
+    publications: dict[str, tuple[Published, Published]],
+) -> None:
+    """The scale benchmark's NVIDIA-style slices (bench/scale_publications.py, written from
+    NVIDIA's behaviour) hold, for GPU 0, the devices, capacities, counter consumption and
+    shared counters NVIDIA's plugin publishes under DynamicMIG; attributes are flexgpu's by
+    design there and are not compared."""
+    real, imitation = publications[IMITATION]
+    mine = {key: record for key, record in real.devices.items() if key[0] == 0}
+    assert set(imitation.devices) == set(mine), (
+        f"devices only NVIDIA publishes: {sorted(set(mine) - set(imitation.devices))}; "
+        f"only the imitation: {sorted(set(imitation.devices) - set(mine))}"
+    )
+    wrong = []
+    for key, record in mine.items():
+        copy = imitation.devices[key]
+        for field in sorted(record.keys() | copy.keys()):
+            if field.startswith("attribute ") or field in IMITATION_ALLOWED:
+                continue
+            if record.get(field) != copy.get(field):
+                wrong.append((key, field, record.get(field), copy.get(field)))
+    for field in sorted(real.counter_sets[0].keys() | imitation.counter_sets[0].keys()):
+        theirs, ours = real.counter_sets[0].get(field), imitation.counter_sets[0].get(field)
+        if field not in IMITATION_ALLOWED and theirs != ours:
+            wrong.append(((0, "counters", -1), field, theirs, ours))
+    assert not wrong, f"(device, field, NVIDIA, imitation): {wrong}"
