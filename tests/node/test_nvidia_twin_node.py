@@ -91,7 +91,8 @@ def nvidia_on_node(plugin: RealNode) -> Iterator[Component]:
             "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{NVIDIA_DRIVER}'"}}]},
         }
     )
-    client.CoreV1Api(node.api).create_namespace({"metadata": {"name": NAMESPACE}})
+    core: Any = client.CoreV1Api(node.api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
     try:
         yield component
     finally:
