@@ -191,8 +191,11 @@ def edits(
             results[plugin.label] = _reduce(_edits(folder / "cdi", cdi_ids), tokens)
         yield results["nvidia"], results["flexgpu"]
     finally:
+        resource: Any = client.ResourceV1Api(api)
+        resource.delete_collection_namespaced_resource_claim(NAMESPACE)
         for plugin in (nvidia, flexgpu):
-            plugin.stop()
+            plugin.remove(api)
+        core.delete_namespace(NAMESPACE)
 
 
 def _measured(theirs: Edits, ours: Edits) -> dict[tuple[str, str, str], None]:

@@ -245,7 +245,7 @@ def publications(
         yield results
     finally:
         for plugin in running:
-            plugin.stop()
+            plugin.remove(api)
 
 
 def _measured(publications: dict[str, tuple[Published, Published]]) -> dict[RowKey, str]:

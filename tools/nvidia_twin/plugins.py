@@ -66,6 +66,23 @@ class TwinPlugin:
             self.component.stop()
             self.component = None
 
+    def remove(self, api: Any) -> None:
+        """Stops the plugin and takes its node and slices out of the cluster, so that tests
+        sharing the control plane do not count them."""
+        self.stop()
+        resource: Any = client.ResourceV1Api(api)
+        resource.delete_collection_resource_slice(
+            field_selector=f"spec.driver={self.driver},spec.nodeName={self.node}"
+        )
+        for item in resource.list_resource_slice(field_selector=f"spec.driver={self.driver}").items:
+            if item.spec.node_name is None and item.spec.pool.name == self.node:
+                resource.delete_resource_slice(item.metadata.name)
+        try:
+            client.CoreV1Api(api).delete_node(self.node)
+        except client.ApiException as err:
+            if err.status != 404:  # the other twin of the pair may share it
+                raise
+
     def slices(self, api: Any) -> list[Any]:
         resource: Any = client.ResourceV1Api(api)
         selector = f"spec.driver={self.driver},spec.nodeName={self.node}"
