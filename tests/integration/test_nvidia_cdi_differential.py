@@ -22,6 +22,7 @@ import yaml
 from bench.claims import BenchClaim, allocated_claims
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.nvidia_ctk import tools_dir
+from tests.nvidia_plugin import nvidia_binary
 from tests.nvml_library import MockMachine, library_dir
 from tools.cluster import ControlPlane
 from tools.node import driver_root
@@ -30,7 +31,6 @@ from tools.nvidia_twin import (
     NVIDIA_DRIVER,
     TwinPlugin,
     flexgpu_twin,
-    nvidia_plugin_binary,
     nvidia_twin,
 )
 
@@ -120,7 +120,7 @@ def edits(
 ) -> Iterator[tuple[Edits, Edits]]:
     from kubernetes import client
 
-    binary = nvidia_plugin_binary()
+    binary = nvidia_binary()
     hook = tools_dir() / "nvidia-cdi-hook"
     base = Path(tmp_path_factory.mktemp("nvcdi"))
     root = driver_root.create(base / "driver", GPUS, library_dir() / "libnvidia-ml.so.1").root

@@ -33,6 +33,7 @@ from tests.integration.nvidia_differential import (
     render,
 )
 from tests.nvidia_ctk import tools_dir
+from tests.nvidia_plugin import nvidia_binary
 from tests.nvml_library import MockMachine, library_dir
 from tools.cluster import ControlPlane
 from tools.node import driver_root
@@ -41,7 +42,6 @@ from tools.nvidia_twin import (
     STATIC_GATES,
     TwinPlugin,
     flexgpu_twin,
-    nvidia_plugin_binary,
     nvidia_twin,
 )
 
@@ -189,7 +189,7 @@ def _republished(api: Any, plugin: TwinPlugin, driver: str, before: Published) -
 def publications(
     cluster: ControlPlane, api: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, tuple[Published, Published]]]:
-    binary = nvidia_plugin_binary()
+    binary = nvidia_binary()
     hook = tools_dir() / "nvidia-cdi-hook"
     base = Path(tmp_path_factory.mktemp("nvtwin"))
     root = driver_root.create(base / "driver", GPUS, library_dir() / "libnvidia-ml.so.1").root

@@ -28,10 +28,11 @@ from tests.node.support import (
     wait_report,
 )
 from tests.nvidia_ctk import tools_dir
+from tests.nvidia_plugin import nvidia_binary
 from tools.cluster.process import Component
 from tools.node import configs, namespace, report
 from tools.node.node import RealNode
-from tools.nvidia_twin import NVIDIA_DRIVER, nvidia_plugin_binary
+from tools.nvidia_twin import NVIDIA_DRIVER
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ def nvidia_on_node(plugin: RealNode) -> Iterator[Component]:
     kubelet = node.layout.kubelet_dir
     driver = node.layout.driver_root
     argv = [
-        str(nvidia_plugin_binary()),
+        str(nvidia_binary()),
         f"--node-name={node.name}",
         f"--kubeconfig={_in_node_kubeconfig(node.cluster.kubeconfig, root / 'kubeconfig')}",
         f"--cdi-root={node.layout.cdi_dir}",
