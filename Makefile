@@ -12,9 +12,9 @@ export FLEXGPU_K8S := $(K8S)
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
 .PHONY: setup system-deps test-deps venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
-        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node
+        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node nvidia-driver
 
-setup: system-deps venv control-plane helm-tools nvml-mock nvidia-ctk node
+setup: system-deps venv control-plane helm-tools nvml-mock nvidia-ctk node nvidia-driver
 
 # Debian packages the machine itself needs (the real node's build and namespaces, the package
 # lists its images come from), installed with apt-get when missing: first, so that a fresh
@@ -46,6 +46,12 @@ control-plane:
 nvml-mock:
 	@echo "==> NVML mock library (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvml-mock/build.sh >/dev/null
+
+# NVIDIA's DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu, cgo) for the differential
+# tests against it (docs/nvidia-differential.md). Cold: 10-15 min on 2 cores; warm: instant.
+nvidia-driver:
+	@echo "==> NVIDIA's DRA kubelet plugin (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/nvidia-driver/build.sh >/dev/null
 
 nvidia-ctk:
 	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
@@ -109,11 +115,13 @@ cluster-down: venv
 
 # Benchmarks print figures (percentiles, rates, memory) and explain them; nothing is asserted.
 # prepare_latency runs the plugin beside the upstream reference driver, whose kubelet plugin
-# tools/example-driver/build.sh builds into the same cache (cold: a few minutes on 2 cores).
+# tools/example-driver/build.sh builds into the same cache (cold: a few minutes on 2 cores);
+# nvidia_prepare beside NVIDIA's DRA kubelet plugin (make nvidia-driver, part of setup).
 bench: setup
 	@echo "==> reference DRA driver (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/example-driver/build.sh >/dev/null
 	@$(PY) -m bench.prepare_latency
+	@$(PY) -m bench.nvidia_prepare
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
 

@@ -63,9 +63,10 @@ def _number(value: float, digits: int) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def render(rows: Sequence[Row]) -> str:
-    """A Markdown table, readable as printed and pasteable into the docs."""
-    header = ("figure", "flexgpu", "example", "ratio", "target", "")
+def render(rows: Sequence[Row], reference: str = "example") -> str:
+    """A Markdown table, readable as printed and pasteable into the docs; ``reference`` heads
+    the competitor's column."""
+    header = ("figure", "flexgpu", reference, "ratio", "target", "")
     lines = [header]
     for row in rows:
         lines.append(

@@ -17,6 +17,8 @@ partitions.go, mig.go, driver.go), written from its behaviour, not its code:
   in PCI bus order.
 Devices keep flexgpu's attributes so the same DeviceClasses and claims select them; shared and
 plain whole GPUs are published as flexgpu publishes them (NVIDIA-style only changes MIG).
+tests/integration/test_nvidia_differential.py checks the devices, capacities, counter
+consumption and counter sets against what NVIDIA's plugin v0.4.1 itself publishes.
 """
 
 from __future__ import annotations

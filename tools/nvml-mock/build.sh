@@ -8,7 +8,7 @@ cd "$here"
 
 cache_root=${FLEXGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flexgpu}
 # The key covers everything that changes the library: module pins and our own Go sources.
-key=$(cat go.mod go.sum build.sh $(find . -name '*.go' | LC_ALL=C sort) | sha256sum | cut -c1-12)
+key=$(cat go.mod go.sum build.sh $(find . -name '*.go' -o -name '*.h' | LC_ALL=C sort) | sha256sum | cut -c1-12)
 out="$cache_root/nvml-mock-$key"
 
 if [ -f "$out/.complete" ]; then
@@ -41,7 +41,7 @@ fi
 mkdir -p "$out.tmp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp go.mod go.sum ./*.go "$work/"
+cp go.mod go.sum ./*.go ./*.h "$work/"
 # go-nvml's bindings reference every NVML function; a library loaded with RTLD_NOW (as ctypes
 # loads it) must define them all. Those not implemented here answer FUNCTION_NOT_FOUND (13),
 # what pynvml reports for a function the installed driver lacks.

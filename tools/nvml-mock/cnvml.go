@@ -1,16 +1,13 @@
 package main
 
-// The C types of NVML's own header, and helpers that fill them. The two functions whose header
-// prototypes carry const qualifiers that Go exports cannot spell are renamed out of the way
-// while the header is read; their exports below keep NVML's names and ABI.
+// The C types of NVML's own header, and helpers that fill them. Every file with exports reads
+// the header through nvml_exports.h, which renames the functions whose prototypes carry const
+// qualifiers that Go exports cannot spell; their exports keep NVML's names and ABI.
 
 /*
 #cgo CFLAGS: -DNVML_NO_UNVERSIONED_FUNC_DEFS=1 -Wno-deprecated-declarations
-#define nvmlDeviceCreateGpuInstanceWithPlacement flexgpu_header_nvmlDeviceCreateGpuInstanceWithPlacement
-#define nvmlErrorString flexgpu_header_nvmlErrorString
-#include <nvml.h>
-#undef nvmlDeviceCreateGpuInstanceWithPlacement
-#undef nvmlErrorString
+#cgo CFLAGS: -I${SRCDIR}
+#include "nvml_exports.h"
 */
 import "C"
 
@@ -86,6 +83,7 @@ func fillProfileV2(out *C.nvmlGpuInstanceProfileInfo_v2_t, info nvml.GpuInstance
 var (
 	gpuInstanceProfileInfoV2     = C.uint(unsafe.Sizeof(C.nvmlGpuInstanceProfileInfo_v2_t{})) | 2<<24
 	computeInstanceProfileInfoV2 = C.uint(unsafe.Sizeof(C.nvmlComputeInstanceProfileInfo_v2_t{})) | 2<<24
+	deviceAddressingModeV1       = C.uint(unsafe.Sizeof(C.nvmlDeviceAddressingMode_v1_t{})) | 1<<24
 )
 
 // go-nvml's copy of nvml.h wraps each opaque handle in a struct of one pointer; that struct is

@@ -7,11 +7,8 @@ package main
 
 /*
 #cgo CFLAGS: -DNVML_NO_UNVERSIONED_FUNC_DEFS=1 -Wno-deprecated-declarations
-#define nvmlDeviceCreateGpuInstanceWithPlacement flexgpu_header_nvmlDeviceCreateGpuInstanceWithPlacement
-#define nvmlErrorString flexgpu_header_nvmlErrorString
-#include <nvml.h>
-#undef nvmlDeviceCreateGpuInstanceWithPlacement
-#undef nvmlErrorString
+#cgo CFLAGS: -I${SRCDIR}
+#include "nvml_exports.h"
 */
 import "C"
 

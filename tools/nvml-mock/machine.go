@@ -97,6 +97,9 @@ type machineSpec struct {
 	CudaDriverVersion int         `json:"cudaDriverVersion"`
 	NvLinks           []linkGroup `json:"nvlinks"`
 	NvSwitch          *linkGroup  `json:"nvswitch"`
+	// AddressingMode is the platform's: how system memory is addressable from the GPUs (HMM,
+	// ATS, None). Unset: NVML answers NOT_SUPPORTED, as on a platform that reports none.
+	AddressingMode string `json:"addressingMode"`
 }
 
 // link is one NVLink of a GPU: to another GPU (peer >= 0) or to an NVSwitch (peer < 0).
@@ -121,11 +124,20 @@ func (g *gpu) busID() string { return fmt.Sprintf("%08X:%02X:%02X.0", g.domain, 
 func (g *gpu) busIDLegacy() string { return fmt.Sprintf("%04X:%02X:%02X.0", g.domain, g.bus, g.slot) }
 
 type machine struct {
-	path          string
-	srv           *server.Server
-	gpus          []*gpu
-	driverVersion string
-	cudaVersion   int
+	path           string
+	srv            *server.Server
+	gpus           []*gpu
+	driverVersion  string
+	cudaVersion    int
+	addressingMode *uint32 // nil: not supported on this platform
+}
+
+// addressingModes are the values nvmlDeviceGetAddressingMode reports, by the names nvidia-smi
+// prints for them.
+var addressingModes = map[string]uint32{
+	"None": uint32(nvml.DEVICE_ADDRESSING_MODE_NONE),
+	"HMM":  uint32(nvml.DEVICE_ADDRESSING_MODE_HMM),
+	"ATS":  uint32(nvml.DEVICE_ADDRESSING_MODE_ATS),
 }
 
 func parseBusID(text string) (uint32, uint32, uint32, error) {
@@ -197,6 +209,13 @@ func loadMachine(path string) (*machine, error) {
 	srv.CudaDriverVersion = spec.CudaDriverVersion
 
 	m := &machine{path: absolute, srv: srv, driverVersion: spec.DriverVersion, cudaVersion: spec.CudaDriverVersion}
+	if spec.AddressingMode != "" {
+		mode, ok := addressingModes[spec.AddressingMode]
+		if !ok {
+			return nil, fmt.Errorf("addressingMode %q: allowed values are None, HMM, ATS (or leave it unset: not supported)", spec.AddressingMode)
+		}
+		m.addressingMode = &mode
+	}
 	for i, device := range srv.Devices {
 		d := device.(*server.Device)
 		g := &gpu{device: d, model: models[gpuModels[i]], minor: i, bus: uint32(i + 1)}

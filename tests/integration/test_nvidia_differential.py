@@ -1,0 +1,333 @@
+"""flexgpu's publication against NVIDIA's own DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu
+v0.4.1, tools/nvidia-driver) on the same GPUs: each runs on its own simulated node of the test
+world over the same NVML mock machine (a DGX H100; two of its GPUs in MIG mode with layouts made
+beforehand, as mig-parted leaves them) in the same driver root, and the ResourceSlices each
+publishes are compared device by device — names, attributes, capacities, counter consumption,
+shared counters, MIG profiles and placements, static (NVIDIA's chart's gates) and dynamic
+(NVIDIA's DynamicMIG, flexgpu's --dynamic-mig-gpus=all) — and health: the same Xids injected
+on both machines, and what each then publishes for the GPUs concerned. Every difference must be
+listed with its reason in docs/nvidia-differential.md; an unlisted one, or a listed one that no
+longer exists, fails the test."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.nvidia_differential import (
+    DOC,
+    Published,
+    RowKey,
+    differences,
+    documented,
+    reduce,
+    render,
+)
+from tests.nvidia_ctk import tools_dir
+from tests.nvidia_plugin import nvidia_binary
+from tests.nvml_library import MockMachine, library_dir
+from tools.cluster import ControlPlane
+from tools.node import driver_root
+from tools.nvidia_twin import (
+    DYNAMIC_MIG_GATES,
+    STATIC_GATES,
+    TwinPlugin,
+    flexgpu_twin,
+    nvidia_twin,
+)
+
+pytestmark = pytest.mark.integration
+
+GPUS = 8
+# A DGX H100 as it reports itself on an x86 host with NVIDIA's open kernel modules (HMM on).
+MACHINE: dict[str, Any] = {
+    "machine": "dgxh100",
+    "driverVersion": "580.95.05",
+    "cudaDriverVersion": 13000,
+    "addressingMode": "HMM",
+    "gpus": [
+        {"model": "H100-SXM5-80GB", "pciBusId": f"0000:{0x18 + i:02x}:00.0"} for i in range(GPUS)
+    ],
+    "nvswitch": {"gpus": list(range(GPUS)), "links": 18},
+}
+# mig-parted's "all-1g.10gb" on GPU 6 and "all-balanced" on GPU 7: (profile id, start, size),
+# sizes as NVIDIA's mock tables give them (its 3g spans 3 slices where an H100's spans 4).
+LAYOUTS = {
+    6: [(19, start, 1) for start in range(7)],
+    7: [(9, 4, 3), (14, 0, 2), (19, 2, 1), (19, 3, 1)],
+}
+CREATE_LAYOUT = """
+import json, sys
+from flexgpu.driver.gpu_model import MigPlacement
+from flexgpu.driver.nvml_backend import NvmlBackend
+backend = NvmlBackend()
+for gpu, instances in json.loads(sys.argv[1]).items():
+    for profile, start, size in instances:
+        backend.create_mig_device(int(gpu), profile, MigPlacement(start=start, size=size))
+backend.close()
+"""
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    nvidia_gates: str
+    flexgpu_dynamic_mig: bool
+    mig_layouts: bool
+
+
+CONFIGURATIONS = (
+    Configuration("static", STATIC_GATES, flexgpu_dynamic_mig=False, mig_layouts=True),
+    Configuration("dynamic", DYNAMIC_MIG_GATES, flexgpu_dynamic_mig=True, mig_layouts=False),
+)
+# Health, on the static pair once compared: the same Xids on both machines. 79 (fallen off the
+# bus) is fatal; 13 (a graphics engine exception) is one a workload causes itself.
+HEALTH = "health"
+# bench/scale_publications.py's NVIDIA-style publication, set against the real one.
+IMITATION = "imitation"
+# Where the imitation may differ from NVIDIA's plugin over this mock: NVIDIA counts a GPU's
+# memory slices from its largest placement (7 in NVIDIA's mock, whose 7g spans 0:7), the
+# imitation from the GPU's real count (8 on every GPU the catalog holds).
+IMITATION_ALLOWED = {"consumes memory-slice-7", "counter memory-slice-7"}
+XIDS = ((1, 79), (2, 13))
+CHANGE_TIMEOUT_S = 60.0
+
+
+def _machine(folder: Path, configuration: Configuration) -> MockMachine:
+    description = json.loads(json.dumps(MACHINE))
+    if configuration.mig_layouts:
+        for gpu in LAYOUTS:
+            description["gpus"][gpu]["migEnabled"] = True
+    machine = MockMachine.write(folder, description)
+    if configuration.mig_layouts:
+        # In a process of its own: the library reads its machine at a process's first nvmlInit.
+        subprocess.run(
+            [sys.executable, "-c", CREATE_LAYOUT, json.dumps(LAYOUTS)],
+            env={**machine.env(), "PATH": "/usr/bin:/bin"},
+            check=True,
+            timeout=120,
+        )
+    return machine
+
+
+def _own_copy(machine: MockMachine, folder: Path) -> MockMachine:
+    """The same machine with its own state file, MIG UUIDs included: what one plugin changes
+    the other does not see, as on two identical nodes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = folder / "nvml-state.json"
+    if machine.state_path.exists():
+        shutil.copy2(machine.state_path, state)
+    return MockMachine(config_path=machine.config_path, state_path=state)
+
+
+def _serialized(api: Any, slices: list[Any], keep: Path | None = None) -> list[dict[str, Any]]:
+    """The slices as the API serves them; ``keep`` stores them for a person to read."""
+    served = [api.sanitize_for_serialization(item) for item in slices]
+    if keep is not None:
+        keep.write_text(json.dumps(served, indent=1, sort_keys=True))
+    return served
+
+
+DUMP_GPU = """
+import json, sys
+from flexgpu.driver.nvml_backend import NvmlBackend
+backend = NvmlBackend()
+backend.set_mig_mode(0, True)  # NVML lists MIG profiles only with MIG mode on
+gpu = backend.list_gpus()[0]
+profiles = backend.mig_profiles(0)
+print(json.dumps({"gpu": gpu.model_dump(mode="json"),
+                  "profiles": [p.model_dump(mode="json") for p in profiles]}))
+backend.close()
+"""
+
+
+def _imitation(folder: Path) -> Published:
+    """bench.scale_publications' NVIDIA-style devices and counters for GPU 0 of the same
+    machine, from what flexgpu's NVML backend reads there (in a process of its own, on a
+    throwaway state)."""
+    from bench.scale_publications import nvidia_gpu
+    from flexgpu.driver.gpu_model import GpuInfo, MigProfile
+
+    machine = MockMachine.write(folder, json.loads(json.dumps(MACHINE)))
+    done = subprocess.run(
+        [sys.executable, "-c", DUMP_GPU],
+        env={**machine.env(), "PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    read = json.loads(done.stdout)
+    gpu = GpuInfo.model_validate(read["gpu"])
+    profiles = [MigProfile.model_validate(p) for p in read["profiles"]]
+    devices, counters = nvidia_gpu(gpu, profiles)
+    return reduce("nvidia", [{"spec": {"devices": devices, "sharedCounters": [counters]}}])
+
+
+def _republished(api: Any, plugin: TwinPlugin, driver: str, before: Published) -> Published:
+    """The plugin's publication once it changed after the injected Xids (and settled), or as
+    it stands after CHANGE_TIMEOUT_S when it does not change: not reacting is a result too."""
+    deadline = time.monotonic() + CHANGE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        now = reduce(driver, _serialized(api, plugin.slices(api)))
+        if now.devices != before.devices or now.counter_sets != before.counter_sets:
+            break
+        time.sleep(0.5)
+    return reduce(driver, _serialized(api, plugin.wait_published(api)))
+
+
+@pytest.fixture(scope="module")
+def publications(
+    cluster: ControlPlane, api: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[Published, Published]]]:
+    binary = nvidia_binary()
+    hook = tools_dir() / "nvidia-cdi-hook"
+    base = Path(tmp_path_factory.mktemp("nvtwin"))
+    root = driver_root.create(base / "driver", GPUS, library_dir() / "libnvidia-ml.so.1").root
+    results: dict[str, tuple[Published, Published]] = {}
+    running: list[TwinPlugin] = []
+    try:
+        for configuration in CONFIGURATIONS:
+            folder = base / configuration.name
+            machine = _machine(folder / "machine", configuration)
+            nvidia_machine = _own_copy(machine, folder / "nvidia-state")
+            flexgpu_machine = _own_copy(machine, folder / "flexgpu-state")
+            nvidia = nvidia_twin(
+                binary,
+                f"nv-{configuration.name}",
+                folder / "nvidia",
+                cluster.kubeconfig,
+                driver_root=root,
+                cdi_hook=hook,
+                machine_env=nvidia_machine.env(),
+                feature_gates=configuration.nvidia_gates,
+            )
+            flexgpu = flexgpu_twin(
+                f"fg-{configuration.name}",
+                folder / "flexgpu",
+                cluster.kubeconfig,
+                driver_root=root,
+                cdi_hook=hook,
+                machine_env=flexgpu_machine.env(),
+                dynamic_mig=configuration.flexgpu_dynamic_mig,
+            )
+            for plugin in (nvidia, flexgpu):
+                running.append(plugin)
+                plugin.start(api)
+            theirs = reduce(
+                "nvidia", _serialized(api, nvidia.wait_published(api), folder / "nvidia.json")
+            )
+            ours = reduce(
+                "flexgpu", _serialized(api, flexgpu.wait_published(api), folder / "flexgpu.json")
+            )
+            results[configuration.name] = (theirs, ours)
+            if configuration.name == "dynamic":
+                results[IMITATION] = (theirs, _imitation(folder / "imitation"))
+            if configuration.name == "static":
+                for machine_copy in (nvidia_machine, flexgpu_machine):
+                    for gpu, xid in XIDS:
+                        machine_copy.inject_xid(gpu, xid)
+                results[HEALTH] = (
+                    _republished(api, nvidia, "nvidia", theirs),
+                    _republished(api, flexgpu, "flexgpu", ours),
+                )
+            for plugin in (nvidia, flexgpu):
+                plugin.stop()
+        yield results
+    finally:
+        for plugin in running:
+            plugin.remove(api)
+
+
+def _measured(publications: dict[str, tuple[Published, Published]]) -> dict[RowKey, str]:
+    rows: dict[RowKey, str] = {}
+    for name, (theirs, ours) in publications.items():
+        if name not in {HEALTH, IMITATION}:
+            rows.update(differences(name, theirs, ours))
+    # After the Xids: only what changed on the GPUs that had one (the rest is in "static").
+    static = {(field, a, b) for configuration, field, a, b in rows if configuration == "static"}
+    theirs, ours = publications[HEALTH]
+    for key, kinds in differences(HEALTH, theirs, ours, {gpu for gpu, _ in XIDS}).items():
+        if key[1:] not in static:
+            rows[key] = kinds
+    return rows
+
+
+def test_both_publish_every_gpu_of_the_machine(
+    publications: dict[str, tuple[Published, Published]],
+) -> None:
+    for name, (theirs, ours) in publications.items():
+        if name in {HEALTH, IMITATION}:
+            continue
+        for published in (theirs, ours):
+            parents = {key[0] for key in published.devices}
+            assert parents == set(range(GPUS)), f"{name}: devices of GPUs {sorted(parents)}"
+    # NVIDIA's plugin sees the static layouts, placement for placement (what flexgpu
+    # publishes for those GPUs is in the table).
+    theirs, _ = publications["static"]
+    for gpu, instances in LAYOUTS.items():
+        wanted = sorted(start for _, start, _ in instances)
+        starts = sorted(key[2] for key in theirs.devices if key[0] == gpu)
+        assert starts == wanted, f"GPU {gpu}: NVIDIA's MIG devices at {starts}"
+
+
+def test_publications_differ_only_where_documented(
+    publications: dict[str, tuple[Published, Published]],
+) -> None:
+    measured = _measured(publications)
+    listed = documented()
+    unlisted = {key: kinds for key, kinds in measured.items() if key not in listed}
+    stale = sorted(key for key in listed if key not in measured)
+    assert not unlisted and not stale, (
+        f"{DOC.name} is out of date.\nunlisted differences (measured):\n{render(unlisted)}\n"
+        f"listed but no longer measured: {stale}"
+    )
+    for key, kinds in measured.items():
+        row = listed[key]
+        assert row.devices == kinds, f"{key}: concerns {kinds}, the table says {row.devices}"
+        assert row.reason, f"{key}: the table must give the reason for the difference"
+
+
+def test_table_parser_reads_the_document() -> None:
+    rows = documented()
+    assert rows, f"{DOC.name} has no rows between the markers"
+    assert {configuration for configuration, *_ in rows} <= {c.name for c in CONFIGURATIONS} | {
+        HEALTH
+    }
+
+
+def test_benchmark_imitation_publishes_what_nvidia_does(
+    publications: dict[str, tuple[Published, Published]],
+) -> None:
+    """The scale benchmark's NVIDIA-style slices (bench/scale_publications.py, written from
+    NVIDIA's behaviour) hold, for GPU 0, the devices, capacities, counter consumption and
+    shared counters NVIDIA's plugin publishes under DynamicMIG; attributes are flexgpu's by
+    design there and are not compared."""
+    real, imitation = publications[IMITATION]
+    mine = {key: record for key, record in real.devices.items() if key[0] == 0}
+    assert set(imitation.devices) == set(mine), (
+        f"devices only NVIDIA publishes: {sorted(set(mine) - set(imitation.devices))}; "
+        f"only the imitation: {sorted(set(imitation.devices) - set(mine))}"
+    )
+    wrong = []
+    for key, record in mine.items():
+        copy = imitation.devices[key]
+        for field in sorted(record.keys() | copy.keys()):
+            if field.startswith("attribute ") or field in IMITATION_ALLOWED:
+                continue
+            if record.get(field) != copy.get(field):
+                wrong.append((key, field, record.get(field), copy.get(field)))
+    for field in sorted(real.counter_sets[0].keys() | imitation.counter_sets[0].keys()):
+        theirs, ours = real.counter_sets[0].get(field), imitation.counter_sets[0].get(field)
+        if field not in IMITATION_ALLOWED and theirs != ours:
+            wrong.append(((0, "counters", -1), field, theirs, ours))
+    assert not wrong, f"(device, field, NVIDIA, imitation): {wrong}"
