@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from bench.claims import BenchClaim, allocated_claims
-from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2, dra_pb2_grpc
+from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
+from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
 from tests.nvidia_ctk import tools_dir
 from tests.nvidia_plugin import nvidia_binary
 from tests.nvml_library import MockMachine, library_dir
