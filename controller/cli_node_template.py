@@ -72,7 +72,7 @@ def counters_in_own_slice(version: str | None) -> bool:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        topology = load_topology(args.topology)
+        topology = load_topology(Path(args.topology_file) if args.topology_file else args.topology)
     except TopologyError as err:
         raise CliError(str(err)) from None
     count = len(topology.gpus)
@@ -111,11 +111,16 @@ def add_node_template(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
             "--dynamic-mig-gpus and the GpuNodePolicy that selects the node's group."
         ),
     )
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
         "--topology",
-        required=True,
         metavar="NAME|PATH",
         help=f"the node's GPUs: {', '.join(builtin_topology_names())} or a topology YAML file",
+    )
+    which.add_argument(
+        "--topology-file",
+        metavar="PATH",
+        help="the node's GPUs from a topology YAML file (the format of driver/topologies)",
     )
     parser.add_argument(
         "--shared-gpus", metavar="all|I,J", help="GPUs published as fractions (the plugin's flag)"

@@ -1,0 +1,153 @@
+"""``flexgpu node-template``: the plugin's flags and a GpuNodePolicy file in, a template in
+either autoscaler's shape out as YAML or JSON; bad input ends with one line naming the flag,
+the value and what is allowed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flexgpu.controller import cli
+from flexgpu.controller.cli_options import ExitCode
+
+POLICY = """
+apiVersion: flexgpu.dev/v1alpha1
+kind: GpuNodePolicy
+metadata: {name: split}
+spec:
+  gpus:
+    - selector: {indices: [0]}
+      mode: MIG
+      migLayout: {"3g.40gb": 2}
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["node-template", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def devices(document: dict[str, Any]) -> list[str]:
+    return [d["name"] for item in document["items"] for d in item["spec"].get("devices") or []]
+
+
+def test_default_is_cluster_autoscaler_slices_as_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--topology", "l4-2-pcie")
+    assert code == ExitCode.OK
+    document = yaml.safe_load(out)
+    assert document["kind"] == "List"
+    assert devices(document) == ["gpu-0", "gpu-1"]
+
+
+def test_flags_as_the_plugin_takes_them(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "--topology", "hgx-h100-8", "--shared-gpus", "0,1", "--dynamic-mig-gpus", "7"
+    )
+    assert code == ExitCode.OK
+    document = yaml.safe_load(out)
+    items = {d["name"]: d for item in document["items"] for d in item["spec"].get("devices") or []}
+    assert items["gpu-0"]["allowMultipleAllocations"] is True
+    assert "gpu-7-mig-1g10gb-0" in items
+    assert document["items"][0]["spec"]["sharedCounters"][0]["name"] == "gpu-7"
+
+
+def test_policy_file_and_topology_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    topology = Path(__file__).parents[3] / "driver" / "topologies" / "hgx-h100-8.yaml"
+    code, out, _ = run(
+        capsys, "--topology-file", str(topology), "--policy", str(policy), "-o", "json"
+    )
+    assert code == ExitCode.OK
+    names = devices(json.loads(out))
+    assert names[:2] == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-3g40gb-4"] and "gpu-0" not in names
+
+
+def test_karpenter_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--topology", "hgx-h100-8", "--format", "karpenter")
+    assert code == ExitCode.OK
+    document = yaml.safe_load(out)
+    assert set(document) == {"resourceSliceTemplates", "attributeBindings"}
+    (only,) = document["resourceSliceTemplates"]
+    assert "uuid" not in only["devices"][0]["attributes"]
+    (nvlink,) = document["attributeBindings"]
+    assert nvlink["attribute"] == "gpu.flexgpu.dev/nvlinkDomain" and len(nvlink["devices"]) == 8
+
+
+def test_before_1_35_counters_travel_with_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "--topology", "h200-4", "--dynamic-mig-gpus", "all", "--kubernetes-version", "1.34"
+    )
+    assert code == ExitCode.OK
+    for item in yaml.safe_load(out)["items"]:
+        assert item["spec"]["devices"], "each counter set in the slice of its devices"
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (
+            ["--topology", "l4-2-pcie", "--shared-gpus", "0;1"],
+            ExitCode.USAGE,
+            "--shared-gpus '0;1': allowed: \"all\" or comma-separated GPU indices",
+        ),
+        (
+            ["--topology", "l4-2-pcie", "--dynamic-mig-gpus", "3"],
+            ExitCode.USAGE,
+            "--dynamic-mig-gpus '3': GPU 3 is not on this topology (2 GPUs: 0..1)",
+        ),
+        (
+            ["--topology", "l4-2-pcie", "--dynamic-mig-gpus", "0", "--shared-gpus", "0"],
+            ExitCode.FAILED,
+            "GPU 0 is both shared and dynamic MIG",
+        ),
+        (["--topology", "dgx-z9"], ExitCode.FAILED, "unknown topology 'dgx-z9'; built-in"),
+        (
+            ["--topology", "l4-2-pcie", "--kubernetes-version", "2.0"],
+            ExitCode.USAGE,
+            "--kubernetes-version '2.0': allowed: a release such as 1.34",
+        ),
+        (
+            ["--topology", "l4-2-pcie", "--format", "karpenter", "--kubernetes-version", "1.34"],
+            ExitCode.USAGE,
+            "--kubernetes-version must be 1.35 or later",
+        ),
+        (
+            ["--topology", "l4-2-pcie", "--policy", "/nonexistent/policy.yaml"],
+            ExitCode.FAILED,
+            "--policy /nonexistent/policy.yaml: cannot read it",
+        ),
+    ],
+)
+def test_bad_input_names_the_flag_and_what_is_allowed(
+    capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    got, out, err = run(capsys, *argv)
+    assert got == code
+    assert out == ""
+    assert message in err and err.count("\n") == 1
+
+
+def test_an_invalid_policy_names_its_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.replace("mode: MIG", "mode: Sliced"))
+    code, out, err = run(capsys, "--topology", "l4-2-pcie", "--policy", str(policy))
+    assert code == ExitCode.FAILED and out == ""
+    assert f"--policy {policy}:" in err and "spec.gpus[0].mode" in err
+
+
+def test_a_layout_the_gpu_cannot_hold_fails_naming_the_gpu(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.replace('"3g.40gb": 2', '"3g.40gb": 3'))
+    code, out, err = run(capsys, "--topology", "hgx-h100-8", "--policy", str(policy))
+    assert code == ExitCode.FAILED and out == ""
+    assert "GPU 0: migLayout:" in err
