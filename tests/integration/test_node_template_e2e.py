@@ -38,7 +38,7 @@ LABEL = "flexgpu.dev/template-test"
 
 def published_specs(api: Any, node: str) -> list[dict[str, Any]]:
     """The node's slices as the API server returns them (raw JSON), in the plugin's order."""
-    response = client.ResourceV1Api(api).list_resource_slice(
+    response: Any = client.ResourceV1Api(api).list_resource_slice(
         field_selector=f"spec.nodeName={node},spec.driver={DRIVER}", _preload_content=False
     )
     items = json.loads(response.data)["items"]
