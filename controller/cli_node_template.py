@@ -1,6 +1,7 @@
 """``flexgpu node-template``: the ResourceSlices the kubelet plugin would publish on a node of
 a GPU topology and policy, for autoscalers that provision nodes for pending DRA claims
-(cluster-autoscaler's template slices, Karpenter's ResourceSliceTemplates). Needs no cluster.
+(cluster-autoscaler's template slices, Karpenter's ResourceSliceTemplates). Needs no cluster;
+``--compare-node`` checks a running node of the group against the template instead.
 """
 
 from __future__ import annotations
@@ -11,11 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
-from flexgpu.controller.cli_options import CliError, ExitCode, emit
+from flexgpu.controller.cli_options import CliError, ExitCode, call, connect, emit
 from flexgpu.driver.autoscaler_shapes import FORMATS, render_shape
+from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.node_policy import GpuNodePolicy, NodePolicyError, parse_node_policy
-from flexgpu.driver.node_template import TemplateError, TemplatePolicy, render_node_template
+from flexgpu.driver.node_template import (
+    NodeTemplate,
+    TemplateError,
+    TemplatePolicy,
+    render_node_template,
+)
+from flexgpu.driver.template_check import current_pool, template_differences
 from flexgpu.driver.topology import TopologyError, builtin_topology_names, load_topology
 
 # Kubernetes 1.35 moved shared counters into slices of their own (driver.resource_slice).
@@ -93,8 +102,34 @@ def _run(args: argparse.Namespace) -> int:
         template = render_node_template(topology, policy, counters_in_own_slice=own_slice)
     except TemplateError as err:
         raise CliError(str(err)) from None
+    if args.compare_node:
+        return compare_node(args, template)
     emit(render_shape(template, args.format), args.output)
     return ExitCode.OK
+
+
+def compare_node(args: argparse.Namespace, template: NodeTemplate) -> int:
+    """Exit 0 when the node publishes the template, 5 (a check failed) with every difference."""
+    node = args.compare_node
+    connection = connect(args)
+    listing = call(
+        connection,
+        f"list the ResourceSlices of node {node}",
+        client.ResourceV1Api(connection.api).list_resource_slice,
+        field_selector=f"spec.nodeName={node},spec.driver={DRIVER_NAME}",
+    )
+    published = current_pool(listing.get("items") or [])
+    if not published:
+        raise CliError(f"node {node} publishes no {DRIVER_NAME} ResourceSlices")
+    found = template_differences(template, published, node)
+    if not found:
+        devices = sum(len(s.get("devices") or []) for s in published)
+        print(f"node {node} publishes the template: {len(published)} slices, {devices} devices")
+        return ExitCode.OK
+    print(f"node {node} differs from the template in {len(found)} places:")
+    for line in found:
+        print(f"  {line}")
+    return ExitCode.CHECK_FAILED
 
 
 def add_node_template(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -156,4 +191,15 @@ def add_node_template(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "(default: 1.35 or later)",
     )
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    check = parser.add_argument_group("check a running node")
+    check.add_argument(
+        "--compare-node",
+        metavar="NODE",
+        help="instead of printing the template, compare it with what NODE publishes now: "
+        "exit 0 when equal (placeholders aside), 5 with each difference",
+    )
+    check.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)"
+    )
+    check.add_argument("--context", help="kubeconfig context to use (default: the current one)")
     parser.set_defaults(handler=_run)

@@ -1,9 +1,10 @@
 """A node template is what the plugin publishes: for whole, shared, static MIG and on-demand
 MIG GPUs, the kubelet plugin runs on a simulated node of the topology, its ResourceSlices are
-read back from the API server, and each is compared field by field with the template. Only the
-placeholders may differ, and they must stand for the node's values consistently: one
-placeholder for one runtime value, different placeholders for different values (so an
-autoscaler's matchAttribute simulation groups devices as the node does)."""
+read back from the API server, and each is compared field by field with the template
+(``driver.template_check``). Only the placeholders may differ, and they must stand for the
+node's values consistently: one placeholder for one runtime value, different placeholders for
+different values (so an autoscaler's matchAttribute simulation groups devices as the node
+does). ``flexgpu node-template --compare-node`` is checked against the same nodes."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from flexgpu.controller import cli
+from flexgpu.controller.cli_options import ExitCode
 from flexgpu.driver.autoscaler_shapes import cluster_autoscaler_slices
 from flexgpu.driver.names import CRD_GROUP
 from flexgpu.driver.node_policy import parse_node_policy
 from flexgpu.driver.node_template import (
-    NODE_NAME_PLACEHOLDER,
     NodeTemplate,
     TemplatePolicy,
     is_placeholder,
     render_node_template,
 )
+from flexgpu.driver.template_check import current_pool, template_differences
 from flexgpu.driver.topology import load_topology
 from tests.conftest import wait_for
 from tests.integration.conftest import running_gpu_node
@@ -37,62 +40,25 @@ LABEL = "flexgpu.dev/template-test"
 
 
 def published_specs(api: Any, node: str) -> list[dict[str, Any]]:
-    """The node's slices as the API server returns them (raw JSON), in the plugin's order."""
+    """The node's current slices as the API server returns them (raw JSON), in plugin order."""
     response: Any = client.ResourceV1Api(api).list_resource_slice(
         field_selector=f"spec.nodeName={node},spec.driver={DRIVER}", _preload_content=False
     )
-    items = json.loads(response.data)["items"]
-    # Slice names end in their position: <node>-gpu.flexgpu.dev-<i>.
-    items.sort(key=lambda item: int(item["metadata"]["name"].rsplit("-", 1)[1]))
-    return [item["spec"] for item in items]
-
-
-class Placeholders:
-    """Placeholder <-> runtime value, both ways one-to-one."""
-
-    def __init__(self, node: str) -> None:
-        self.value: dict[str, Any] = {NODE_NAME_PLACEHOLDER: node}
-        self.token: dict[Any, str] = {node: NODE_NAME_PLACEHOLDER}
-
-    def bind(self, placeholder: str, real: Any, path: str) -> list[str]:
-        known = self.value.setdefault(placeholder, real)
-        if known != real:
-            return [f"{path}: {placeholder} stands for {known!r} elsewhere, here for {real!r}"]
-        other = self.token.setdefault(real, placeholder)
-        if other != placeholder:
-            return [f"{path}: {real!r} is {other} elsewhere, here {placeholder}"]
-        return []
-
-
-def differences(template: Any, real: Any, path: str, placeholders: Placeholders) -> list[str]:
-    if is_placeholder(template):
-        return placeholders.bind(template, real, path)
-    if isinstance(template, dict) and isinstance(real, dict):
-        found = [f"{path}.{k}: only in the template" for k in template.keys() - real.keys()]
-        found += [f"{path}.{k}: only on the node" for k in real.keys() - template.keys()]
-        for key in template.keys() & real.keys():
-            found += differences(template[key], real[key], f"{path}.{key}", placeholders)
-        return found
-    if isinstance(template, list) and isinstance(real, list):
-        if len(template) != len(real):
-            return [f"{path}: {len(template)} entries in the template, {len(real)} on the node"]
-        found = []
-        for i, (t, r) in enumerate(zip(template, real, strict=True)):
-            name = t.get("name", i) if isinstance(t, dict) else i
-            found += differences(t, r, f"{path}[{name}]", placeholders)
-        return found
-    return [] if template == real else [f"{path}: template {template!r}, node {real!r}"]
+    return current_pool(json.loads(response.data)["items"])
 
 
 def assert_template_matches(template: NodeTemplate, specs: list[dict[str, Any]]) -> None:
-    assert len(template.specs) == len(specs), (len(template.specs), len(specs))
-    placeholders = Placeholders(NODE)
-    found: list[str] = []
-    for i, (mine, published) in enumerate(zip(template.specs, specs, strict=True)):
-        # The generation counts the node's own republishes: runtime-only, a template says 1.
-        pool = {**published["pool"], "generation": mine["pool"]["generation"]}
-        found += differences(mine, {**published, "pool": pool}, f"slice[{i}]", placeholders)
+    found = template_differences(template, specs, NODE)
     assert not found, "\n".join(found[:40])
+    # Every placeholder was bound to a value of the node (none left unchecked).
+    tokens = {
+        v["string"]
+        for spec in template.specs
+        for d in spec.get("devices") or []
+        for v in d["attributes"].values()
+        if is_placeholder(v.get("string"))
+    }
+    assert tokens and tokens <= set(template.placeholders)
     # The cluster-autoscaler shape carries the same specs.
     shaped = cluster_autoscaler_slices(template)["items"]
     assert [item["spec"] for item in shaped] == template.specs
@@ -138,6 +104,11 @@ def test_template_is_what_the_plugin_publishes(
             what="the node's complete pool",
         )
         assert_template_matches(template, specs)
+        # The command says the same of the node, and tells a template of another policy apart.
+        command = ["node-template", "--topology", topology, "--kubeconfig", str(cluster.kubeconfig)]
+        assert cli.main([*command, *plugin_args, "--compare-node", NODE]) == ExitCode.OK
+        other = [*command, "--dynamic-mig-gpus=1", "--compare-node", NODE]
+        assert cli.main(other) == ExitCode.CHECK_FAILED
 
 
 STATIC_MIG_POLICY: dict[str, Any] = {

@@ -151,3 +151,26 @@ def test_a_layout_the_gpu_cannot_hold_fails_naming_the_gpu(
     code, out, err = run(capsys, "--topology", "hgx-h100-8", "--policy", str(policy))
     assert code == ExitCode.FAILED and out == ""
     assert "GPU 0: migLayout:" in err
+
+
+def test_compare_node_with_an_unreachable_server_fails_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]\n'
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    code, out, err = run(
+        capsys,
+        "--topology",
+        "l4-2-pcie",
+        "--compare-node",
+        "gpu-a",
+        "--kubeconfig",
+        str(kubeconfig),
+    )
+    assert code == ExitCode.FAILED and out == ""
+    assert "cannot reach the API server at https://127.0.0.1:1" in err and err.count("\n") == 1
