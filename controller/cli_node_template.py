@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,12 @@ from kubernetes import client
 from flexgpu.controller.cli_options import CliError, ExitCode, call, connect, emit
 from flexgpu.driver.autoscaler_shapes import FORMATS, render_shape
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.driver.node_policy import GpuNodePolicy, NodePolicyError, parse_node_policy
+from flexgpu.driver.node_policy import (
+    GpuNodePolicy,
+    NodePolicyError,
+    parse_node_policy,
+    select_policy,
+)
 from flexgpu.driver.node_template import (
     NodeTemplate,
     TemplateError,
@@ -67,6 +73,44 @@ def read_policy(path: str) -> GpuNodePolicy:
         raise CliError(f"--policy {path}: {err}") from None
 
 
+def node_labels(values: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for value in values:
+        key, equals, label = value.partition("=")
+        if not equals or not key:
+            raise CliError(
+                f"--node-label {value!r}: allowed: KEY=VALUE, e.g. "
+                "node.kubernetes.io/instance-type=p5.48xlarge",
+                ExitCode.USAGE,
+            )
+        labels[key] = label
+    return labels
+
+
+def choose_policy(paths: list[str], labels: list[str]) -> GpuNodePolicy | None:
+    """The policy that applies to the group's nodes, chosen as the plugin chooses it (the
+    highest priority of those whose nodeSelector selects the labels; a tie applies none)."""
+    policies = [read_policy(path) for path in paths]
+    if not labels:
+        if len(policies) > 1:
+            raise CliError(
+                f"--policy given {len(policies)} times: name the group's node labels with "
+                "--node-label KEY=VALUE so the policy that applies is chosen as on the node",
+                ExitCode.USAGE,
+            )
+        return policies[0] if policies else None
+    choice = select_policy(policies, node_labels(labels))
+    if choice.is_conflict:
+        raise CliError(choice.conflict_message("of this group"))
+    if choice.policy is None and policies:
+        names = ", ".join(p.name for p in policies)
+        print(
+            f"flexgpu: no policy ({names}) selects these node labels; the flags alone apply",
+            file=sys.stderr,
+        )
+    return choice.policy
+
+
 def counters_in_own_slice(version: str | None) -> bool:
     if version is None:
         return True
@@ -88,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     policy = TemplatePolicy(
         shared=gpu_indices("--shared-gpus", args.shared_gpus, count),
         dynamic_mig=gpu_indices("--dynamic-mig-gpus", args.dynamic_mig_gpus, count),
-        policy=read_policy(args.policy) if args.policy else None,
+        policy=choose_policy(args.policy or [], args.node_label or []),
         mig_switch_needs_reset=args.mig_mode_needs_reset,
     )
     own_slice = counters_in_own_slice(args.kubernetes_version)
@@ -168,8 +212,17 @@ def add_node_template(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument(
         "--policy",
         metavar="FILE",
+        action="append",
         help="a GpuNodePolicy (YAML) that selects the node: its modes and static MIG layouts "
-        "override the flags for the GPUs it selects",
+        "override the flags for the GPUs it selects. Repeat it with --node-label to have the "
+        "one that applies chosen as on the node (priority, then a tie applies none)",
+    )
+    parser.add_argument(
+        "--node-label",
+        metavar="KEY=VALUE",
+        action="append",
+        help="a label every node of the group carries (repeatable): only a policy whose "
+        "nodeSelector selects them applies",
     )
     parser.add_argument(
         "--mig-mode-needs-reset",

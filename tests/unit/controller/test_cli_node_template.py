@@ -174,3 +174,64 @@ def test_compare_node_with_an_unreachable_server_fails_in_one_line(
     )
     assert code == ExitCode.FAILED and out == ""
     assert "cannot reach the API server at https://127.0.0.1:1" in err and err.count("\n") == 1
+
+
+def policy_file(tmp_path: Path, name: str, priority: int, layout: str, pool: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        POLICY.replace("name: split", f"name: {name}")
+        .replace('"3g.40gb": 2', layout)
+        .replace(
+            "spec:\n",
+            f"spec:\n  priority: {priority}\n  nodeSelector: {{matchLabels: {{pool: {pool}}}}}\n",
+        )
+    )
+    return str(path)
+
+
+def test_of_several_policies_the_one_the_node_would_apply_is_used(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    low = policy_file(tmp_path, "low", 1, '"3g.40gb": 2', "gpu")
+    high = policy_file(tmp_path, "high", 5, '"1g.10gb": 7', "gpu")
+    other = policy_file(tmp_path, "other", 9, '"7g.80gb": 1', "cpu")
+    argv = ["--topology", "hgx-h100-8", "--policy", low, "--policy", high, "--policy", other]
+    code, out, _ = run(capsys, *argv, "--node-label", "pool=gpu")
+    assert code == ExitCode.OK
+    names = devices(yaml.safe_load(out))
+    assert "gpu-0-mig-1g10gb-0" in names and "gpu-0-mig-3g40gb-0" not in names
+
+    code, out, err = run(capsys, *argv)
+    assert code == ExitCode.USAGE and out == ""
+    assert "--policy given 3 times: name the group's node labels with --node-label" in err
+
+    code, out, err = run(capsys, *argv, "--node-label", "pool=tpu")
+    assert code == ExitCode.OK
+    assert "no policy (low, high, other) selects these node labels" in err
+    assert devices(yaml.safe_load(out))[0] == "gpu-0"
+
+
+def test_policies_tied_at_the_top_apply_none_and_the_command_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    one = policy_file(tmp_path, "one", 3, '"3g.40gb": 2', "gpu")
+    two = policy_file(tmp_path, "two", 3, '"1g.10gb": 7', "gpu")
+    code, out, err = run(
+        capsys,
+        "--topology",
+        "hgx-h100-8",
+        "--policy",
+        one,
+        "--policy",
+        two,
+        "--node-label",
+        "pool=gpu",
+    )
+    assert code == ExitCode.FAILED and out == ""
+    assert "policies one, two all select node of this group with priority 3" in err
+
+
+def test_a_node_label_without_a_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--topology", "l4-2-pcie", "--node-label", "pool")
+    assert code == ExitCode.USAGE
+    assert "--node-label 'pool': allowed: KEY=VALUE" in err
