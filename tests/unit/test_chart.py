@@ -594,3 +594,15 @@ def test_plugin_probes_ask_the_plugin_over_http(helm: Path) -> None:
     off = _pod_templates(render(helm, "kubeletPlugin.healthPort=0"))["DaemonSet"]["spec"]
     plugin = off["containers"][0]
     assert "exec" in plugin["livenessProbe"] and "readinessProbe" not in plugin
+
+
+def test_namespace_override_moves_every_namespaced_object(helm: Path) -> None:
+    """namespaceOverride puts every namespaced object, and every reference to the namespace
+    (ServiceAccount usernames in the admission policies, the webhook Service, the controller's
+    flags), into that namespace instead of the release's."""
+    docs = render(helm, "namespaceOverride=gpu-system")
+    namespaced = [d for d in docs if "namespace" in d["metadata"]]
+    assert namespaced and {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
+    text = yaml.safe_dump_all(docs)
+    assert "flexgpu-system" not in text
+    assert "system:serviceaccount:gpu-system:t-flexgpu-kubelet-plugin" in text

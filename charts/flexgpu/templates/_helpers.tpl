@@ -1,3 +1,8 @@
+{{/* The namespace every namespaced object goes to: namespaceOverride, else the release's. */}}
+{{- define "flexgpu.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
 {{/* Common names and labels. */}}
 {{- define "flexgpu.name" -}}
 {{- default "flexgpu" .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
@@ -75,10 +80,10 @@ to install, instead of a failed install halfway (helm template: pass --api-versi
 
 {{/* The username the apiserver gives each ServiceAccount (admission policies match on it). */}}
 {{- define "flexgpu.pluginUser" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ include "flexgpu.pluginServiceAccount" . }}
+system:serviceaccount:{{ include "flexgpu.namespace" . }}:{{ include "flexgpu.pluginServiceAccount" . }}
 {{- end -}}
 {{- define "flexgpu.controllerUser" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ include "flexgpu.controllerServiceAccount" . }}
+system:serviceaccount:{{ include "flexgpu.namespace" . }}:{{ include "flexgpu.controllerServiceAccount" . }}
 {{- end -}}
 
 {{/* MPS daemons as pods need the driver root (their program comes from it). */}}

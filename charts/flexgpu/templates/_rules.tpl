@@ -13,7 +13,7 @@ groups:
       - alert: FlexgpuKubeletPluginDown
         # kube-state-metrics: a GPU node where the plugin pod is not ready.
         expr: >-
-          kube_daemonset_status_number_unavailable{namespace="{{ .Release.Namespace }}",
+          kube_daemonset_status_number_unavailable{namespace="{{ include "flexgpu.namespace" . }}",
           daemonset="{{ include "flexgpu.pluginName" . }}"} > 0
         for: 10m
         labels: {severity: warning}
