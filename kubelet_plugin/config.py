@@ -7,6 +7,7 @@ setting, the offending value and what is allowed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from flexgpu.driver.quantity import parse_quantity
 from flexgpu.kubelet_plugin.api_limits import DEFAULT_BURST, DEFAULT_QPS
 from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
@@ -48,6 +50,30 @@ _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 class ConfigError(ValueError):
     """A setting was missing or had a value outside what is allowed."""
+
+
+class MpsResources(BaseModel):
+    """An MPS daemon pod's container resources: resource name -> quantity, as a pod says it."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _check_quantities(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, quantity in value.items():
+            try:
+                parse_quantity(quantity)
+            except ValueError:
+                raise ValueError(
+                    f"{name}: {quantity!r} is not a Kubernetes quantity (such as 10m, 32Mi, 1)"
+                ) from None
+        return value
+
+    def as_pod_resources(self) -> dict[str, dict[str, str]]:
+        return {k: dict(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v}
 
 
 class PluginConfig(BaseModel):
@@ -91,6 +117,10 @@ class PluginConfig(BaseModel):
     mps_namespace: str | None = None
     # Image of those pods (the chart passes its own).
     mps_image: str | None = None
+    # Their priority class and container resources (the chart's kubeletPlugin.mpsDaemon; its
+    # admission policy admits exactly these).
+    mps_priority_class: str = Field(default="system-node-critical", min_length=1)
+    mps_resources: MpsResources | None = None
     # Host folder for MPS pipes, logs and shared memory, at the same path in this container.
     mps_root: Path = Path("/run/flexgpu/mps")
     # Who may share a GPU (tenancy.py): "namespace", one namespace at a time; "any": the
@@ -262,7 +292,7 @@ class _Setting:
     flag: str
     env: str
     help: str
-    kind: Literal["str", "path", "seconds", "number", "count", "port"]
+    kind: Literal["str", "path", "seconds", "number", "count", "port", "json"]
 
 
 _SETTINGS: Final = (
@@ -396,6 +426,21 @@ _SETTINGS: Final = (
         "str",
     ),
     _Setting(
+        "mps_priority_class",
+        "--mps-priority-class",
+        "FLEXGPU_MPS_PRIORITY_CLASS",
+        "priority class of the MPS daemon pods (default system-node-critical)",
+        "str",
+    ),
+    _Setting(
+        "mps_resources",
+        "--mps-resources",
+        "FLEXGPU_MPS_RESOURCES",
+        'container resources of the MPS daemon pods, as JSON: {"requests": {...}, "limits": '
+        "{...}} (default: cpu 10m and memory 32Mi requested, memory 256Mi limit)",
+        "json",
+    ),
+    _Setting(
         "mps_root",
         "--mps-root",
         "FLEXGPU_MPS_ROOT",
@@ -448,7 +493,7 @@ _SETTINGS: Final = (
 )
 
 
-def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float:
+def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float | object:
     if setting.kind == "path":
         return Path(raw)
     if setting.kind == "seconds":
@@ -466,6 +511,16 @@ def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float:
             raise ConfigError(
                 f"{setting.field} ({source}): value {raw!r} is not a number; "
                 f"allowed: a number greater than 0, at most {MAX_KUBE_API_QPS:g}"
+            ) from None
+    if setting.kind == "json":
+        try:
+            parsed: object = json.loads(raw)
+            return parsed
+        except ValueError as err:
+            raise ConfigError(
+                f"{setting.field} ({source}): value {raw!r} is not JSON ({err}); allowed: a "
+                'JSON object such as {"requests": {"memory": "32Mi"}, "limits": {"memory": '
+                '"256Mi"}}'
             ) from None
     if setting.kind == "port":
         try:

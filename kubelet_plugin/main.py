@@ -226,6 +226,7 @@ def _mps_pods(
     """MPS control daemons as pods of their own (--mps-namespace), or None: the backend's."""
     if config.mps_namespace is None or config.driver_root is None or config.mps_image is None:
         return None
+    from flexgpu.kubelet_plugin.mps_pod_spec import DEFAULT_RESOURCES
     from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
 
     # The driver's libraries as this process (and the daemon pod) sees them.
@@ -246,6 +247,12 @@ def _mps_pods(
         libraries=libraries,
         events=events,
         owner_pod=config.pod_name,
+        priority_class=config.mps_priority_class,
+        resources=(
+            config.mps_resources.as_pod_resources()
+            if config.mps_resources is not None
+            else DEFAULT_RESOURCES
+        ),
     )
 
 

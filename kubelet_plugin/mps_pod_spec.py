@@ -45,6 +45,7 @@ GPU_UUID_ANNOTATION = "gpu.flexgpu.dev/gpu-uuid"
 MIG_SPEC_ANNOTATION = "gpu.flexgpu.dev/mig-mps"
 CONTROL = "usr/bin/nvidia-cuda-mps-control"
 CONTAINER = "mps-control"
+DEFAULT_PRIORITY_CLASS = "system-node-critical"
 DEFAULT_RESOURCES: Mapping[str, Any] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
     "limits": {"memory": "256Mi"},
@@ -68,6 +69,7 @@ class MpsPodShape:
     driver_root: Path
     host_driver_root: Path
     resources: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_RESOURCES))
+    priority_class: str = DEFAULT_PRIORITY_CLASS
 
     def render(
         self,
@@ -102,7 +104,7 @@ class MpsPodShape:
                 # The plugin starts it again, and says so, while shares use it.
                 "restartPolicy": "Never",
                 "hostPID": True,
-                "priorityClassName": "system-node-critical",
+                "priorityClassName": self.priority_class,
                 "tolerations": [{"operator": "Exists"}],
                 "terminationGracePeriodSeconds": 5,
                 # The daemon talks to no API server: no token, no service variables.

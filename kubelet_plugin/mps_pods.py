@@ -50,6 +50,7 @@ from flexgpu.kubelet_plugin.mps_pod_spec import (
     COMPONENT,
     COMPONENT_LABEL,
     CONTROL,
+    DEFAULT_PRIORITY_CLASS,
     DEFAULT_RESOURCES,
     GPU_INDEX_LABEL,
     GPU_UUID_ANNOTATION,
@@ -80,6 +81,7 @@ class MpsDaemonPods:
         libraries: Sequence[str] = (),
         events: NodeEventSink | None = None,
         resources: Mapping[str, Any] = DEFAULT_RESOURCES,
+        priority_class: str = DEFAULT_PRIORITY_CLASS,
         ready_timeout_s: float = 60.0,
         run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
         owner_pod: str | None = None,
@@ -98,6 +100,7 @@ class MpsDaemonPods:
         self._libraries = list(libraries)
         self._events = events
         self._resources = dict(resources)
+        self._priority_class = priority_class
         self._ready_timeout_s = ready_timeout_s
         # The daemons' owner: given, or the controller (DaemonSet) of the plugin's own pod
         # (``owner_pod``), else the Node; looked up once (mps_pod_spec.py says why).
@@ -410,6 +413,7 @@ class MpsDaemonPods:
             driver_root=self._driver_root,
             host_driver_root=self._host_driver_root,
             resources=self._resources,
+            priority_class=self._priority_class,
         )
         return shape.render(daemon, self._owner_of(), self._library_dir(), mig)
 

@@ -3,6 +3,7 @@ code generates, and gives each component only what it needs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -609,3 +610,28 @@ def test_namespace_override_moves_every_namespaced_object(helm: Path) -> None:
     text = yaml.safe_dump_all(docs)
     assert "flexgpu-system" not in text
     assert "system:serviceaccount:gpu-system:t-flexgpu-kubelet-plugin" in text
+
+
+def test_mps_daemon_priority_and_resources_are_values(helm: Path) -> None:
+    """kubeletPlugin.mpsDaemon reaches the plugin (which renders the pods) and the admission
+    policy (which admits exactly that) alike."""
+    docs = render(
+        helm,
+        "kubeletPlugin.mpsDaemon.priorityClassName=gpu-daemons",
+        "kubeletPlugin.mpsDaemon.resources.requests.memory=64Mi",
+        "kubeletPlugin.mpsDaemon.resources.limits.memory=1Gi",
+    )
+    env = {
+        e["name"]: e.get("value")
+        for e in _pod_templates(docs)["DaemonSet"]["spec"]["containers"][0]["env"]
+    }
+    assert env["FLEXGPU_MPS_PRIORITY_CLASS"] == "gpu-daemons"
+    assert json.loads(env["FLEXGPU_MPS_RESOURCES"]) == {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    spec = find(docs, "ValidatingAdmissionPolicy", "mps-pods")["spec"]
+    policy = "\n".join(v["expression"] for v in spec["validations"])
+    assert 'priorityClassName.orValue("") == "gpu-daemons"' in policy
+    assert 'requests.orValue({}) == {"cpu":"10m","memory":"64Mi"}' in policy
+    assert 'limits.orValue({}) == {"memory":"1Gi"}' in policy
