@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tools.cluster.binaries import REPO_ROOT
+from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
 
 CONTAINERFILE = (REPO_ROOT / "Containerfile").read_text()
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "ci.yaml"
@@ -81,11 +81,28 @@ def test_release_pushes_exactly_the_image_the_chart_defaults_name(tmp_path: Path
         check=True,
     )
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
-    values = yaml.safe_load((REPO_ROOT / "charts/flexgpu/values.yaml").read_text())
-    # The chart is packaged with appVersion 1.2.3, the default tag; repository from values.
-    assert outputs["image"] == f"{values['image']['repository']}:1.2.3"
+    # The chart is packaged with appVersion 1.2.3, the default tag: what it then runs is what
+    # the workflow pushes (registry and repository as the chart renders them).
+    rendered = subprocess.run(
+        [
+            str(helm_tools_dir() / "helm"),
+            "template",
+            "t",
+            str(REPO_ROOT / "charts/flexgpu"),
+            "--set",
+            "image.tag=1.2.3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    daemonset = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet")
+    assert outputs["image"] == daemonset["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert outputs["image"].startswith("ghcr.io/")
     (push,) = [s for s in steps if str(s.get("uses", "")).startswith("docker/build-push")]
     assert push["with"]["tags"] == "${{ steps.version.outputs.image }}"
     assert push["with"]["file"] == "Containerfile"
     package = next(s["run"] for s in steps if 'helm" package' in str(s.get("run", "")))
     assert '--app-version "$version"' in package
+    publish = next(s["run"] for s in steps if "SHA256SUMS" in str(s.get("run", "")))
+    assert "sha256sum" in publish and "steps.image.outputs.digest" in publish
