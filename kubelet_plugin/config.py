@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from flexgpu.driver.durations import parse_duration
 from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
 DRIVER_NAME: Final = "gpu.flexgpu.dev"
@@ -86,6 +87,11 @@ class PluginConfig(BaseModel):
     mps_image: str | None = None
     # Host folder for MPS pipes, logs and shared memory, at the same path in this container.
     mps_root: Path = Path("/run/flexgpu/mps")
+    # Faults as device taints: auto (Kubernetes 1.36+, where they are on by default), on
+    # (1.35 with DRADeviceTaints on) or off (faulty GPUs are withdrawn from the slices).
+    health_taints: Literal["auto", "on", "off"] = "auto"
+    # A fault's taint goes once nothing of its kind has been seen for this long.
+    health_recovery_seconds: float = Field(default=300.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 
@@ -242,7 +248,7 @@ class _Setting:
     flag: str
     env: str
     help: str
-    kind: Literal["str", "path", "seconds"]
+    kind: Literal["str", "path", "seconds", "duration"]
 
 
 _SETTINGS: Final = (
@@ -369,6 +375,20 @@ _SETTINGS: Final = (
         "path",
     ),
     _Setting(
+        "health_taints",
+        "--health-taints",
+        "FLEXGPU_HEALTH_TAINTS",
+        "GPU faults as device taints: auto (default: Kubernetes 1.36+), on or off (withdraw)",
+        "str",
+    ),
+    _Setting(
+        "health_recovery_seconds",
+        "--health-recovery-period",
+        "FLEXGPU_HEALTH_RECOVERY_PERIOD",
+        "healthy time before a fault's taint is cleared, such as 90s or 5m (default 5m)",
+        "duration",
+    ),
+    _Setting(
         "log_level",
         "--log-level",
         "FLEXGPU_LOG_LEVEL",
@@ -395,6 +415,11 @@ _SETTINGS: Final = (
 def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float:
     if setting.kind == "path":
         return Path(raw)
+    if setting.kind == "duration":
+        try:
+            return parse_duration(raw)
+        except ValueError as err:
+            raise ConfigError(f"{setting.field} ({source}): {err}") from None
     if setting.kind == "seconds":
         try:
             return float(raw)

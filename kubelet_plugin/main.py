@@ -104,7 +104,10 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     events = NodeEventRecorder(api, config.node_name)
     count = len(backend.list_gpus())
     devices = NodeDevices(
-        backend, config.shared_gpu_indices(count), config.dynamic_mig_gpu_indices(count)
+        backend,
+        config.shared_gpu_indices(count),
+        config.dynamic_mig_gpu_indices(count),
+        health_taints=health_taints(config, api),
     )
     try:
         driver_edits = _driver_edits(config, devices)
@@ -138,7 +141,13 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         # `publisher` is bound below; nothing calls this before it is.
         publisher.set_devices(devices.slice_devices(), devices.counter_sets())
 
-    health = HealthMonitor(backend, devices, config.node_name, on_unhealthy=republish)
+    health = HealthMonitor(
+        backend,
+        devices,
+        config.node_name,
+        on_change=republish,
+        healthy_period_s=config.health_recovery_seconds,
+    )
     # Prepares are served from here on; what follows only publishes and watches.
     served: DraDriver = preparer
     if observed:
@@ -191,6 +200,20 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         backend.close()
 
     return stop
+
+
+def health_taints(config: PluginConfig, api: KubeApi) -> bool:
+    """Whether GPU faults are published as device taints: ``auto`` asks the server, since
+    taints are on by default from Kubernetes 1.36 and an API server without them drops them,
+    which would leave a faulty GPU looking healthy; there the GPU is withdrawn instead."""
+    if config.health_taints != "auto":
+        return config.health_taints == "on"
+    try:
+        minor = int("".join(c for c in str(api.get("/version").get("minor", "")) if c.isdigit()))
+    except Exception as err:  # unknown server: withdrawing is right on every release
+        log.warning("cannot read the server version (%s); faulty GPUs are withdrawn", err)
+        return False
+    return minor >= 36
 
 
 def _mps_pods(

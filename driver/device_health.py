@@ -1,0 +1,125 @@
+"""A node's GPU faults as device taints: what each GPU has reported, how bad it is, and when
+it may be trusted again.
+
+Each fault is kept per GPU under its class (``FaultClass``), with the worst impact seen and
+the time it was last seen; it is cleared once nothing of its class has been seen for the
+healthy period. A lost GPU and an unreachable NVML are seen again on every check while they
+last, so their period starts when they end. Pure and clock-free: callers pass the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from flexgpu.driver.gpu_model import HealthEvent, HealthEventKind
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.xid import FaultClass, XidImpact, classify_xid
+
+DEFAULT_HEALTHY_PERIOD_S = 300.0
+
+
+def taint_key(fault: FaultClass) -> str:
+    return f"{DRIVER_NAME}/{fault.value}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One class of fault on one GPU, as published in a device taint."""
+
+    fault: FaultClass
+    impact: XidImpact
+    value: str  # the taint's value: a label value such as "xid-48"
+    message: str
+    last_seen: float
+
+    @property
+    def fatal(self) -> bool:
+        return self.impact == XidImpact.FATAL
+
+    def taint(self) -> dict[str, Any]:
+        return {"key": taint_key(self.fault), "value": self.value, "effect": self.impact.value}
+
+
+def fault_for_event(
+    event: HealthEvent, now: float, ignored_xids: frozenset[int] = frozenset()
+) -> Fault | None:
+    """The fault a backend event reports, or None when it says nothing about the GPU."""
+    if event.kind == HealthEventKind.GPU_LOST:
+        return Fault(FaultClass.GPU_LOST, XidImpact.FATAL, "lost", "GPU lost (not reachable)", now)
+    if event.xid is None:
+        return None
+    kind = classify_xid(event.xid, ignored_xids)
+    if kind is None:
+        return None
+    return Fault(kind.fault, kind.impact, f"xid-{event.xid}", f"Xid {event.xid}: {kind.what}", now)
+
+
+def nvml_unavailable(now: float, why: str) -> Fault:
+    # Without NVML nothing about the GPU can be checked, so nothing new is placed on it.
+    return Fault(FaultClass.NVML, XidImpact.FATAL, "unavailable", f"NVML unavailable: {why}", now)
+
+
+class HealthLedger:
+    """Faults per GPU index. Not thread-safe: its owner serialises access."""
+
+    def __init__(self, healthy_period_s: float = DEFAULT_HEALTHY_PERIOD_S) -> None:
+        if healthy_period_s < 0:
+            raise ValueError(f"healthy period {healthy_period_s!r}: must be 0 seconds or more")
+        self.healthy_period_s = healthy_period_s
+        self._faults: dict[int, dict[FaultClass, Fault]] = {}
+
+    def record(self, gpu_index: int, fault: Fault) -> bool:
+        """Adds or refreshes a fault; True when what is published changes (a new class, a
+        worse impact or a new value), False when only its time moved."""
+        faults = self._faults.setdefault(gpu_index, {})
+        old = faults.get(fault.fault)
+        if old is None:
+            faults[fault.fault] = fault
+            return True
+        # The worse impact stays for the whole episode: an informational Xid after a fatal
+        # one must not make the GPU look usable.
+        if old.fatal and not fault.fatal:
+            faults[fault.fault] = replace(old, last_seen=max(old.last_seen, fault.last_seen))
+            return False
+        faults[fault.fault] = fault
+        return (old.impact, old.value) != (fault.impact, fault.value)
+
+    def still_seen(self, gpu_indices: Iterable[int], fault: FaultClass, now: float) -> None:
+        """Moves the last-seen time of ``fault`` on these GPUs to now (it is still there)."""
+        for index in gpu_indices:
+            old = self._faults.get(index, {}).get(fault)
+            if old is not None:
+                self._faults[index][fault] = replace(old, last_seen=now)
+
+    def expire(self, now: float) -> list[tuple[int, Fault]]:
+        """Clears faults not seen for the healthy period; returns what was cleared."""
+        cleared: list[tuple[int, Fault]] = []
+        for index, faults in list(self._faults.items()):
+            for fault in list(faults.values()):
+                if now - fault.last_seen >= self.healthy_period_s:
+                    del faults[fault.fault]
+                    cleared.append((index, fault))
+            if not faults:
+                del self._faults[index]
+        return cleared
+
+    def with_fault(self, fault: FaultClass) -> set[int]:
+        return {i for i, faults in self._faults.items() if fault in faults}
+
+    def faults(self) -> dict[int, list[Fault]]:
+        """GPU index -> its faults, ordered by class name (stable taint order)."""
+        return {
+            index: sorted(faults.values(), key=lambda f: f.fault.value)
+            for index, faults in self._faults.items()
+            if faults
+        }
+
+
+def is_fatal(faults: Collection[Fault]) -> bool:
+    return any(f.fatal for f in faults)
+
+
+def health_message(faults: Collection[Fault]) -> str:
+    return "; ".join(f.message for f in faults)
