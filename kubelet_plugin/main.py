@@ -161,7 +161,13 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     health.start()
     status.start()
     agent = PolicyAgent(
-        api, config.node_name, devices=devices, preparer=preparer, lock=lock, republish=republish
+        api,
+        config.node_name,
+        devices=devices,
+        preparer=preparer,
+        lock=lock,
+        republish=republish,
+        ignore_xids=health.set_ignored_xids,
     )
     preparer.on_unprepared = agent.claim_unprepared
     agent.start()

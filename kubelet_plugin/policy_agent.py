@@ -78,8 +78,11 @@ class PolicyAgent:
         lock: PrepareLock,
         republish: Callable[[], None],
         interval_s: float = RESYNC_S,
+        ignore_xids: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         self._api = api
+        # Told the node's policy's spec.health.ignoredXids (health_monitor.py).
+        self._ignore_xids = ignore_xids
         self.node_name = node_name
         self.policies = WatchedObjects(
             api,
@@ -183,6 +186,9 @@ class PolicyAgent:
             log.warning("%s", message)
             self._waiting = False  # only a policy change (a watch event) can end a conflict
             return
+        if self._ignore_xids is not None:
+            health = choice.policy.spec.health if choice.policy is not None else None
+            self._ignore_xids(frozenset(health.ignoredXids or ()) if health else frozenset())
         wants = self._wants(choice.policy, gpus)
         busy = self._busy_gpus()
         modes: dict[int, GpuMode] = {g.index: self._devices.mode(g.index) for g in gpus}
