@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from flexgpu.controller.cli_capacity import add_capacity
 from flexgpu.controller.cli_explain import add_explain
+from flexgpu.controller.cli_health import add_health
 from flexgpu.controller.cli_options import CliError, ExitCode
 from flexgpu.controller.cli_usage import add_usage
 from flexgpu.driver.backend import GpuBackend
@@ -98,7 +99,13 @@ def _add_inventory(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 # In the order `flexgpu --help` lists them.
-SUBCOMMANDS: tuple[Registrar, ...] = (_add_inventory, add_explain, add_capacity, add_usage)
+SUBCOMMANDS: tuple[Registrar, ...] = (
+    _add_inventory,
+    add_explain,
+    add_capacity,
+    add_usage,
+    add_health,
+)
 
 
 def _version() -> str:

@@ -123,3 +123,24 @@ def is_fatal(faults: Collection[Fault]) -> bool:
 
 def health_message(faults: Collection[Fault]) -> str:
     return "; ".join(f.message for f in faults)
+
+
+_FAULT_TEXT = {
+    FaultClass.GPU_LOST: "GPU lost",
+    FaultClass.MEMORY: "memory error",
+    FaultClass.HARDWARE: "hardware fault",
+    FaultClass.NVML: "NVML unavailable",
+}
+
+
+def describe_taint(key: str, value: str) -> str:
+    """What one of our device taints means, for people (``flexgpu health``); a key this
+    driver does not set is shown as it is."""
+    for fault, text in _FAULT_TEXT.items():
+        if key == taint_key(fault):
+            xid = value.removeprefix("xid-")
+            if value.startswith("xid-") and xid.isdigit():
+                kind = classify_xid(int(xid))
+                return f"{text}: Xid {xid}" + (f" ({kind.what})" if kind else "")
+            return text
+    return f"{key}={value}" if value else key
