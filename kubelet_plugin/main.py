@@ -73,6 +73,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
     from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
     from flexgpu.kubelet_plugin.kube_api import KubeConfigError
     from flexgpu.kubelet_plugin.metrics_settings import MetricsSettingError, settings_from_env
+    from flexgpu.kubelet_plugin.mig_ownership import MigOwnership
     from flexgpu.kubelet_plugin.node_devices import NodeDevices
     from flexgpu.kubelet_plugin.node_events import NodeEventRecorder
     from flexgpu.kubelet_plugin.policy_agent import PolicyAgent
@@ -168,6 +169,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         lock=lock,
         republish=republish,
         ignore_xids=health.set_ignored_xids,
+        ownership=MigOwnership(config.data_dir / "mig-owned.json"),
     )
     preparer.on_unprepared = agent.claim_unprepared
     agent.start()
