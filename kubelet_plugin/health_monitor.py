@@ -30,6 +30,7 @@ from flexgpu.driver.gpu_model import HealthEvent
 from flexgpu.driver.xid import FaultClass
 from flexgpu.kubelet_plugin.kubeletplugin import DeviceHealth, HealthStatus
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,11 @@ class HealthMonitor:
         *,
         healthy_period_s: float = DEFAULT_HEALTHY_PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
+        events: NodeEventSink | None = None,
     ) -> None:
+        # A Warning Event on the Node per new fault: on releases without taints it is where
+        # admins see a withdrawn GPU.
+        self._events = events
         self._backend = backend
         self._devices = devices
         self._pool = pool_name
@@ -128,6 +133,21 @@ class HealthMonitor:
                 fault.impact.value,
             )
             self._publish()
+            self._event(
+                "GpuFault",
+                f"GPU {event.gpu_index} ({event.gpu_uuid}): {fault.message}; "
+                + self._consequence(fault.fatal, f"{fault.taint()['key']}={fault.value}"),
+            )
+
+    def _consequence(self, fatal: bool, taint: str) -> str:
+        if self._devices.health_taints:
+            effect = "NoSchedule" if fatal else "None"
+            return f"its devices are tainted {taint}:{effect}"
+        return "it is withdrawn from the ResourceSlices" if fatal else "it stays in service"
+
+    def _event(self, reason: str, message: str) -> None:
+        if self._events is not None:
+            self._events(reason, message)
 
     def nvml_failed(self, why: str) -> None:
         """An NVML call failed; after a few in a row every GPU gets the NVML fault."""
@@ -140,8 +160,9 @@ class HealthMonitor:
             for gpu in self._devices.gpus():
                 changed |= self._ledger.record(gpu.index, nvml_unavailable(now, why))
         if changed:
-            log.error("NVML unavailable (%s): every GPU is tainted until it answers again", why)
+            log.error("NVML unavailable (%s): new work is kept off every GPU until it answers", why)
             self._publish()
+            self._event("GpuFault", f"NVML unavailable ({why}); new work is kept off every GPU")
 
     def nvml_answered(self) -> None:
         with self._lock:
@@ -176,6 +197,12 @@ class HealthMonitor:
             )
         if cleared:
             self._publish()
+        for index, fault in cleared:
+            self._event(
+                "GpuFaultCleared",
+                f"GPU {index}: no {fault.fault.value} for {self._ledger.healthy_period_s:.0f}s; "
+                f"{fault.taint()['key']} cleared",
+            )
 
     def _publish(self) -> None:
         with self._lock:

@@ -148,6 +148,7 @@ def start_node(config: PluginConfig, gate: StartupGate) -> Callable[[], None]:
         config.node_name,
         on_change=republish,
         healthy_period_s=config.health_recovery_seconds,
+        events=events,
     )
     # Prepares are served from here on; what follows only publishes and watches.
     served: DraDriver = preparer

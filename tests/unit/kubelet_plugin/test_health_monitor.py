@@ -241,3 +241,35 @@ def test_the_event_loop_delivers_and_survives_backend_failures() -> None:
     finally:
         monitor.stop()
     assert _taints(devices)["gpu-1"][0][0] == "gpu.flexgpu.dev/gpu-lost"
+
+
+@pytest.mark.parametrize(
+    ("taints", "consequence"),
+    [
+        (True, "its devices are tainted gpu.flexgpu.dev/memory-error=xid-48:NoSchedule"),
+        (False, "it is withdrawn from the ResourceSlices"),
+    ],
+)
+def test_each_new_fault_and_its_clearing_is_an_event_on_the_node(
+    taints: bool, consequence: str
+) -> None:
+    backend = SimulatedBackend.from_topology("l4-2-pcie", "node-a")
+    devices = NodeDevices(backend, health_taints=taints)
+    clock = Clock()
+    recorded: list[tuple[str, str]] = []
+    monitor = HealthMonitor(
+        backend,
+        devices,
+        "node-a",
+        healthy_period_s=PERIOD_S,
+        clock=clock,
+        events=lambda reason, message: recorded.append((reason, message)),
+    )
+    backend.inject_xid(1, 48)
+    backend.inject_xid(1, 48)  # the same fault again: no second Event
+    _drain(backend, monitor)
+    clock.now += PERIOD_S
+    monitor.check_recovery()
+    assert [r for r, _ in recorded] == ["GpuFault", "GpuFaultCleared"]
+    assert recorded[0][1].startswith("GPU 1 (GPU-") and recorded[0][1].endswith(consequence)
+    assert "memory-error cleared" in recorded[1][1]
