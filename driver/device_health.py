@@ -1,7 +1,8 @@
 """A node's GPU faults as device taints: what each GPU has reported, how bad it is, and when
 it may be trusted again.
 
-Each fault is kept per GPU under its class (``FaultClass``), with the worst impact seen and
+Each fault is kept per scope (a GPU, or one MIG device of it when NVML names the GPU
+instance an Xid came from) under its class (``FaultClass``), with the worst impact seen and
 the time it was last seen; it is cleared once nothing of its class has been seen for the
 healthy period. A lost GPU and an unreachable NVML are seen again on every check while they
 last, so their period starts when they end. Pure and clock-free: callers pass the time.
@@ -18,6 +19,10 @@ from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.xid import FaultClass, XidImpact, classify_xid
 
 DEFAULT_HEALTHY_PERIOD_S = 300.0
+
+# Where a fault applies: (GPU index, None) for the whole GPU and everything carved from it,
+# (GPU index, device name) for one MIG device.
+Scope = tuple[int, str | None]
 
 
 def taint_key(fault: FaultClass) -> str:
@@ -62,18 +67,18 @@ def nvml_unavailable(now: float, why: str) -> Fault:
 
 
 class HealthLedger:
-    """Faults per GPU index. Not thread-safe: its owner serialises access."""
+    """Faults per scope. Not thread-safe: its owner serialises access."""
 
     def __init__(self, healthy_period_s: float = DEFAULT_HEALTHY_PERIOD_S) -> None:
         if healthy_period_s < 0:
             raise ValueError(f"healthy period {healthy_period_s!r}: must be 0 seconds or more")
         self.healthy_period_s = healthy_period_s
-        self._faults: dict[int, dict[FaultClass, Fault]] = {}
+        self._faults: dict[Scope, dict[FaultClass, Fault]] = {}
 
-    def record(self, gpu_index: int, fault: Fault) -> bool:
+    def record(self, scope: Scope, fault: Fault) -> bool:
         """Adds or refreshes a fault; True when what is published changes (a new class, a
         worse impact or a new value), False when only its time moved."""
-        faults = self._faults.setdefault(gpu_index, {})
+        faults = self._faults.setdefault(scope, {})
         old = faults.get(fault.fault)
         if old is None:
             faults[fault.fault] = fault
@@ -87,32 +92,33 @@ class HealthLedger:
         return (old.impact, old.value) != (fault.impact, fault.value)
 
     def still_seen(self, gpu_indices: Iterable[int], fault: FaultClass, now: float) -> None:
-        """Moves the last-seen time of ``fault`` on these GPUs to now (it is still there)."""
+        """Moves the last-seen time of ``fault`` on these whole GPUs to now (still there)."""
         for index in gpu_indices:
-            old = self._faults.get(index, {}).get(fault)
+            old = self._faults.get((index, None), {}).get(fault)
             if old is not None:
-                self._faults[index][fault] = replace(old, last_seen=now)
+                self._faults[(index, None)][fault] = replace(old, last_seen=now)
 
-    def expire(self, now: float) -> list[tuple[int, Fault]]:
+    def expire(self, now: float) -> list[tuple[Scope, Fault]]:
         """Clears faults not seen for the healthy period; returns what was cleared."""
-        cleared: list[tuple[int, Fault]] = []
-        for index, faults in list(self._faults.items()):
+        cleared: list[tuple[Scope, Fault]] = []
+        for scope, faults in list(self._faults.items()):
             for fault in list(faults.values()):
                 if now - fault.last_seen >= self.healthy_period_s:
                     del faults[fault.fault]
-                    cleared.append((index, fault))
+                    cleared.append((scope, fault))
             if not faults:
-                del self._faults[index]
+                del self._faults[scope]
         return cleared
 
     def with_fault(self, fault: FaultClass) -> set[int]:
-        return {i for i, faults in self._faults.items() if fault in faults}
+        """GPUs with this fault on the whole GPU."""
+        return {i for (i, device), f in self._faults.items() if device is None and fault in f}
 
-    def faults(self) -> dict[int, list[Fault]]:
-        """GPU index -> its faults, ordered by class name (stable taint order)."""
+    def faults(self) -> dict[Scope, list[Fault]]:
+        """Scope -> its faults, ordered by class name (stable taint order)."""
         return {
-            index: sorted(faults.values(), key=lambda f: f.fault.value)
-            for index, faults in self._faults.items()
+            scope: sorted(faults.values(), key=lambda f: f.fault.value)
+            for scope, faults in self._faults.items()
             if faults
         }
 

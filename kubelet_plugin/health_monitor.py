@@ -23,6 +23,7 @@ from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.device_health import (
     DEFAULT_HEALTHY_PERIOD_S,
     HealthLedger,
+    Scope,
     fault_for_event,
     nvml_unavailable,
 )
@@ -121,7 +122,8 @@ class HealthMonitor:
                     event.xid,
                 )
                 return
-            changed = self._ledger.record(event.gpu_index, fault)
+            scope = self._scope(event, fault.fault)
+            changed = self._ledger.record(scope, fault)
         if changed:
             log.warning(
                 "GPU %d (%s): %s; its devices are tainted %s=%s:%s",
@@ -135,9 +137,19 @@ class HealthMonitor:
             self._publish()
             self._event(
                 "GpuFault",
-                f"GPU {event.gpu_index} ({event.gpu_uuid}): {fault.message}; "
+                f"GPU {event.gpu_index} ({event.gpu_uuid})"
+                + (f", MIG device {scope[1]}" if scope[1] else "")
+                + f": {fault.message}; "
                 + self._consequence(fault.fatal, f"{fault.taint()['key']}={fault.value}"),
             )
+
+    def _scope(self, event: HealthEvent, fault: FaultClass) -> Scope:
+        """One MIG device when NVML names the GPU instance the Xid came from and flexgpu
+        publishes that instance (as NVIDIA's device plugin does); else the whole GPU."""
+        if event.gpu_instance_id is None or fault in (FaultClass.GPU_LOST, FaultClass.NVML):
+            return (event.gpu_index, None)
+        device = self._devices.device_on_instance(event.gpu_index, event.gpu_instance_id)
+        return (event.gpu_index, device)
 
     def _consequence(self, fatal: bool, taint: str) -> str:
         if self._devices.health_taints:
@@ -158,7 +170,7 @@ class HealthMonitor:
             now = self._clock()
             changed = False
             for gpu in self._devices.gpus():
-                changed |= self._ledger.record(gpu.index, nvml_unavailable(now, why))
+                changed |= self._ledger.record((gpu.index, None), nvml_unavailable(now, why))
         if changed:
             log.error("NVML unavailable (%s): new work is kept off every GPU until it answers", why)
             self._publish()
@@ -187,7 +199,7 @@ class HealthMonitor:
             if self._failures >= NVML_FAILURES_BEFORE_FAULT:
                 self._ledger.still_seen(nvml, FaultClass.NVML, now)
             cleared = self._ledger.expire(now)
-        for index, fault in cleared:
+        for (index, _), fault in cleared:
             log.info(
                 "GPU %d: no %s for %.0fs; taint %s cleared",
                 index,
@@ -197,7 +209,7 @@ class HealthMonitor:
             )
         if cleared:
             self._publish()
-        for index, fault in cleared:
+        for (index, _), fault in cleared:
             self._event(
                 "GpuFaultCleared",
                 f"GPU {index}: no {fault.fault.value} for {self._ledger.healthy_period_s:.0f}s; "

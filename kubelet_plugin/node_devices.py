@@ -14,7 +14,7 @@ from flexgpu.driver.backend import GpuBackend
 from flexgpu.driver.backend_errors import GpuBackendError
 from flexgpu.driver.cdi import CdiDevice
 from flexgpu.driver.config_resolution import DeviceType
-from flexgpu.driver.device_health import Fault, health_message, is_fatal
+from flexgpu.driver.device_health import Fault, Scope, health_message, is_fatal
 from flexgpu.driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
 from flexgpu.driver.mig_devices import (
     MigPartition,
@@ -63,7 +63,7 @@ class NodeDevices:
         self._modes.update({i: GpuMode.DYNAMIC_MIG for i in dynamic_mig})
         self._gpus: dict[str, GpuInfo] = {}
         self._missing: set[int] = set()  # GPUs gone from the backend's list
-        self._health: dict[int, list[Fault]] = {}
+        self._health: dict[Scope, list[Fault]] = {}
         self._rendered: dict[int, _Rendered] = {}
         self._devices: list[SliceDevice] = []
         self._counters: list[dict[str, Any]] = []
@@ -93,11 +93,38 @@ class NodeDevices:
         with self._lock:
             return self._modes.get(index, GpuMode.WHOLE)
 
-    def set_health(self, faults: Mapping[int, Sequence[Fault]]) -> None:
-        """GPU index -> its current faults (health_monitor.py); republish afterwards."""
+    def set_health(self, faults: Mapping[Scope, Sequence[Fault]]) -> None:
+        """(GPU index, None or one MIG device's name) -> its current faults
+        (health_monitor.py); republish afterwards."""
         with self._lock:
-            self._health = {i: list(f) for i, f in faults.items() if f}
+            self._health = {scope: list(f) for scope, f in faults.items() if f}
         self.refresh()
+
+    def _faults_of(self, index: int, device_name: str) -> list[Fault]:
+        """The GPU's faults and the device's own (an Xid NVML put on its GPU instance)."""
+        return self._health.get((index, None), []) + self._health.get((index, device_name), [])
+
+    def device_on_instance(self, index: int, gpu_instance_id: int) -> str | None:
+        """The published MIG device that GPU instance of the GPU backs, if any."""
+        with self._lock:
+            for name, instance in self._static.items():
+                if (instance.parent_index, instance.gpu_instance_id) == (index, gpu_instance_id):
+                    return name
+            partitions = {
+                (p.profile_id, p.placement.start): n
+                for n, p in self._partitions.items()
+                if p.parent_index == index
+            }
+        if not partitions:
+            return None
+        try:
+            instances = self.backend.list_mig_devices(index)
+        except (GpuBackendError, OSError):
+            return None
+        for instance in instances:
+            if instance.gpu_instance_id == gpu_instance_id:
+                return partitions.get((instance.profile_id, instance.placement.start))
+        return None
 
     def refresh(self) -> None:
         """Re-reads the GPUs (and their MIG state) and recomputes what is published.
@@ -126,19 +153,27 @@ class NodeDevices:
                 rendered = self._render_or_keep(gpu)
                 if rendered is None:
                     continue
-                faults = self._health.get(gpu.index, [])
-                if gpu.index in self._missing and not faults:
+                lost = gpu.index in self._missing
+                if lost and not self._health.get((gpu.index, None)):
                     continue  # withdrawn until the health monitor has recorded the loss
-                if not self.health_taints and (is_fatal(faults) or gpu.index in self._missing):
-                    continue  # nothing new lands on it; prepared claims stay
-                # Without taints the API server would drop them; the publisher would keep
-                # rewriting a slice it can never match.
-                taints = [f.taint() for f in faults] if self.health_taints else []
-                if gpu.index in self._taints:
-                    taints.append(
-                        {"key": TAINT_KEY, "value": self._taints[gpu.index], "effect": "NoSchedule"}
-                    )
-                mine = [{**d, "taints": taints} if taints else d for d in rendered.devices]
+                reconfiguring = (
+                    [{"key": TAINT_KEY, "value": self._taints[gpu.index], "effect": "NoSchedule"}]
+                    if gpu.index in self._taints
+                    else []
+                )
+                mine = []
+                for device in rendered.devices:
+                    faults = self._faults_of(gpu.index, device["name"])
+                    if not self.health_taints:
+                        # Without taints the API server would drop them (and the publisher
+                        # keep rewriting a slice it can never match): withdraw instead.
+                        if not (lost or is_fatal(faults)):
+                            mine.append(
+                                {**device, "taints": reconfiguring} if reconfiguring else device
+                            )
+                        continue
+                    taints = [f.taint() for f in faults] + reconfiguring
+                    mine.append({**device, "taints": taints} if taints else device)
                 if rendered.counters is not None:
                     counters.append(rendered.counters)
                 partitions.update(rendered.partitions)
@@ -280,7 +315,7 @@ class NodeDevices:
     def _current_gpus(self) -> list[GpuInfo]:
         return [
             g.model_copy(update={"health": HealthState.UNHEALTHY})
-            if g.index in self._missing or is_fatal(self._health.get(g.index, ()))
+            if g.index in self._missing or is_fatal(self._health.get((g.index, None), ()))
             else g.model_copy(update={"health": HealthState.HEALTHY})
             for g in self._gpus.values()
         ]
@@ -291,11 +326,11 @@ class NodeDevices:
         with self._lock:
             rows: list[tuple[str, bool, str]] = []
             for index in sorted(self._rendered):
-                faults = self._health.get(index, [])
                 lost = index in self._missing
-                healthy = not lost and not is_fatal(faults)
-                why = health_message(faults) or ("GPU lost (not reachable)" if lost else "")
-                rows.extend((d["name"], healthy, why) for d in self._rendered[index].devices)
+                for device in self._rendered[index].devices:
+                    faults = self._faults_of(index, device["name"])
+                    why = health_message(faults) or ("GPU lost (not reachable)" if lost else "")
+                    rows.append((device["name"], not lost and not is_fatal(faults), why))
             return rows
 
     # -- queries -------------------------------------------------------------------------

@@ -25,8 +25,8 @@ def test_each_taint_of_the_published_slices_is_a_row_with_its_reason() -> None:
     devices = NodeDevices(SimulatedBackend.from_topology("hgx-h100-8", "node-a"))
     devices.set_health(
         {
-            2: [Fault(FaultClass.MEMORY, XidImpact.FATAL, "xid-48", "x", 0.0)],
-            0: [Fault(FaultClass.GPU_LOST, XidImpact.FATAL, "lost", "x", 0.0)],
+            (2, None): [Fault(FaultClass.MEMORY, XidImpact.FATAL, "xid-48", "x", 0.0)],
+            (0, None): [Fault(FaultClass.GPU_LOST, XidImpact.FATAL, "lost", "x", 0.0)],
         }
     )
     devices.set_taints({5: "reconfiguring"})

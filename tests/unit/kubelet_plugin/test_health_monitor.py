@@ -273,3 +273,26 @@ def test_each_new_fault_and_its_clearing_is_an_event_on_the_node(
     assert [r for r, _ in recorded] == ["GpuFault", "GpuFaultCleared"]
     assert recorded[0][1].startswith("GPU 1 (GPU-") and recorded[0][1].endswith(consequence)
     assert "memory-error cleared" in recorded[1][1]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_an_xid_naming_a_gpu_instance_taints_only_that_mig_device(dynamic: bool) -> None:
+    backend = SimulatedBackend.from_topology("dgx-a100-8", "node-a")
+    backend.set_mig_mode(2, True)
+    profile = next(p for p in backend.mig_profiles(2) if p.name == "3g.20gb")
+    # Two 3g.20gb instances: made beforehand (adopted), or as prepare makes them (dynamic).
+    made = [backend.create_mig_device(2, profile.profile_id, pl) for pl in profile.placements]
+    devices = NodeDevices(backend, dynamic_mig={2} if dynamic else set())
+    names = [f"gpu-2-mig-3g20gb-{pl.start}" for pl in profile.placements]
+    monitor = HealthMonitor(backend, devices, "node-a", healthy_period_s=PERIOD_S, clock=Clock())
+    backend.inject_xid(2, 94, gpu_instance_id=made[1].gpu_instance_id)
+    _drain(backend, monitor)
+    taints = _taints(devices)
+    assert taints[names[1]] == [("gpu.flexgpu.dev/memory-error", "xid-94", "None")]
+    assert taints[names[0]] == []
+    backend.inject_xid(2, 48, gpu_instance_id=made[0].gpu_instance_id)
+    _drain(backend, monitor)
+    health = _health(monitor)
+    assert health[names[0]][0] == HealthStatus.UNHEALTHY
+    assert health[names[1]][0] == HealthStatus.HEALTHY
+    assert _taints(devices)["gpu-3"] == [] and devices.gpus()[2].health == "Healthy"
