@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from flexgpu.controller import cli
 from tests.conftest import target_minor, wait_for
 from tests.integration.gpu_workloads import (
     DRIVER,
@@ -215,7 +216,11 @@ def taints(api: Any) -> dict[str, list[tuple[str, str, str]]]:
 
 
 def test_injected_xid_taints_the_gpu_until_it_has_been_healthy_for_the_period(
-    api: Any, node: SimulatedGpuNode, machine: MockMachine
+    cluster: ControlPlane,
+    api: Any,
+    node: SimulatedGpuNode,
+    machine: MockMachine,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # The plugin counts as registered once any of its slices exists; devices may follow.
     wait_for(lambda: "gpu-3" in published(api), what="gpu-3 published")
@@ -228,6 +233,12 @@ def test_injected_xid_taints_the_gpu_until_it_has_been_healthy_for_the_period(
     lost = ("gpu.flexgpu.dev/gpu-lost", "xid-79", "NoSchedule")
     wait_for(lambda: taints(api).get("gpu-3") == [lost], what="gpu-3 tainted after Xid 79")
     assert taints(api)["gpu-0"] == [] and taints(api)["gpu-1"] == []
+    # `flexgpu health` says which device and why.
+    assert cli.main(["health", f"--kubeconfig={cluster.kubeconfig}", "-o", "json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["node"] == NODE]
+    assert [(r["device"], r["effect"], r["reason"]) for r in rows] == [
+        ("gpu-3", "NoSchedule", "GPU lost: Xid 79 (GPU has fallen off the bus)")
+    ]
     wait_for(
         lambda: taints(api).get("gpu-3") == [],
         timeout_s=4 * RECOVERY_S,
