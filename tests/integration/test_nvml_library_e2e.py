@@ -244,3 +244,52 @@ def test_injected_xid_taints_the_gpu_until_it_has_been_healthy_for_the_period(
         timeout_s=4 * RECOVERY_S,
         what=f"gpu-3's taint cleared {RECOVERY_S}s after the last Xid",
     )
+
+
+def device_health_in_pod_status(api: Any, namespace: str, pod: str) -> dict[str, str]:
+    """resourceID (the device's CDI id) -> health, from the pod's
+    containerStatuses[].allocatedResourcesStatus (the kubelet's DRA manager fills it from the
+    plugin's health stream)."""
+    response = client.CoreV1Api(api).read_namespaced_pod(pod, namespace, _preload_content=False)
+    statuses = json.loads(response.data).get("status", {}).get("containerStatuses") or []
+    return {
+        r["resourceID"]: r.get("health", "")
+        for s in statuses
+        for a in s.get("allocatedResourcesStatus") or []
+        for r in a.get("resources") or []
+    }
+
+
+@pytest.mark.requires_k8s(
+    "1.36", "device health in pod status (ResourceHealthStatus) is beta from 1.36"
+)
+def test_a_running_pods_status_shows_its_gpu_unhealthy_then_healthy_again(
+    api: Any, namespace: str, node: SimulatedGpuNode, machine: MockMachine
+) -> None:
+    on_gpu_0 = f'device.attributes["{DRIVER}"].uuid == "{UUIDS[0]}"'
+    run(api, namespace, node, "watched", {"requests": [gpu_request(cel=on_gpu_0)]})
+
+    def gpu_0() -> str:
+        health = device_health_in_pod_status(api, namespace, "watched")
+        return next((h for r, h in health.items() if r.endswith("-gpu-0")), "")
+
+    wait_for(
+        lambda: gpu_0() == "Healthy",
+        timeout_s=60,
+        what="gpu-0 Healthy in the pod's status",
+    )
+    machine.inject_xid(0, 48)  # double-bit ECC error
+    wait_for(
+        lambda: gpu_0() == "Unhealthy",
+        timeout_s=60,
+        what="gpu-0 Unhealthy in the running pod's status after Xid 48",
+    )
+    assert client.CoreV1Api(api).read_namespaced_pod("watched", namespace).status.phase == (
+        "Running"
+    )
+    wait_for(
+        lambda: gpu_0() == "Healthy",
+        timeout_s=4 * RECOVERY_S + 30,
+        what="gpu-0 Healthy again after the healthy period",
+    )
+    release(api, namespace, "watched")
