@@ -26,6 +26,7 @@ from tests.integration.gpu_workloads import (
     env_from_log,
     gpu_request,
     make_pod,
+    pending_reason,
     wait_container_output,
     wait_gone,
     wait_phase,
@@ -218,6 +219,7 @@ def taints(api: Any) -> dict[str, list[tuple[str, str, str]]]:
 def test_injected_xid_taints_the_gpu_until_it_has_been_healthy_for_the_period(
     cluster: ControlPlane,
     api: Any,
+    namespace: str,
     node: SimulatedGpuNode,
     machine: MockMachine,
     capsys: pytest.CaptureFixture[str],
@@ -239,11 +241,22 @@ def test_injected_xid_taints_the_gpu_until_it_has_been_healthy_for_the_period(
     assert [(r["device"], r["effect"], r["reason"]) for r in rows] == [
         ("gpu-3", "NoSchedule", "GPU lost: Xid 79 (GPU has fallen off the bus)")
     ]
+    # A new claim that can only have gpu-3 is not allocated while the taint is there...
+    on_gpu_3 = f'device.attributes["{DRIVER}"].uuid == "{UUIDS[3]}"'
+    create_claim(api, namespace, "on-3", {"requests": [gpu_request(cel=on_gpu_3)]})
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace, make_pod("on-3", PRINT, {"g": {"resourceClaimName": "on-3"}}, NODE)
+    )
+    assert pending_reason(api, namespace, "on-3")
+    assert allocated(api, namespace, "on-3") == []
     wait_for(
         lambda: taints(api).get("gpu-3") == [],
         timeout_s=4 * RECOVERY_S,
         what=f"gpu-3's taint cleared {RECOVERY_S}s after the last Xid",
     )
+    # ...and is, once it has gone.
+    wait_phase(api, namespace, "on-3", {"Running"}, timeout_s=90)
+    release(api, namespace, "on-3")
 
 
 def device_health_in_pod_status(api: Any, namespace: str, pod: str) -> dict[str, str]:
