@@ -57,10 +57,8 @@ PROBE_CLAIM: dict[str, Any] = {
     },
 }
 # (node, topology, plugin flags): on-demand MIG on half the H100s, whole A100s, shared L4s.
-# GPUs 6 and 7 of hgx-h100-8 are in MIG mode: on demand too, or they would serve only the MIG
-# devices they have (none).
 NODES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("gpu-node-h100", "hgx-h100-8", ("--dynamic-mig-gpus=0,1,2,3,6,7",)),
+    ("gpu-node-h100", "hgx-h100-8", ("--dynamic-mig-gpus=0,1,2,3",)),
     ("gpu-node-a100", "dgx-a100-8", ()),
     ("gpu-node-l4", "l4-2-pcie", ("--shared-gpus=all",)),
 )
