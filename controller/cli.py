@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from flexgpu.controller.cli_capacity import add_capacity
 from flexgpu.controller.cli_doctor import add_doctor
 from flexgpu.controller.cli_explain import add_explain
+from flexgpu.controller.cli_health import add_health
 from flexgpu.controller.cli_node_template import add_node_template
 from flexgpu.controller.cli_options import CliError, ExitCode
 from flexgpu.controller.cli_usage import add_usage
@@ -107,6 +108,7 @@ SUBCOMMANDS: tuple[Registrar, ...] = (
     add_usage,
     add_doctor,
     add_node_template,
+    add_health,
 )
 
 

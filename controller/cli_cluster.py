@@ -52,6 +52,19 @@ def _required(connection: Connection, what: str, function: Any, **kwargs: Any) -
         raise
 
 
+def list_slices(connection: Connection) -> list[dict[str, Any]]:
+    """This driver's ResourceSlices, as the API returns them."""
+    resource = client.ResourceV1Api(connection.api)
+    return _items(
+        _required(
+            connection,
+            "list ResourceSlices",
+            resource.list_resource_slice,
+            field_selector=f"spec.driver={DRIVER_NAME}",
+        )
+    )
+
+
 def read_cluster(
     connection: Connection, *, namespace: str | None, pods: bool = False
 ) -> ClusterRead:

@@ -61,7 +61,11 @@ def missing(cluster: ControlPlane) -> str:
 
 
 def chart_values(node: RealNode, image: str) -> list[str]:
-    return chart.plugin_values(node, image, TOPOLOGY)
+    # Every H200 of the topology is in MIG mode; a GPU in MIG mode without a mode of its own
+    # serves only the MIG devices it has (none here), so the plugin partitions them on
+    # demand, which also serves whole GPUs (the simulated GPUs switch without a reset).
+    dynamic = ["--set-string", "kubeletPlugin.dynamicMigGpus=all"]
+    return chart.plugin_values(node, image, TOPOLOGY) + dynamic
 
 
 def taint(node: RealNode) -> None:

@@ -203,6 +203,8 @@ class NvmlBackend(GpuBackend):
                     raw.append(self._read_gpu(index))
                 except GpuLostError:
                     self._note_lost(index)
+            # A GPU back on the bus is reported again if it is lost again.
+            self._reported_lost -= {gpu.uuid for gpu in raw}
             uuid_by_bus = {gpu.bus_id: gpu.uuid for gpu in raw}
             links = {
                 gpu.uuid: {

@@ -26,6 +26,7 @@ from pydantic import (
 
 from flexgpu.driver.quantity import parse_quantity
 from flexgpu.kubelet_plugin.api_limits import DEFAULT_BURST, DEFAULT_QPS
+from flexgpu.driver.durations import parse_duration
 from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
 DRIVER_NAME: Final = "gpu.flexgpu.dev"
@@ -129,6 +130,11 @@ class PluginConfig(BaseModel):
     # The API client's rate limit (client-go's --kube-api-qps and --kube-api-burst).
     kube_api_qps: float = Field(default=DEFAULT_QPS, gt=0, le=MAX_KUBE_API_QPS)
     kube_api_burst: int = Field(default=DEFAULT_BURST, ge=1, le=MAX_KUBE_API_BURST)
+    # Faults as device taints: auto (Kubernetes 1.36+, where they are on by default), on
+    # (1.35 with DRADeviceTaints on) or off (faulty GPUs are withdrawn from the slices).
+    health_taints: Literal["auto", "on", "off"] = "auto"
+    # A fault's taint goes once nothing of its kind has been seen for this long.
+    health_recovery_seconds: float = Field(default=300.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 
@@ -292,7 +298,7 @@ class _Setting:
     flag: str
     env: str
     help: str
-    kind: Literal["str", "path", "seconds", "number", "count", "port", "json"]
+    kind: Literal["str", "path", "seconds", "number", "count", "port", "json", "duration"]
 
 
 _SETTINGS: Final = (
@@ -456,6 +462,20 @@ _SETTINGS: Final = (
         "str",
     ),
     _Setting(
+        "health_taints",
+        "--health-taints",
+        "FLEXGPU_HEALTH_TAINTS",
+        "GPU faults as device taints: auto (default: Kubernetes 1.36+), on or off (withdraw)",
+        "str",
+    ),
+    _Setting(
+        "health_recovery_seconds",
+        "--health-recovery-period",
+        "FLEXGPU_HEALTH_RECOVERY_PERIOD",
+        "healthy time before a fault's taint is cleared, such as 90s or 5m (default 5m)",
+        "duration",
+    ),
+    _Setting(
         "log_level",
         "--log-level",
         "FLEXGPU_LOG_LEVEL",
@@ -496,6 +516,11 @@ _SETTINGS: Final = (
 def _convert(setting: _Setting, raw: str, source: str) -> str | Path | float | object:
     if setting.kind == "path":
         return Path(raw)
+    if setting.kind == "duration":
+        try:
+            return parse_duration(raw)
+        except ValueError as err:
+            raise ConfigError(f"{setting.field} ({source}): {err}") from None
     if setting.kind == "seconds":
         try:
             return float(raw)

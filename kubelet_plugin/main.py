@@ -93,6 +93,7 @@ def start_node(
     from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
     from flexgpu.kubelet_plugin.kube_api import KubeConfigError
     from flexgpu.kubelet_plugin.metrics_settings import MetricsSettingError, settings_from_env
+    from flexgpu.kubelet_plugin.mig_ownership import MigOwnership
     from flexgpu.kubelet_plugin.node_devices import NodeDevices
     from flexgpu.kubelet_plugin.node_events import NodeEventRecorder
     from flexgpu.kubelet_plugin.policy_agent import PolicyAgent
@@ -124,7 +125,10 @@ def start_node(
     events = NodeEventRecorder(api, config.node_name)
     count = len(backend.list_gpus())
     devices = NodeDevices(
-        backend, config.shared_gpu_indices(count), config.dynamic_mig_gpu_indices(count)
+        backend,
+        config.shared_gpu_indices(count),
+        config.dynamic_mig_gpu_indices(count),
+        health_taints=health_taints(config, api),
     )
     try:
         driver_edits = _driver_edits(config, devices)
@@ -159,7 +163,14 @@ def start_node(
         # `publisher` is bound below; nothing calls this before it is.
         publisher.set_devices(devices.slice_devices(), devices.counter_sets())
 
-    health = HealthMonitor(backend, devices, config.node_name, on_unhealthy=republish)
+    health = HealthMonitor(
+        backend,
+        devices,
+        config.node_name,
+        on_change=republish,
+        healthy_period_s=config.health_recovery_seconds,
+        events=events,
+    )
     # Prepares are served from here on; what follows only publishes and watches.
     served: DraDriver = preparer
     if observed:
@@ -175,7 +186,14 @@ def start_node(
     health.start()
     status.start()
     agent = PolicyAgent(
-        api, config.node_name, devices=devices, preparer=preparer, lock=lock, republish=republish
+        api,
+        config.node_name,
+        devices=devices,
+        preparer=preparer,
+        lock=lock,
+        republish=republish,
+        ignore_xids=health.set_ignored_xids,
+        ownership=MigOwnership(config.data_dir / "mig-owned.json"),
     )
     preparer.on_unprepared = agent.claim_unprepared
     agent.start()
@@ -214,6 +232,20 @@ def start_node(
         backend.close()
 
     return stop
+
+
+def health_taints(config: PluginConfig, api: KubeApi) -> bool:
+    """Whether GPU faults are published as device taints: ``auto`` asks the server, since
+    taints are on by default from Kubernetes 1.36 and an API server without them drops them,
+    which would leave a faulty GPU looking healthy; there the GPU is withdrawn instead."""
+    if config.health_taints != "auto":
+        return config.health_taints == "on"
+    try:
+        minor = int("".join(c for c in str(api.get("/version").get("minor", "")) if c.isdigit()))
+    except Exception as err:  # unknown server: withdrawing is right on every release
+        log.warning("cannot read the server version (%s); faulty GPUs are withdrawn", err)
+        return False
+    return minor >= 36
 
 
 def _mps_pods(

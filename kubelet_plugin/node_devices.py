@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from flexgpu.driver.backend import GpuBackend
 from flexgpu.driver.backend_errors import GpuBackendError
 from flexgpu.driver.cdi import CdiDevice
 from flexgpu.driver.config_resolution import DeviceType
+from flexgpu.driver.device_health import Fault, Scope, health_message, is_fatal
 from flexgpu.driver.gpu_model import GpuInfo, HealthState, MigDevice, MigProfile
 from flexgpu.driver.mig_devices import (
     MigPartition,
@@ -30,21 +32,39 @@ log = logging.getLogger(__name__)
 TAINT_KEY = "flexgpu.dev/reconfiguring"
 
 
+@dataclass
+class _Rendered:
+    """One GPU's devices as rendered from the backend, and what serving them needs."""
+
+    devices: list[SliceDevice] = field(default_factory=list)
+    counters: dict[str, Any] | None = None  # dynamic MIG: the GPU's shared counters
+    partitions: dict[str, MigPartition] = field(default_factory=dict)
+    static: dict[str, MigDevice] = field(default_factory=dict)
+    kinds: dict[str, DeviceType] = field(default_factory=dict)
+
+
 class NodeDevices:
     def __init__(
         self,
         backend: GpuBackend,
         shared: frozenset[int] | set[int] = frozenset(),
         dynamic_mig: frozenset[int] | set[int] = frozenset(),
+        *,
+        health_taints: bool = True,
     ) -> None:
         self.backend = backend
+        # Faults as device taints (Kubernetes 1.36+, or the gate on); else a GPU with a fatal
+        # fault is withdrawn from the slices.
+        self.health_taints = health_taints
         # Where device nodes are found; main.py points it at the driver root.
         self.nodes = DeviceNodes()
         self._lock = threading.RLock()
         self._modes: dict[int, GpuMode] = {i: GpuMode.SHARED for i in shared}
         self._modes.update({i: GpuMode.DYNAMIC_MIG for i in dynamic_mig})
         self._gpus: dict[str, GpuInfo] = {}
-        self._unhealthy: set[int] = set()
+        self._missing: set[int] = set()  # GPUs gone from the backend's list
+        self._health: dict[Scope, list[Fault]] = {}
+        self._rendered: dict[int, _Rendered] = {}
         self._devices: list[SliceDevice] = []
         self._counters: list[dict[str, Any]] = []
         self._partitions: dict[str, MigPartition] = {}  # dynamic: created on prepare
@@ -73,16 +93,53 @@ class NodeDevices:
         with self._lock:
             return self._modes.get(index, GpuMode.WHOLE)
 
+    def set_health(self, faults: Mapping[Scope, Sequence[Fault]]) -> None:
+        """(GPU index, None or one MIG device's name) -> its current faults
+        (health_monitor.py); republish afterwards."""
+        with self._lock:
+            self._health = {scope: list(f) for scope, f in faults.items() if f}
+        self.refresh()
+
+    def _faults_of(self, index: int, device_name: str) -> list[Fault]:
+        """The GPU's faults and the device's own (an Xid NVML put on its GPU instance)."""
+        return self._health.get((index, None), []) + self._health.get((index, device_name), [])
+
+    def device_on_instance(self, index: int, gpu_instance_id: int) -> str | None:
+        """The published MIG device that GPU instance of the GPU backs, if any."""
+        with self._lock:
+            for name, instance in self._static.items():
+                if (instance.parent_index, instance.gpu_instance_id) == (index, gpu_instance_id):
+                    return name
+            partitions = {
+                (p.profile_id, p.placement.start): n
+                for n, p in self._partitions.items()
+                if p.parent_index == index
+            }
+        if not partitions:
+            return None
+        try:
+            instances = self.backend.list_mig_devices(index)
+        except (GpuBackendError, OSError):
+            return None
+        for instance in instances:
+            if instance.gpu_instance_id == gpu_instance_id:
+                return partitions.get((instance.profile_id, instance.placement.start))
+        return None
+
     def refresh(self) -> None:
-        """Re-reads the GPUs (and their MIG state) and recomputes what is published."""
+        """Re-reads the GPUs (and their MIG state) and recomputes what is published.
+
+        A faulty GPU is published with its faults as device taints when the cluster has them
+        (``health_taints``), so admins and the scheduler see why; else a GPU with a fatal
+        fault is withdrawn, as on releases without taints. Either way its devices stay known
+        to the kubelet's health stream, and claims prepared on it stay prepared."""
         gpus = {gpu_device_name(g.index): g for g in self.backend.list_gpus()}
         with self._lock:
             # A GPU that fell off the bus leaves the backend's list; keep reporting it, as
             # unhealthy, so the kubelet and admins see what happened to it.
+            self._missing = {g.index for n, g in self._gpus.items() if n not in gpus}
             for name, gone in self._gpus.items():
-                if name not in gpus:
-                    gpus[name] = gone
-                    self._unhealthy.add(gone.index)
+                gpus.setdefault(name, gone)
             self._gpus = gpus
             devices: list[SliceDevice] = []
             # Published last: the scheduler fills devices first-fit in slice order, so a
@@ -92,51 +149,91 @@ class NodeDevices:
             partitions: dict[str, MigPartition] = {}
             static: dict[str, MigDevice] = {}
             kinds: dict[str, DeviceType] = {}
-            for gpu in sorted(self._current_gpus(), key=lambda g: g.index):
-                if gpu.health != HealthState.HEALTHY:
-                    continue  # nothing new lands on it; prepared claims stay
-                mine: list[SliceDevice] = []
-                mode = self._modes.get(gpu.index, GpuMode.WHOLE)
-                name = gpu_device_name(gpu.index)
-                switchable = mode == GpuMode.DYNAMIC_MIG and self._probe_switch(gpu)
-                is_dynamic = mode == GpuMode.DYNAMIC_MIG and (switchable or self._mig_ready(gpu))
-                if is_dynamic:
-                    profiles = self._dynamic_profiles(gpu.index)
-                    mine, parts = dynamic_mig_devices(gpu, profiles)
-                    if not switchable:
-                        # A whole GPU needs MIG mode off, which this GPU only reaches through
-                        # a reset: it serves partitions only (docs/admin.md).
-                        mine = [d for d in mine if d["name"] != name]
-                    else:
-                        kinds[name] = "gpu"
-                    counters.append(counter_set(gpu, profiles))
-                    partitions.update(parts)
-                    kinds.update({n: "mig" for n in parts})
-                elif mode == GpuMode.MIG and self._mig_ready(gpu):
-                    profiles = self.backend.mig_profiles(gpu.index)
-                    instances = self.backend.list_mig_devices(gpu.index)
-                    mine, parts = static_mig_devices(gpu, profiles, instances)
-                    by_placement = {(i.profile_id, i.placement.start): i for i in instances}
-                    for device_name, part in parts.items():
-                        static[device_name] = by_placement[(part.profile_id, part.placement.start)]
-                        kinds[device_name] = "mig"
-                elif mode == GpuMode.SHARED:
-                    mine = [shared_gpu_device(gpu)]
-                    kinds[name] = "shared"
-                else:
-                    mine = [whole_gpu_device(gpu)]
-                    kinds[name] = "gpu"
-                if gpu.index in self._taints:
-                    taint = {
-                        "key": TAINT_KEY,
-                        "value": self._taints[gpu.index],
-                        "effect": "NoSchedule",
-                    }
-                    for device in mine:
-                        device["taints"] = [taint]
-                (dynamic if is_dynamic else devices).extend(mine)
+            for gpu in sorted(self._gpus.values(), key=lambda g: g.index):
+                rendered = self._render_or_keep(gpu)
+                if rendered is None:
+                    continue
+                lost = gpu.index in self._missing
+                if lost and not self._health.get((gpu.index, None)):
+                    continue  # withdrawn until the health monitor has recorded the loss
+                reconfiguring = (
+                    [{"key": TAINT_KEY, "value": self._taints[gpu.index], "effect": "NoSchedule"}]
+                    if gpu.index in self._taints
+                    else []
+                )
+                mine = []
+                for device in rendered.devices:
+                    faults = self._faults_of(gpu.index, device["name"])
+                    if not self.health_taints:
+                        # Without taints the API server would drop them (and the publisher
+                        # keep rewriting a slice it can never match): withdraw instead.
+                        if not (lost or is_fatal(faults)):
+                            mine.append(
+                                {**device, "taints": reconfiguring} if reconfiguring else device
+                            )
+                        continue
+                    taints = [f.taint() for f in faults] + reconfiguring
+                    mine.append({**device, "taints": taints} if taints else device)
+                if rendered.counters is not None:
+                    counters.append(rendered.counters)
+                partitions.update(rendered.partitions)
+                static.update(rendered.static)
+                kinds.update(rendered.kinds)
+                (dynamic if rendered.counters is not None else devices).extend(mine)
             self._devices, self._counters = devices + dynamic, counters
             self._partitions, self._static, self._kinds = partitions, static, kinds
+
+    def _render_or_keep(self, gpu: GpuInfo) -> _Rendered | None:
+        """The GPU's devices now, or as last rendered when it cannot be read (lost, or
+        failing NVML calls), so its devices stay known while it is faulty."""
+        if gpu.index not in self._missing:
+            try:
+                self._rendered[gpu.index] = self._render(gpu)
+            except (GpuBackendError, OSError) as err:
+                log.warning(
+                    "GPU %d: cannot read its devices (%s); keeping the last", gpu.index, err
+                )
+        return self._rendered.get(gpu.index)
+
+    def _render(self, gpu: GpuInfo) -> _Rendered:
+        out = _Rendered()
+        mode = self._modes.get(gpu.index, GpuMode.WHOLE)
+        name = gpu_device_name(gpu.index)
+        switchable = mode == GpuMode.DYNAMIC_MIG and self._probe_switch(gpu)
+        if mode == GpuMode.DYNAMIC_MIG and (switchable or self._mig_ready(gpu)):
+            profiles = self._dynamic_profiles(gpu.index)
+            mine, parts = dynamic_mig_devices(gpu, profiles)
+            if not switchable:
+                # A whole GPU needs MIG mode off, which this GPU only reaches through a
+                # reset: it serves partitions only (docs/admin.md).
+                mine = [d for d in mine if d["name"] != name]
+            else:
+                out.kinds[name] = "gpu"
+            out.devices = mine
+            out.counters = counter_set(gpu, profiles)
+            out.partitions = parts
+            out.kinds.update({n: "mig" for n in parts})
+        elif (mode == GpuMode.MIG and self._mig_ready(gpu)) or self._adopt_mig(gpu, mode):
+            profiles = self.backend.mig_profiles(gpu.index)
+            instances = self.backend.list_mig_devices(gpu.index)
+            out.devices, parts = static_mig_devices(gpu, profiles, instances)
+            by_placement = {(i.profile_id, i.placement.start): i for i in instances}
+            for device_name, part in parts.items():
+                out.static[device_name] = by_placement[(part.profile_id, part.placement.start)]
+                out.kinds[device_name] = "mig"
+        elif mode == GpuMode.SHARED:
+            out.devices = [shared_gpu_device(gpu)]
+            out.kinds[name] = "shared"
+        else:
+            out.devices = [whole_gpu_device(gpu)]
+            out.kinds[name] = "gpu"
+        return out
+
+    def _adopt_mig(self, gpu: GpuInfo, mode: GpuMode) -> bool:
+        """A GPU without a mode of its own that is already in MIG mode (mig-parted, the GPU
+        operator, an admin) serves the MIG devices it has: a whole GPU in MIG mode cannot
+        run CUDA work. Nothing on it is created or destroyed."""
+        return mode == GpuMode.WHOLE and gpu.mig_mode is not None and gpu.mig_mode.current
 
     def _mig_ready(self, gpu: GpuInfo) -> bool:
         """MIG mode on, switching it on where that needs no reset; otherwise the GPU is
@@ -218,19 +315,23 @@ class NodeDevices:
     def _current_gpus(self) -> list[GpuInfo]:
         return [
             g.model_copy(update={"health": HealthState.UNHEALTHY})
-            if g.index in self._unhealthy
-            else g
+            if g.index in self._missing or is_fatal(self._health.get((g.index, None), ()))
+            else g.model_copy(update={"health": HealthState.HEALTHY})
             for g in self._gpus.values()
         ]
 
-    def mark_unhealthy(self, index: int) -> bool:
-        """Returns True when this changed the GPU's state."""
+    def device_health(self) -> list[tuple[str, bool, str]]:
+        """(device name, healthy, why not) for every device of every GPU, published or
+        withdrawn, in GPU order: what the kubelet's health stream reports."""
         with self._lock:
-            if index in self._unhealthy:
-                return False
-            self._unhealthy.add(index)
-        self.refresh()
-        return True
+            rows: list[tuple[str, bool, str]] = []
+            for index in sorted(self._rendered):
+                lost = index in self._missing
+                for device in self._rendered[index].devices:
+                    faults = self._faults_of(index, device["name"])
+                    why = health_message(faults) or ("GPU lost (not reachable)" if lost else "")
+                    rows.append((device["name"], not lost and not is_fatal(faults), why))
+            return rows
 
     # -- queries -------------------------------------------------------------------------
     def gpus(self) -> list[GpuInfo]:

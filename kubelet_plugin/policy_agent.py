@@ -30,6 +30,7 @@ from flexgpu.driver.node_policy import (
     PLURAL,
     VERSION,
     ConditionStatus,
+    ExistingMigDevices,
     GpuMode,
     GpuModeSpec,
     GpuNodePolicy,
@@ -46,6 +47,7 @@ from flexgpu.driver.node_policy import (
     set_condition,
 )
 from flexgpu.kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
+from flexgpu.kubelet_plugin.mig_ownership import MigOwnership
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import LockTimeout, PrepareLock, gpu_key
 from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
@@ -78,8 +80,14 @@ class PolicyAgent:
         lock: PrepareLock,
         republish: Callable[[], None],
         interval_s: float = RESYNC_S,
+        ignore_xids: Callable[[frozenset[int]], None] | None = None,
+        ownership: MigOwnership | None = None,
     ) -> None:
         self._api = api
+        # MIG devices flexgpu made for a layout; None: every instance counts as flexgpu's.
+        self._ownership = ownership
+        # Told the node's policy's spec.health.ignoredXids (health_monitor.py).
+        self._ignore_xids = ignore_xids
         self.node_name = node_name
         self.policies = WatchedObjects(
             api,
@@ -183,6 +191,9 @@ class PolicyAgent:
             log.warning("%s", message)
             self._waiting = False  # only a policy change (a watch event) can end a conflict
             return
+        if self._ignore_xids is not None:
+            health = choice.policy.spec.health if choice.policy is not None else None
+            self._ignore_xids(frozenset(health.ignoredXids or ()) if health else frozenset())
         wants = self._wants(choice.policy, gpus)
         busy = self._busy_gpus()
         modes: dict[int, GpuMode] = {g.index: self._devices.mode(g.index) for g in gpus}
@@ -221,10 +232,24 @@ class PolicyAgent:
                 return PolicyReason(str(reason)), text
         current_mode = modes.get(gpu.index, GpuMode.WHOLE)
         current_layout = self._current_layout(gpu)
-        if current_mode == want.mode and (
-            want.mode != GpuMode.MIG or current_layout == dict(want.layout or {})
-        ):
+        same_layout = current_layout == dict(want.layout or {})
+        if current_mode == want.mode and (want.mode != GpuMode.MIG or same_layout):
             return PolicyReason.APPLIED, ""
+        mig_on = gpu.mig_mode is not None and gpu.mig_mode.current
+        if want.mode == GpuMode.MIG and current_mode == GpuMode.WHOLE and mig_on and same_layout:
+            # Laid out beforehand exactly as asked (adopted): serve it, change nothing.
+            modes[gpu.index] = GpuMode.MIG
+            log.info("GPU %d: its MIG devices already match the policy's layout", gpu.index)
+            return PolicyReason.APPLIED, ""
+        foreign = self._foreign_mig_devices(gpu, current_mode)
+        if foreign and (want.spec is None or want.spec.existing_mig != ExistingMigDevices.REPLACE):
+            # Nothing new is kept off the GPU: it serves what it has until the admin decides.
+            where = f"spec.gpus[{want.spec.entry}]" if want.spec is not None else "a GpuNodePolicy"
+            return PolicyReason.PENDING, (
+                f"not changed to {_describe(want)}: GPU {gpu.index} holds MIG devices flexgpu "
+                f"did not create ({', '.join(foreign)}); set {where}.existingMigDevices: "
+                "Replace to let flexgpu destroy them"
+            )
         users = busy.get(gpu.index, [])
         if not users:
             try:
@@ -247,15 +272,32 @@ class PolicyAgent:
         log.info("GPU %d is now %s", gpu.index, _describe(want))
         return PolicyReason.APPLIED, ""
 
+    def _foreign_mig_devices(self, gpu: GpuInfo, current: GpuMode) -> list[str]:
+        """MIG devices on the GPU that flexgpu did not create, as ``profile@start``. On a
+        dynamic-MIG GPU every instance is a claim's (start-up reconcile removes others)."""
+        if self._ownership is None or current == GpuMode.DYNAMIC_MIG or not gpu.mig_capable:
+            return []
+        if gpu.mig_mode is None or not gpu.mig_mode.current:
+            return []
+        owned = self._ownership.owned()
+        return [
+            f"{d.profile_name}@{d.placement.start}"
+            for d in self._devices.backend.list_mig_devices(gpu.index)
+            if d.uuid is None or d.uuid not in owned
+        ]
+
     def _change(
         self, gpu: GpuInfo, current: GpuMode, want: Want, plan: list[MigPlacementPlan]
     ) -> None:
         backend = self._devices.backend
         mig_on = gpu.mig_mode is not None and gpu.mig_mode.current
         if mig_on:
-            # Idle GPU: any instance left is the old layout's (or a dynamic leftover).
+            # Idle GPU: any instance left is the old layout's, a dynamic leftover, or (with
+            # existingMigDevices: Replace) another tool's.
             for instance in backend.list_mig_devices(gpu.index):
                 backend.destroy_mig_device(gpu.index, instance.gpu_instance_id)
+                if self._ownership is not None and instance.uuid is not None:
+                    self._ownership.update(removed=[instance.uuid])
         if want.mode in (GpuMode.MIG, GpuMode.DYNAMIC_MIG) and not mig_on:
             mode = backend.set_mig_mode(gpu.index, True)
             if not mode.current:
@@ -263,7 +305,9 @@ class PolicyAgent:
         if want.mode in (GpuMode.WHOLE, GpuMode.SHARED) and mig_on:
             backend.set_mig_mode(gpu.index, False)
         for step in plan:
-            backend.create_mig_device(gpu.index, step.profile_id, step.placement)
+            made = backend.create_mig_device(gpu.index, step.profile_id, step.placement)
+            if self._ownership is not None and made.uuid is not None:
+                self._ownership.update(added=[made.uuid])
         self._devices.refresh()
 
     # -- inputs ----------------------------------------------------------------------------

@@ -64,6 +64,13 @@ class GpuMode(StrEnum):
     DYNAMIC_MIG = "DynamicMIG"  # MIG on, instances created per claim at any free placement
 
 
+class ExistingMigDevices(StrEnum):
+    """What a policy may do with MIG devices on a GPU that flexgpu did not create."""
+
+    KEEP = "Keep"  # never destroyed: a change that would destroy them waits for the admin
+    REPLACE = "Replace"  # destroyed like flexgpu's own once no claim uses the GPU
+
+
 class PolicyReason(StrEnum):
     """Reasons in ``status.nodes[*].gpus[*].reason`` and the nodes' ``Applied`` condition."""
 
@@ -138,6 +145,7 @@ def _timestamp(value: str) -> str:
 
 Mode: TypeAlias = Annotated[GpuMode, Strict(False), BeforeValidator(only_str)]
 Reason: TypeAlias = Annotated[PolicyReason, Strict(False), BeforeValidator(only_str)]
+Existing: TypeAlias = Annotated[ExistingMigDevices, Strict(False), BeforeValidator(only_str)]
 Status: TypeAlias = Annotated[ConditionStatus, Strict(False), BeforeValidator(only_str)]
 Operator: TypeAlias = Annotated[SelectorOperator, Strict(False), BeforeValidator(only_str)]
 LabelKey: TypeAlias = Annotated[str, AfterValidator(_label_key)]
@@ -306,6 +314,13 @@ class GpuSelection(StrictModel):
         default=None,
         description="With mode MIG: MIG instances to create, profile name to count, e.g. "
         '{"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}',
+    )
+    existingMigDevices: Existing = Field(
+        default=ExistingMigDevices.KEEP,
+        description="MIG devices on these GPUs that flexgpu did not create (made by "
+        "nvidia-mig-parted, the GPU operator or by hand): Keep (default) never destroys them, "
+        "so a change that would is left Pending; Replace destroys them once no claim uses the "
+        "GPU",
     )
 
     @model_validator(mode="after")

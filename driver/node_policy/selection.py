@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flexgpu.driver.gpu_model import GpuInfo
-from flexgpu.driver.node_policy.model import GpuMode, GpuNodePolicy
+from flexgpu.driver.node_policy.model import ExistingMigDevices, GpuMode, GpuNodePolicy
 from flexgpu.driver.opaque_config import GpuSharing
 
 
@@ -81,6 +81,7 @@ class GpuModeSpec:
     mig_layout: Mapping[str, int] | None = None
     sharing: GpuSharing | None = None
     ignored_xids: tuple[int, ...] = field(default=())
+    existing_mig: ExistingMigDevices = ExistingMigDevices.KEEP
 
 
 def gpu_modes(policy: GpuNodePolicy, gpus: Sequence[GpuInfo]) -> dict[int, GpuModeSpec]:
@@ -98,5 +99,6 @@ def gpu_modes(policy: GpuNodePolicy, gpus: Sequence[GpuInfo]) -> dict[int, GpuMo
                     mig_layout=dict(entry.migLayout) if entry.migLayout is not None else None,
                     sharing=spec.sharing,
                     ignored_xids=xids,
+                    existing_mig=entry.existingMigDevices,
                 )
     return dict(sorted(out.items()))

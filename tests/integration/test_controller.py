@@ -474,7 +474,8 @@ def test_flexgpu_explain_and_capacity(cluster: ControlPlane, api: Any, world: Wo
     assert capacity.returncode == 0, capacity.stderr
     rows = {(r["type"], r["product"], r["profile"]): r for r in json.loads(capacity.stdout)}
     h100 = rows[("gpu", "NVIDIA H100 80GB HBM3", "")]
-    assert h100["total"] >= 12 and h100["free"] <= h100["total"]
+    # hgx-h100-8's GPUs 6 and 7 are in MIG mode without instances: never published whole.
+    assert h100["total"] >= 10 and h100["free"] <= h100["total"]
     l4 = rows[("gpu", "NVIDIA L4", "")]
     assert l4["total"] >= 3 and l4["total"] - l4["free"] >= 2  # the hog holds two
     shared = rows[("shared", "NVIDIA L4", "")]

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.conftest import wait_for
+from flexgpu.controller import cli
+from tests.conftest import target_minor, wait_for
 from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
@@ -25,6 +26,7 @@ from tests.integration.gpu_workloads import (
     env_from_log,
     gpu_request,
     make_pod,
+    pending_reason,
     wait_container_output,
     wait_gone,
     wait_phase,
@@ -36,6 +38,7 @@ from tools.cluster.gpu_node import SimulatedGpuNode
 pytestmark = pytest.mark.integration
 
 NODE = "e2e-nvml"
+RECOVERY_S = 15  # the plugin's healthy period before a fault's taint goes
 PRINT = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|FLEXGPU_)' | sort; echo DONE; sleep 120"
 UUIDS = [f"GPU-{i:08x}-1111-4000-8000-00000000e2e0" for i in range(4)]
 # GPUs 0 and 1 are an NVLink pair; GPU 2 is an A100 whose MIG partitions are made on demand.
@@ -73,7 +76,11 @@ def node(cluster: ControlPlane, api: Any, machine: MockMachine) -> Iterator[Simu
         cluster.kubeconfig,
         NODE,
         "mixed",  # a label only: the NVML backend reads the library's machine
-        plugin_args=("--gpu-backend=nvml", "--dynamic-mig-gpus=2"),
+        plugin_args=(
+            "--gpu-backend=nvml",
+            "--dynamic-mig-gpus=2",
+            f"--health-recovery-period={RECOVERY_S}s",
+        ),
         plugin_env=_plugin_env(machine),
     )
     try:
@@ -196,11 +203,106 @@ def test_restart_adopts_the_instance_it_made(
     wait_for(lambda: instances(machine) == [], what="the adopted instance destroyed on release")
 
 
-def test_injected_xid_takes_the_gpu_out_of_service(
-    api: Any, node: SimulatedGpuNode, machine: MockMachine
+def taints(api: Any) -> dict[str, list[tuple[str, str, str]]]:
+    """Published devices and their taints, read as JSON (the client's models may predate
+    device taints)."""
+    response = client.ResourceV1Api(api).list_resource_slice(
+        field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}", _preload_content=False
+    )
+    return {
+        d["name"]: [(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints") or []]
+        for s in json.loads(response.data)["items"]
+        for d in s["spec"].get("devices") or []
+    }
+
+
+def test_injected_xid_taints_the_gpu_until_it_has_been_healthy_for_the_period(
+    cluster: ControlPlane,
+    api: Any,
+    namespace: str,
+    node: SimulatedGpuNode,
+    machine: MockMachine,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # The plugin counts as registered once any of its slices exists; devices may follow.
     wait_for(lambda: "gpu-3" in published(api), what="gpu-3 published")
     machine.inject_xid(3, 79)  # 79: the GPU fell off the bus
-    wait_for(lambda: "gpu-3" not in published(api), what="gpu-3 withdrawn after Xid 79")
-    assert {"gpu-0", "gpu-1"} <= published(api)
+    if target_minor() < 36:  # no device taints by default: withdrawn, then back
+        wait_for(lambda: "gpu-3" not in published(api), what="gpu-3 withdrawn after Xid 79")
+        assert {"gpu-0", "gpu-1"} <= published(api)
+        wait_for(lambda: "gpu-3" in published(api), timeout_s=4 * RECOVERY_S, what="gpu-3 back")
+        return
+    lost = ("gpu.flexgpu.dev/gpu-lost", "xid-79", "NoSchedule")
+    wait_for(lambda: taints(api).get("gpu-3") == [lost], what="gpu-3 tainted after Xid 79")
+    assert taints(api)["gpu-0"] == [] and taints(api)["gpu-1"] == []
+    # `flexgpu health` says which device and why.
+    assert cli.main(["health", f"--kubeconfig={cluster.kubeconfig}", "-o", "json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["node"] == NODE]
+    assert [(r["device"], r["effect"], r["reason"]) for r in rows] == [
+        ("gpu-3", "NoSchedule", "GPU lost: Xid 79 (GPU has fallen off the bus)")
+    ]
+    # A new claim that can only have gpu-3 is not allocated while the taint is there...
+    on_gpu_3 = f'device.attributes["{DRIVER}"].uuid == "{UUIDS[3]}"'
+    create_claim(api, namespace, "on-3", {"requests": [gpu_request(cel=on_gpu_3)]})
+    client.CoreV1Api(api).create_namespaced_pod(
+        namespace, make_pod("on-3", PRINT, {"g": {"resourceClaimName": "on-3"}}, NODE)
+    )
+    assert pending_reason(api, namespace, "on-3")
+    assert allocated(api, namespace, "on-3") == []
+    wait_for(
+        lambda: taints(api).get("gpu-3") == [],
+        timeout_s=4 * RECOVERY_S,
+        what=f"gpu-3's taint cleared {RECOVERY_S}s after the last Xid",
+    )
+    # ...and is, once it has gone.
+    wait_phase(api, namespace, "on-3", {"Running"}, timeout_s=90)
+    release(api, namespace, "on-3")
+
+
+def device_health_in_pod_status(api: Any, namespace: str, pod: str) -> dict[str, str]:
+    """resourceID (the device's CDI id) -> health, from the pod's
+    containerStatuses[].allocatedResourcesStatus (the kubelet's DRA manager fills it from the
+    plugin's health stream)."""
+    response = client.CoreV1Api(api).read_namespaced_pod(pod, namespace, _preload_content=False)
+    statuses = json.loads(response.data).get("status", {}).get("containerStatuses") or []
+    return {
+        r["resourceID"]: r.get("health", "")
+        for s in statuses
+        for a in s.get("allocatedResourcesStatus") or []
+        for r in a.get("resources") or []
+    }
+
+
+@pytest.mark.requires_k8s(
+    "1.36", "device health in pod status (ResourceHealthStatus) is beta from 1.36"
+)
+def test_a_running_pods_status_shows_its_gpu_unhealthy_then_healthy_again(
+    api: Any, namespace: str, node: SimulatedGpuNode, machine: MockMachine
+) -> None:
+    on_gpu_0 = f'device.attributes["{DRIVER}"].uuid == "{UUIDS[0]}"'
+    run(api, namespace, node, "watched", {"requests": [gpu_request(cel=on_gpu_0)]})
+
+    def gpu_0() -> str:
+        health = device_health_in_pod_status(api, namespace, "watched")
+        return next((h for r, h in health.items() if r.endswith("-gpu-0")), "")
+
+    wait_for(
+        lambda: gpu_0() == "Healthy",
+        timeout_s=60,
+        what="gpu-0 Healthy in the pod's status",
+    )
+    machine.inject_xid(0, 48)  # double-bit ECC error
+    wait_for(
+        lambda: gpu_0() == "Unhealthy",
+        timeout_s=60,
+        what="gpu-0 Unhealthy in the running pod's status after Xid 48",
+    )
+    assert client.CoreV1Api(api).read_namespaced_pod("watched", namespace).status.phase == (
+        "Running"
+    )
+    wait_for(
+        lambda: gpu_0() == "Healthy",
+        timeout_s=4 * RECOVERY_S + 30,
+        what="gpu-0 Healthy again after the healthy period",
+    )
+    release(api, namespace, "watched")

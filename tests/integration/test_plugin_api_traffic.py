@@ -128,7 +128,8 @@ def test_prepare_unprepare_cycle_costs_at_most_one_and_a_half_requests(
 ) -> None:
     admin = KubeApi.from_kubeconfig(cluster.kubeconfig)
     claims = [
-        (f"c{i}", allocated_claim(api, namespace, f"c{i}", f"gpu-{i % 8}"))
+        # GPUs 6 and 7 of hgx-h100-8 are in MIG mode: not whole GPUs.
+        (f"c{i}", allocated_claim(api, namespace, f"c{i}", f"gpu-{i % 6}"))
         for i in range(CYCLES + 1)
     ]
     socket = plugin.log_path.parent / "plugins" / DRIVER / "dra.sock"

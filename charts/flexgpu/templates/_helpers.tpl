@@ -90,3 +90,29 @@ system:serviceaccount:{{ include "flexgpu.namespace" . }}:{{ include "flexgpu.co
 {{- define "flexgpu.mpsDaemonPods" -}}
 {{- if and .Values.kubeletPlugin.mpsDaemonPods .Values.kubeletPlugin.nvidiaDriverRoot -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+The kubelet plugin's affinity: kubeletPlugin.affinity, with the device-plugin guard added to
+every required node selector term (terms are ORed, so each needs it), so no override of the
+affinity can put the plugin on a node NVIDIA's device plugin serves.
+*/}}
+{{- define "flexgpu.kubeletPluginAffinity" -}}
+{{- $affinity := deepCopy (.Values.kubeletPlugin.affinity | default dict) -}}
+{{- $guard := .Values.kubeletPlugin.devicePluginGuard -}}
+{{- if $guard.enabled -}}
+{{- $expr := dict "key" $guard.labelKey "operator" "NotIn" "values" (list "true") -}}
+{{- $node := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) -}}
+{{- $guarded := list -}}
+{{- range $terms -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $expr) -}}
+{{- $guarded = append $guarded $term -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $guarded -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- toYaml $affinity -}}
+{{- end -}}

@@ -228,7 +228,8 @@ def _problems(**spec: Any) -> list[str]:
         ),
         (
             {"gpus": [{"selector": {"all": True}, "mode": "Whole", "layout": {}}]},
-            "spec.gpus[0].layout: unknown field; allowed: selector, mode, migLayout",
+            "spec.gpus[0].layout: unknown field; allowed: selector, mode, migLayout, "
+            "existingMigDevices",
         ),
         (
             {"gpus": {"selector": {"all": True}, "mode": "Whole"}},
