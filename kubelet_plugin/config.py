@@ -24,9 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from flexgpu.driver.durations import parse_duration
 from flexgpu.driver.quantity import parse_quantity
 from flexgpu.kubelet_plugin.api_limits import DEFAULT_BURST, DEFAULT_QPS
-from flexgpu.driver.durations import parse_duration
 from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
 DRIVER_NAME: Final = "gpu.flexgpu.dev"
