@@ -12,9 +12,11 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 
 from demo import real_node, usage
@@ -65,6 +67,22 @@ NODES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpu-node-a100", "dgx-a100-8", ()),
     ("gpu-node-l4", "l4-2-pcie", ("--shared-gpus=all",)),
 )
+
+
+def mig_off_topology(name: str, folder: Path) -> Path:
+    """The built-in topology ``name`` with MIG mode off on every GPU, as these machines ship:
+    a GPU already in MIG mode publishes only the MIG devices it has (none here), never itself
+    whole, and the demo's whole-GPU workloads want the whole machine (its H100s' on-demand MIG
+    comes from the plugin's flag). Written as ``<folder>/<name>.yaml``, so its label stays."""
+    topology = yaml.safe_load(
+        (resources.files("flexgpu.driver") / "topologies" / f"{name}.yaml").read_text()
+    )
+    for gpu in topology["gpus"]:
+        gpu.pop("migEnabled", None)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(topology, sort_keys=False))
+    return path
 
 
 class DemoWorld:
@@ -130,6 +148,8 @@ class DemoWorld:
             creds / "controller.kubeconfig",
             seconds=86400,
         )
+        webhook_port = free_port()
+        self.point_webhooks_at(webhook_port)
         self.controller = Component(
             "flexgpu-controller",
             [
@@ -142,10 +162,12 @@ class DemoWorld:
                 "--recheck-interval=2",
                 "--metrics-port=0",
                 "--liveness-port=0",
-                "--webhook-listen=127.0.0.1:0",
+                f"--webhook-listen=127.0.0.1:{webhook_port}",
                 "--webhook-url-host=127.0.0.1",
                 f"--webhook-secret-namespace={SYSTEM_NAMESPACE}",
                 f"--webhook-configuration-name={WEBHOOK_CONFIGURATION}",
+                # As in the chart: its token may change only the caBundle of the configuration.
+                "--webhook-ca-bundle-only",
             ],
             self.workdir / "logs" / "controller.log",
         )
@@ -174,7 +196,7 @@ class DemoWorld:
             node = SimulatedGpuNode(
                 self.kubeconfig,
                 name,
-                topology,
+                str(mig_off_topology(topology, self.workdir / "topologies")),
                 root=root,
                 plugin_args=flags,
                 plugin_kubeconfig=plugin_config,
@@ -251,6 +273,25 @@ class DemoWorld:
         raise RuntimeError(
             f"admission webhook not effective after {timeout_s:.0f}s ({last})\n{tail}"
         )
+
+    def point_webhooks_at(self, port: int) -> None:
+        """The controller runs as a local process, not behind the chart's Service: as the
+        cluster's admin, point the chart's webhooks at its local port (same paths), which the
+        controller's token itself may not do."""
+        admission = client.AdmissionregistrationV1Api(self.api)
+        config = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        patch = []
+        for i, hook in enumerate(config.webhooks or []):
+            path = hook.client_config.service.path if hook.client_config.service else ""
+            patch += [
+                {"op": "remove", "path": f"/webhooks/{i}/clientConfig/service"},
+                {
+                    "op": "add",
+                    "path": f"/webhooks/{i}/clientConfig/url",
+                    "value": f"https://127.0.0.1:{port}{path}",
+                },
+            ]
+        admission.patch_validating_webhook_configuration(WEBHOOK_CONFIGURATION, patch)
 
     def stop(self) -> None:
         if self.real is not None:
