@@ -42,6 +42,7 @@ from flexgpu.driver.resource_slice import (
     whole_gpu_device,
 )
 from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology, with_mig_off
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 TOPOLOGY = "hgx-h100-8"
@@ -78,7 +79,10 @@ class NodeInventory:
 def inventory(
     node: str, folder: Path, dynamic: frozenset[int] = DYNAMIC, shared: frozenset[int] = SHARED
 ) -> NodeInventory:
-    backend = SimulatedBackend.from_topology(TOPOLOGY, node, state_path=folder / f"{node}.json")
+    # The H100 machine as it ships, MIG off everywhere: the publications compared are the
+    # plugin's modes (whole, on-demand MIG), not GPUs someone partitioned beforehand.
+    topology = with_mig_off(load_topology(TOPOLOGY))
+    backend = SimulatedBackend(topology, node, state_path=folder / f"{node}.json")
     devices = NodeDevices(backend, shared=shared, dynamic_mig=dynamic)
     gpus = sorted(devices.gpus(), key=lambda g: g.index)
     return NodeInventory(gpus, devices.mig_profiles(min(dynamic)), devices, dynamic, shared)

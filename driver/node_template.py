@@ -146,7 +146,10 @@ def _render_gpu(
         if needs_reset:
             devices = [d for d in devices if d["name"] != gpu_device_name(gpu.index)]
         return devices, counter_set(gpu, profiles)
-    if plan.mode == GpuMode.MIG and gpu.mig_capable:
+    adopted = plan.mode == GpuMode.WHOLE and gpu.mig_mode is not None and gpu.mig_mode.current
+    if (plan.mode == GpuMode.MIG and gpu.mig_capable) or adopted:
+        # A GPU already in MIG mode with no mode of its own serves the MIG devices it has,
+        # never itself whole (the plugin's adoption rule, kubelet_plugin/node_devices.py).
         devices, _ = static_mig_devices(
             gpu, backend.mig_profiles(gpu.index), backend.list_mig_devices(gpu.index)
         )

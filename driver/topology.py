@@ -115,6 +115,13 @@ class NodeTopology(_TopologyModel):
         return gpu.pcie_root or f"pci{self.bus_id(index)[:4]}:{0x0F + index * 0x10:02x}"
 
 
+def with_mig_off(topology: NodeTopology) -> NodeTopology:
+    """``topology`` with MIG mode off on every GPU, as such machines ship (benchmarks and the
+    demo want whole GPUs where the built-in topology has some in MIG mode)."""
+    gpus = tuple(g.model_copy(update={"mig_enabled": False}) for g in topology.gpus)
+    return topology.model_copy(update={"gpus": gpus})
+
+
 def builtin_topology_names() -> list[str]:
     folder = resources.files("flexgpu.driver") / "topologies"
     return sorted(

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexgpu.driver.log_format import configure_logging
-from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig, load_config
+from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig
+from flexgpu.kubelet_plugin.config_flags import load_config
 from flexgpu.kubelet_plugin.kubeletplugin import DraDriver, Server
 from flexgpu.kubelet_plugin.malloc_arenas import limit_malloc_arenas
 from flexgpu.kubelet_plugin.startup_gate import StartupGate

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from flexgpu.kubelet_plugin.config import ConfigError, load_config
+from flexgpu.kubelet_plugin.config import ConfigError
+from flexgpu.kubelet_plugin.config_flags import load_config
 from flexgpu.kubelet_plugin.kubeletplugin import probe as sockets_probe
 
 

@@ -420,7 +420,7 @@ def test_pods_carry_recommended_labels_annotations_and_security_contexts(helm: P
 
 def test_log_settings_reach_both_daemons_as_they_parse_them(helm: Path) -> None:
     from flexgpu.controller.main import build_parser
-    from flexgpu.kubelet_plugin.config import load_config
+    from flexgpu.kubelet_plugin.config_flags import load_config
 
     templates = _pod_templates(render(helm, "logLevel=debug", "logFormat=text"))
     plugin_args = templates["DaemonSet"]["spec"]["containers"][0]["args"]

@@ -53,7 +53,9 @@ def policy(gpus: list[dict[str, Any]]) -> Any:
 
 def test_whole_gpus_by_default_one_per_gpu_in_index_order() -> None:
     template = render_node_template(H100)
-    assert [d["name"] for d in template.devices()] == [f"gpu-{i}" for i in range(8)]
+    # GPUs 6 and 7 of the topology are in MIG mode: they serve the MIG devices they have
+    # (none on a new node), never themselves whole, as the plugin does.
+    assert [d["name"] for d in template.devices()] == [f"gpu-{i}" for i in range(6)]
     assert {attribute(d, "type") for d in template.devices()} == {"gpu"}
     assert template.modes == dict.fromkeys(range(8), GpuMode.WHOLE)
     assert template.specs[0]["pool"]["resourceSliceCount"] == 1
@@ -72,8 +74,9 @@ def test_on_demand_mig_publishes_counters_first_and_its_gpus_last() -> None:
     assert [c["name"] for c in counters["sharedCounters"]] == ["gpu-0"]
     names = [d["name"] for d in devices["devices"]]
     # Ordinary GPUs first (first fit), then GPU 0 whole, then its partitions.
-    assert names[:8] == ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7", "gpu-0"]
-    assert all(n.startswith("gpu-0-mig-") for n in names[8:]) and len(names) > 20
+    # (GPUs 6 and 7 are in MIG mode with no MIG devices: nothing of theirs is published.)
+    assert names[:6] == ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-0"]
+    assert all(n.startswith("gpu-0-mig-") for n in names[6:]) and len(names) > 20
 
 
 def test_mig_mode_needing_a_reset_leaves_out_the_whole_gpu_of_on_demand_mig_gpus() -> None:
@@ -129,7 +132,8 @@ def test_runtime_values_are_placeholders_that_group_as_on_the_node() -> None:
                 assert is_placeholder(attribute(device, name)), (device["name"], name)
     # NVSwitch: one NVLink domain for all; each GPU its own UUID and PCI address.
     assert len({attribute(d, "nvlinkDomain") for d in devices.values()}) == 1
-    assert len({attribute(devices[f"gpu-{i}"], "uuid") for i in range(8)}) == 8
+    whole = [0, 1, 2, 3, 4, 5, 7]  # GPU 6 is in MIG mode with no MIG devices
+    assert len({attribute(devices[f"gpu-{i}"], "uuid") for i in whole}) == len(whole)
     # A partition's parent is its GPU, placeholder for placeholder.
     gpu7 = attribute(devices["gpu-7"], "uuid")
     partitions = [d for n, d in devices.items() if n.startswith("gpu-7-mig-")]

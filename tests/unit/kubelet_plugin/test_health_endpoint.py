@@ -87,7 +87,8 @@ def test_plugin_readiness_waits_for_prepares_and_a_published_slice() -> None:
 def test_the_charts_health_port_setting_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """FLEXGPU_HEALTH_PORT as the chart sets it (a string) configures the port; a bad one is
     refused naming the setting and what is allowed."""
-    from flexgpu.kubelet_plugin.config import ConfigError, load_config
+    from flexgpu.kubelet_plugin.config import ConfigError
+    from flexgpu.kubelet_plugin.config_flags import load_config
 
     monkeypatch.setenv("FLEXGPU_NODE_NAME", "node-a")
     monkeypatch.setenv("FLEXGPU_HEALTH_PORT", "8083")

@@ -9,9 +9,9 @@ from flexgpu.kubelet_plugin.config import (
     DRIVER_NAME,
     ConfigError,
     PluginConfig,
-    load_config,
     make_config,
 )
+from flexgpu.kubelet_plugin.config_flags import load_config
 
 
 def test_defaults_and_derived_paths() -> None:

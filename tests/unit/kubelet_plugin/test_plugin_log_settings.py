@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flexgpu.kubelet_plugin.config import ConfigError, load_config
+from flexgpu.kubelet_plugin.config import ConfigError
+from flexgpu.kubelet_plugin.config_flags import load_config
 
 
 def test_defaults_flags_and_environment() -> None:
