@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -385,13 +386,15 @@ class RealNode:
             text = kubelet.log_path.read_text(errors="replace")
         except OSError:
             return False
-        # The DRA plugin manager logs each connect and disconnect; the last one counts.
-        changes = [
-            line
-            for line in text.splitlines()
-            if "Connection changed" in line and f'driverName="{driver}"' in line
-        ]
-        return bool(changes) and "connected=true" in changes[-1]
+        # The DRA plugin manager logs each connect and disconnect per endpoint (socket); in a
+        # rolling update the old plugin's endpoint disconnects after the new one connected,
+        # so the last line of each endpoint counts, and any endpoint connected will do.
+        last: dict[str, bool] = {}
+        for line in text.splitlines():
+            if "Connection changed" in line and f'driverName="{driver}"' in line:
+                found = re.search(r'endpoint="([^"]*)"', line)
+                last[found.group(1) if found else ""] = "connected=true" in line
+        return any(last.values())
 
     def log_tails(self) -> str:
         """Each component's log tail, for failure messages."""
