@@ -470,6 +470,10 @@ def _create_policy(objects: Any, body: dict[str, Any]) -> bool:
             return True
         if error.status == 404:
             return False
+        if error.status == 500 and "failed calling webhook" in str(error.body):
+            # The apiserver has not yet loaded the webhook's failurePolicy: Ignore (a loaded
+            # machine showed this lag): try again.
+            return False
         raise
     return True
 
