@@ -18,14 +18,11 @@ from fractions import Fraction
 from flexgpu.driver.allocation import capacity as cap
 from flexgpu.driver.allocation.allocator import (
     NOT_ALLOCATABLE,
-    ClusterVerdict,
     Outcome,
-    SelectorCache,
     Verdict,
     allocate,
-    allocate_anywhere,
-    tainted,
 )
+from flexgpu.driver.allocation.anywhere import ClusterVerdict, allocate_anywhere
 from flexgpu.driver.allocation.cel import SelectorError
 from flexgpu.driver.allocation.describe import plural, summarize_kinds
 from flexgpu.driver.allocation.model import (
@@ -39,6 +36,7 @@ from flexgpu.driver.allocation.model import (
 )
 from flexgpu.driver.allocation.nodes import node_matches
 from flexgpu.driver.allocation.pools import Pool, SliceIndex, slice_visible
+from flexgpu.driver.allocation.selectors import SelectorCache, tainted
 from flexgpu.driver.allocation.state import AllocatedState, DeviceId, allocated_state
 
 # Reasons a device in the request's class is not usable, in the order they are checked.
