@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,15 @@ class NvmlCalls(GpuBackend):
             return self._call(function, *args)
         except (NotSupportedError, NotFoundError, InvalidArgumentError):
             return None
+
+    def _mig_device_handles(self, handle: Any) -> Iterator[tuple[int, Any]]:
+        """(GPU instance id, NVML handle) of every MIG device of the GPU; empty slots skipped."""
+        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+            except NotFoundError:
+                continue
+            yield int(self._call("nvmlDeviceGetGpuInstanceId", mig)), mig
 
     def _handle(self, index: int) -> Any:
         try:

@@ -9,7 +9,6 @@ import pynvml
 
 from flexgpu.driver.backend_errors import (
     GpuLostError,
-    NotFoundError,
     NotSupportedError,
 )
 from flexgpu.driver.gpu_model import (
@@ -124,12 +123,7 @@ class NvmlHealth(NvmlCalls):
             mode = self._optional("nvmlDeviceGetMigMode", handle)
             instances: dict[int, int | None] = {}
             if mode is not None and int(mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE:
-                for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
-                    try:
-                        mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-                    except NotFoundError:
-                        continue
-                    gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
+                for gi_id, mig in self._mig_device_handles(handle):
                     info = self._optional("nvmlDeviceGetMemoryInfo", mig)
                     instances[gi_id] = None if info is None else int(info.used) // MIB
         usage = usage_from_processes(

@@ -117,12 +117,7 @@ class NvmlMig(NvmlCalls):
     def _mig_handles(self, handle: Any) -> dict[int, list[tuple[int, str]]]:
         """GPU instance id -> (compute instance id, MIG UUID) of every MIG device."""
         found: dict[int, list[tuple[int, str]]] = {}
-        for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
-            try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-            except NotFoundError:
-                continue
-            gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
+        for gi_id, mig in self._mig_device_handles(handle):
             ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mig))
             found.setdefault(gi_id, []).append(
                 (ci_id, nvml_text(self._call("nvmlDeviceGetUUID", mig)))
