@@ -229,7 +229,7 @@ def test_fractions_of_four_namespaces_created_at_once_never_share_a_daemon(
         "(unschedulable by the tenant selector)"
     )
     assert len(refused) + len(pending) == (TENANTS - len(served)) * CLAIMS_PER_TENANT
-    (waiting,) = [ns for ns in tenants if ns not in served][:1] or [""]
+    waiting = next(ns for ns in tenants if ns not in served)
 
     # Once published, the scheduler never allocates another namespace on a served GPU: a
     # new batch of a waiting namespace stays Pending, none of it refused in prepare.
