@@ -85,6 +85,11 @@ def _wait_until_mutating(api: Any) -> None:
         return bool(made.spec.devices.requests[0].exactly.selectors)
 
     wait_for(mutated, timeout_s=30, what="the tenancy webhook to mutate claims")
+    # Templates too: the claims stamped from them carry the selector from the start.
+    template = {"metadata": {"name": "tenancy-probe"}, "spec": {"spec": {"devices": _share()}}}
+    made = resources.create_namespaced_resource_claim_template("default", template, dry_run="All")
+    (selector,) = made.spec.spec.devices.requests[0].exactly.selectors
+    assert selector.cel.expression == tenant_expression("default")
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +164,13 @@ def _outcomes(
     return outcome
 
 
-def _create(api: Any, pods: list[tuple[str, str]]) -> None:
+def _create(api: Any, pods: list[tuple[str, str]], selector: str | None = None) -> None:
     core = client.CoreV1Api(api)
+    devices = _share()
+    if selector is not None:
+        devices["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": selector}}]
     for ns, name in pods:
-        create_claim(api, ns, name, _share())
+        create_claim(api, ns, name, devices)
     for ns, name in pods:
         core.create_namespaced_pod(
             ns, make_pod(name, PRINT, {"g": {"resourceClaimName": name}}, NODE)
@@ -235,6 +243,12 @@ def test_fractions_of_four_namespaces_created_at_once_never_share_a_daemon(
     if len(served) == 2:
         late = [(waiting, f"late-{i}") for i in range(CLAIMS_PER_TENANT)]
         _create(api, late)
+        # One that names a served namespace's GPU itself: ANDed with its own namespace's
+        # selector, it matches no GPU at all.
+        holder = sorted(served)[0]
+        sneaky = f'device.attributes["gpu.flexgpu.dev"].tenant == "{holder}"'
+        _create(api, [(waiting, "late-sneaky")], selector=sneaky)
+        late.append((waiting, "late-sneaky"))
         settled = wait_for(
             lambda: _outcomes(api, node, late), timeout_s=60, what="the late pods settled"
         )
