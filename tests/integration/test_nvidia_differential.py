@@ -5,9 +5,9 @@ beforehand, as mig-parted leaves them) in the same driver root, and the Resource
 publishes are compared device by device — names, attributes, capacities, counter consumption,
 shared counters, MIG profiles and placements, static (NVIDIA's chart's gates) and dynamic
 (NVIDIA's DynamicMIG, flexgpu's --dynamic-mig-gpus=all) — and health: the same Xids (79, 48,
-13) injected and the same GPU lost on both machines, and what each then publishes. Every difference must be
-listed with its reason in docs/nvidia-differential.md; an unlisted one, or a listed one that no
-longer exists, fails the test."""
+13) injected and the same GPU lost on both machines, and what each then publishes. Every
+difference must be listed with its reason in docs/nvidia-differential.md; an unlisted one, or a
+listed one that no longer exists, fails the test."""
 
 from __future__ import annotations
 
