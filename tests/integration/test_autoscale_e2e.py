@@ -231,26 +231,57 @@ def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_i
     def pods() -> dict[str, Any]:
         return {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
 
+    def more_nodes_than_decided() -> None:
+        launched = nodeclaims(api)
+        if len(launched) > EXPECTED_NODES:
+            raise AssertionError(
+                f"Karpenter launched {len(launched)} nodes, more than its decision of "
+                f"{EXPECTED_NODES}: the nodes did not serve what their template promised; "
+                f"pods {states()}\nkarpenter log:\n{karpenter.log_tail(40)}"
+            )
+
+    def states() -> dict[str, tuple[str, str]]:
+        return {n: (p.status.phase, p.spec.node_name) for n, p in pods().items()}
+
+    # Karpenter's decision: the nodes it launched, each playing its part once up.
+    def nodes_up() -> bool:
+        more_nodes_than_decided()
+        ready = [r for r in agent.records.values() if r.ready_s is not None or r.error]
+        return len(ready) == EXPECTED_NODES
+
+    try:
+        wait_for(nodes_up, timeout_s=300, interval_s=1, what=f"{EXPECTED_NODES} nodes launched")
+    except pytest.fail.Exception:
+        pytest.fail(
+            f"nodes {agent.records}; pods {states()}\nkarpenter log:\n{karpenter.log_tail(60)}"
+        )
+    assert not agent.errors(), agent.errors()
+
+    # What the plugin published on each node is the template Karpenter simulated.
+    template = render_node_template(load_topology(INSTANCE.topology), INSTANCE.policy)
+    for node in agent.records:
+        differences = template_differences(template, published(api, node), node)
+        assert not differences, f"{node}:\n" + "\n".join(differences[:40])
+
     running_at: dict[str, float] = {}
 
     def all_running() -> bool:
+        more_nodes_than_decided()
         for name, p in pods().items():
             if p.status.phase == "Running":
                 running_at.setdefault(name, time.monotonic() - created)
         return len(running_at) == len(WORKLOADS)
 
     try:
-        wait_for(all_running, timeout_s=600, interval_s=1, what="every GPU pod Running")
+        wait_for(all_running, timeout_s=300, interval_s=1, what="every GPU pod Running")
     except pytest.fail.Exception:
-        states = {n: (p.status.phase, p.spec.node_name) for n, p in pods().items()}
         pytest.fail(
-            f"pods {states}; nodes played {agent.records}; agent errors {agent.errors()}\n"
+            f"pods {states()}; nodes played {agent.records}\n"
             f"karpenter log:\n{karpenter.log_tail(60)}"
         )
-    assert not agent.errors(), agent.errors()
 
-    # Karpenter's decision: the nodes it launched, each initialized once its DRA driver
-    # published a complete pool (the requested-dra-drivers annotation names flexgpu).
+    # Each node was initialized once its DRA driver published a complete pool (the
+    # requested-dra-drivers annotation names flexgpu: Karpenter's DRA simulation chose it).
     claims = nodeclaims(api)
     assert len(claims) == EXPECTED_NODES, [nc["metadata"]["name"] for nc in claims]
     for nc in claims:
@@ -261,12 +292,6 @@ def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_i
         assert conditions.get("Initialized") == "True", conditions
     launched = {nc["status"]["nodeName"] for nc in claims}
     assert launched == set(agent.records), (launched, agent.records)
-
-    # What the plugin published on each node is the template Karpenter simulated.
-    template = render_node_template(load_topology(INSTANCE.topology), INSTANCE.policy)
-    for node in launched:
-        differences = template_differences(template, published(api, node), node)
-        assert not differences, f"{node}:\n" + "\n".join(differences[:40])
 
     # The pods run on those nodes, on devices of the node's own pool.
     for name, p in pods().items():
