@@ -10,7 +10,8 @@ template and kube-scheduler, not Karpenter, places the pods. A mismatch between 
 expected and what the plugin published fails the test three ways: a node's slices differ from
 the template (field by field, placeholders aside), a pod the launched nodes should serve stays
 pending, or Karpenter launches more nodes than its first decision. Then the pods finish, the
-GPUs go idle, and consolidation removes every node with its slices.
+GPUs go idle, and consolidation removes each node with its slices: first the node whose pods
+finished while the other stays busy, then the last.
 
 Slow and built apart (Karpenter's controller, Go, many minutes cold): runs only with
 FLEXGPU_AUTOSCALE_E2E=1, as ``make test-autoscale`` sets it."""
@@ -125,7 +126,7 @@ def nodepool() -> dict[str, Any]:
 
 
 def pod(name: str, done: Path) -> dict[str, Any]:
-    """Runs until ``done`` exists, then exits 0; only Karpenter's nodes may take it."""
+    """Runs until ``done``/<name> exists, then exits 0; only Karpenter's nodes may take it."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -138,7 +139,11 @@ def pod(name: str, done: Path) -> dict[str, Any]:
                 {
                     "name": "main",
                     "image": "none",
-                    "command": ["/bin/sh", "-c", f"while [ ! -e {done} ]; do sleep 0.2; done"],
+                    "command": [
+                        "/bin/sh",
+                        "-c",
+                        f"while [ ! -e {done / name} ]; do sleep 0.2; done",
+                    ],
                     "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpus"}]},
                 }
             ],
@@ -214,6 +219,7 @@ def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_i
     core = client.CoreV1Api(api)
     resource = client.ResourceV1Api(api)
     done = tmp_path / "done"
+    done.mkdir()
     for name, devices in WORKLOADS.items():
         resource.create_namespaced_resource_claim_template(
             namespace,
@@ -303,27 +309,47 @@ def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_i
     # Nothing more was launched once the pods ran.
     assert len(nodeclaims(api)) == EXPECTED_NODES
 
-    # The work ends: every pod succeeds, its claim is released, the GPUs go idle.
-    done.touch()
-    finished = time.monotonic()
-    wait_for(
-        lambda: all(p.status.phase == "Succeeded" for p in pods().values()),
-        timeout_s=120,
-        interval_s=1,
-        what="every GPU pod Succeeded",
-    )
-    try:
+    def finish(names: set[str]) -> None:
+        for name in names:
+            (done / name).touch()
         wait_for(
-            lambda: not nodeclaims(api) and all(r.gone_s for r in agent.records.values()),
-            timeout_s=600,
+            lambda: all(pods()[n].status.phase == "Succeeded" for n in names),
+            timeout_s=120,
             interval_s=1,
-            what="consolidation removed every idle GPU node",
+            what=f"{sorted(names)} Succeeded",
         )
-    except pytest.fail.Exception:
-        pytest.fail(
-            f"left: {[nc['metadata']['name'] for nc in nodeclaims(api)]}; nodes {agent.records}\n"
-            f"karpenter log:\n{karpenter.log_tail(60)}"
-        )
+
+    def removed(nodes: set[str]) -> bool:
+        left = {nc["status"].get("nodeName") for nc in nodeclaims(api)}
+        return not nodes & left and all(agent.records[n].gone_s for n in nodes)
+
+    def wait_removed(nodes: set[str], what: str) -> None:
+        try:
+            wait_for(lambda: removed(nodes), timeout_s=300, interval_s=1, what=what)
+        except pytest.fail.Exception:
+            pytest.fail(
+                f"left: {[nc['metadata']['name'] for nc in nodeclaims(api)]}; "
+                f"nodes {agent.records}\nkarpenter log:\n{karpenter.log_tail(60)}"
+            )
+
+    # The work on one node ends (nvlink-b's; nvlink-a runs on the other): its pods succeed,
+    # their claims are released, its GPUs go idle and consolidation removes it, while the
+    # busy node stays with its pods running.
+    placed = {n: p.spec.node_name for n, p in pods().items()}
+    idle = placed["nvlink-b"]
+    (busy,) = launched - {idle}
+    finished = time.monotonic()
+    finish({n for n, node in placed.items() if node == idle})
+    wait_removed({idle}, f"consolidation removed the idle node {idle}")
+    one_removed_after = time.monotonic() - finished
+    assert {nc["status"]["nodeName"] for nc in nodeclaims(api)} == {busy}
+    still = {n: p.status.phase for n, p in pods().items() if placed[n] == busy}
+    assert set(still.values()) == {"Running"}, still
+
+    # Then the rest ends and the last node goes too.
+    finished = time.monotonic()
+    finish({n for n, node in placed.items() if node == busy})
+    wait_removed(launched, "consolidation removed every idle GPU node")
     removed_after = time.monotonic() - finished
     for node in launched:
         assert not published(api, node), f"{node}: slices left after the node went away"
@@ -332,8 +358,9 @@ def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_i
         assert gone.value.status == 404
     ready = sorted(r.ready_s - r.seen_s for r in agent.records.values() if r.ready_s is not None)
     print(
-        f"\nautoscale e2e: {len(launched)} nodes; pending to Running per pod "
+        f"\nautoscale e2e: {len(launched)} nodes; pods on the first removed "
+        f"{sorted(n for n, node in placed.items() if node == idle)}; pending to Running per pod "
         f"{ {n: round(s, 1) for n, s in sorted(running_at.items())} } s; node up to plugin "
-        f"registered {[round(s, 1) for s in ready]} s; pods done to nodes removed "
-        f"{removed_after:.1f} s"
+        f"registered {[round(s, 1) for s in ready]} s; pods done to node removed "
+        f"{one_removed_after:.1f} s (one node, the other busy), {removed_after:.1f} s (the last)"
     )
