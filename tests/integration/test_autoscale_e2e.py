@@ -126,11 +126,15 @@ def nodepool() -> dict[str, Any]:
 
 
 def pod(name: str, done: Path) -> dict[str, Any]:
-    """Runs until ``done``/<name> exists, then exits 0; only Karpenter's nodes may take it."""
+    """Runs until ``done``/<name> exists, then exits 0; only Karpenter's nodes may take it.
+    Karpenter must not move it while it runs: without ``do-not-disrupt``, consolidation
+    (Underutilized) may delete a busy node whose pods' claims fit another node's idle GPUs,
+    evicting them (seen in a run: the node of four running pods went instead of the idle one),
+    as a GPU job's owner would not have it."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "annotations": {f"{KARPENTER}/do-not-disrupt": "true"}},
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,

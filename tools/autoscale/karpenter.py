@@ -177,9 +177,10 @@ class Karpenter:
             "METRICS_PORT": str(_free_port()),
             "HEALTH_PROBE_PORT": str(self.health_port),
             "LOG_LEVEL": "debug",
-            # Short batches: the test's pods arrive together.
-            "BATCH_IDLE_DURATION": "1s",
-            "BATCH_MAX_DURATION": "5s",
+            # Short batches (defaults 1 s idle, 10 s at most): a test's pods arrive together, but
+            # on a loaded machine their creations can be more than a second apart.
+            "BATCH_IDLE_DURATION": "2s",
+            "BATCH_MAX_DURATION": "10s",
             "CPU_REQUESTS": "1000",
             "PATH": "/usr/bin:/bin",
         }
