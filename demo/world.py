@@ -222,6 +222,8 @@ class DemoWorld:
             real_node.NAME,
             gpus=real_node.GPUS,
             labels={"flexgpu.dev/topology": real_node.TOPOLOGY},
+            # The chart's values are rendered before the node (and a registry) exists.
+            pull_flexgpu=False,
         )
         try:
             self.real.images = build_all()

@@ -27,6 +27,7 @@ from tools.cluster.process import Component
 from tools.images.build import BuiltImage, build_all
 from tools.node import cgroups, configs, credentials, driver_root, namespace, reaper
 from tools.node.binaries import node_binaries
+from tools.node.image_source import ImageSource
 
 GPU_LABEL = "nvidia.com/gpu.present"
 
@@ -74,6 +75,7 @@ class RealNode:
         gpus: int = 4,
         labels: dict[str, str] | None = None,
         root: Path | None = None,
+        pull_flexgpu: bool = True,
     ) -> None:
         self.cluster = cluster
         self.name = name
@@ -87,6 +89,12 @@ class RealNode:
         self.cgroup_root = f"/flexgpu-node-{self.layout.root.name}"
         self.api: Any = cluster.api_client()
         self.images: dict[str, BuiltImage] = {}
+        # The flexgpu image as the chart pulls it: pushed to the node's local registry (or,
+        # without pull_flexgpu, side-loaded like the other images, for callers that render
+        # the chart's values before the node starts).
+        self.pull_flexgpu = pull_flexgpu
+        self.image_source = ImageSource(self.layout, name)
+        self.flexgpu_image = ""
         self.bin_dir = Path()
         self.holder: Component | None = None
         self.forwarder: Component | None = None
@@ -110,6 +118,8 @@ class RealNode:
         reaper.reap_stale_nodes()
         self.bin_dir = node_binaries()
         self.images = build_all()
+        if self.pull_flexgpu:
+            self.image_source.start()
         for d in (layout.logs, layout.cni_conf_dir, layout.cdi_dir, layout.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         self.driver = driver_root.create(layout.driver_root, self.gpus, _nvml_mock_library())
@@ -164,9 +174,19 @@ class RealNode:
             30,
             "API forwarding",
         )
+        if self.pull_flexgpu:
+            self.image_source.forward_into(self.holder_pid)
         self.start_containerd(timeout_s)
-        for image in self.images.values():
-            self.import_image(image)
+        # The sandbox and workload images are side-loaded (they stand for images a cluster
+        # already has); the flexgpu image is pulled from the registry, as a release is.
+        for role, image in self.images.items():
+            if role != "flexgpu" or not self.pull_flexgpu:
+                self.import_image(image)
+        self.flexgpu_image = (
+            self.image_source.push(self.images["flexgpu"])
+            if self.pull_flexgpu
+            else self.images["flexgpu"].name
+        )
         self.start_kubelet(timeout_s)
         self.start_daemonset_controller(timeout_s)
 
@@ -324,6 +344,7 @@ class RealNode:
         for component in (self.containerd, self.forwarder):
             if component is not None:
                 component.stop()
+        self.image_source.stop()
         if self.holder is not None and self.holder.pid is not None:
             # Shims outlive containerd: end everything still in the node's namespace.
             for pid in namespace.pids_in_namespace(self.holder.pid):
