@@ -38,6 +38,10 @@ def test_one_recipe_no_container_engine_and_no_second_image_definition() -> None
     # Debian 12's packages are the image's Python: the job runs where apt gives them.
     job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["release"]
     assert job["container"] == "debian:12"
+    # A bare Debian container: what the later steps run must be installed first.
+    install = steps[0]["run"]
+    for package in ("git", "make", "gcc", "libc6-dev", "python3-venv", "ca-certificates", "gh"):
+        assert f" {package}" in install, package
 
 
 def test_workflow_tests_before_it_releases() -> None:
