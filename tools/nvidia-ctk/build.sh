@@ -2,7 +2,7 @@
 # Builds nvidia-ctk and nvidia-cdi-hook (NVIDIA Container Toolkit, pinned in go.mod) and our
 # flexgpu-cdi-common (the toolkit's generator for the CDI edits every GPU container needs)
 # into a cache folder outside the repo, and prints that folder on the last line of stdout.
-# A warm cache returns at once. tools/images puts these programs into the flexgpu image.
+# A warm cache returns at once. The Containerfile builds the same programs into the image.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
