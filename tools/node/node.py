@@ -75,7 +75,6 @@ class RealNode:
         gpus: int = 4,
         labels: dict[str, str] | None = None,
         root: Path | None = None,
-        pull_flexgpu: bool = True,
     ) -> None:
         self.cluster = cluster
         self.name = name
@@ -89,10 +88,7 @@ class RealNode:
         self.cgroup_root = f"/flexgpu-node-{self.layout.root.name}"
         self.api: Any = cluster.api_client()
         self.images: dict[str, BuiltImage] = {}
-        # The flexgpu image as the chart pulls it: pushed to the node's local registry (or,
-        # without pull_flexgpu, side-loaded like the other images, for callers that render
-        # the chart's values before the node starts).
-        self.pull_flexgpu = pull_flexgpu
+        # The flexgpu image as the chart pulls it: pushed to the node's local registry.
         self.image_source = ImageSource(self.layout, name)
         self.flexgpu_image = ""
         self.bin_dir = Path()
@@ -117,9 +113,7 @@ class RealNode:
         layout = self.layout
         reaper.reap_stale_nodes()
         self.bin_dir = node_binaries()
-        self.images = build_all()
-        if self.pull_flexgpu:
-            self.image_source.start()
+        self.prepare_images()
         for d in (layout.logs, layout.cni_conf_dir, layout.cdi_dir, layout.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         self.driver = driver_root.create(layout.driver_root, self.gpus, _nvml_mock_library())
@@ -174,21 +168,25 @@ class RealNode:
             30,
             "API forwarding",
         )
-        if self.pull_flexgpu:
-            self.image_source.forward_into(self.holder_pid)
+        self.image_source.forward_into(self.holder_pid)
         self.start_containerd(timeout_s)
         # The sandbox and workload images are side-loaded (they stand for images a cluster
         # already has); the flexgpu image is pulled from the registry, as a release is.
         for role, image in self.images.items():
-            if role != "flexgpu" or not self.pull_flexgpu:
+            if role != "flexgpu":
                 self.import_image(image)
-        self.flexgpu_image = (
-            self.image_source.push(self.images["flexgpu"])
-            if self.pull_flexgpu
-            else self.images["flexgpu"].name
-        )
         self.start_kubelet(timeout_s)
         self.start_daemonset_controller(timeout_s)
+
+    def prepare_images(self) -> None:
+        """Builds the images, starts the node's registry and pushes the flexgpu image to it
+        (``flexgpu_image``, by digest). Callers that render the chart's values before the
+        node starts call it first; ``start`` then does not again."""
+        if self.flexgpu_image:
+            return
+        self.images = build_all()
+        self.image_source.start()
+        self.flexgpu_image = self.image_source.push(self.images["flexgpu"])
 
     @property
     def _pid_file(self) -> Path:
