@@ -118,7 +118,8 @@ cluster-down: venv
 # Benchmarks print figures (percentiles, rates, memory) and explain them; nothing is asserted.
 # prepare_latency runs the plugin beside the upstream reference driver, whose kubelet plugin
 # tools/example-driver/build.sh builds into the same cache (cold: a few minutes on 2 cores);
-# nvidia_prepare beside NVIDIA's DRA kubelet plugin (make nvidia-driver, part of setup).
+# nvidia_prepare and nvidia_pod_start beside NVIDIA's DRA kubelet plugin (make nvidia-driver,
+# part of setup).
 bench: setup
 	@echo "==> reference DRA driver (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/example-driver/build.sh >/dev/null
@@ -126,6 +127,7 @@ bench: setup
 	@$(PY) -m bench.nvidia_prepare
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
+	@$(PY) -m bench.nvidia_pod_start
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

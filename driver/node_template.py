@@ -30,6 +30,7 @@ from flexgpu.driver.mig_layout import LayoutError, validate_layout
 from flexgpu.driver.names import (
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
+    TENANT_ATTRIBUTE,
     gpu_device_name,
 )
 from flexgpu.driver.node_policy import GpuMode, GpuNodePolicy, gpu_modes
@@ -76,6 +77,9 @@ class TemplatePolicy:
     dynamic_mig: frozenset[int] = frozenset()
     policy: GpuNodePolicy | None = None
     mig_switch_needs_reset: bool = False
+    # The plugin's --shared-gpu-tenants: with "namespace" a shared GPU carries its tenant,
+    # "" on a new node (the value a running node publishes varies; template_check.py).
+    shared_gpu_tenants: str = "namespace"
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ def _prepare_static_mig(backend: SimulatedBackend, gpu: GpuInfo, layout: Mapping
 
 
 def _render_gpu(
-    backend: SimulatedBackend, gpu: GpuInfo, plan: GpuPlan, needs_reset: bool
+    backend: SimulatedBackend, gpu: GpuInfo, plan: GpuPlan, needs_reset: bool, tenants: bool
 ) -> tuple[list[SliceDevice], dict[str, Any] | None]:
     """The devices (and counter set) the plugin publishes for one healthy GPU."""
     if plan.mode == GpuMode.DYNAMIC_MIG and gpu.mig_capable:
@@ -155,7 +159,10 @@ def _render_gpu(
         )
         return devices, None
     if plan.mode == GpuMode.SHARED:
-        return [shared_gpu_device(gpu)], None
+        device = shared_gpu_device(gpu)
+        if tenants:
+            device["attributes"][TENANT_ATTRIBUTE] = {"string": ""}
+        return [device], None
     # Whole, and MIG modes on a GPU without MIG: the plugin publishes those whole.
     return [whole_gpu_device(gpu)], None
 
@@ -181,7 +188,11 @@ def render_node_template(
         counters: list[dict[str, Any]] = []
         for gpu in sorted(backend.list_gpus(), key=lambda g: g.index):
             mine, counter = _render_gpu(
-                backend, gpu, plans[gpu.index], policy.mig_switch_needs_reset
+                backend,
+                gpu,
+                plans[gpu.index],
+                policy.mig_switch_needs_reset,
+                policy.shared_gpu_tenants == "namespace",
             )
             # The plugin publishes on-demand MIG GPUs last (first fit takes ordinary GPUs first).
             (devices if counter is None else dynamic).extend(mine)
