@@ -59,15 +59,17 @@ nvidia-ctk:
 	@bash tools/nvidia-ctk/build.sh >/dev/null
 
 # The real test node: upstream kubelet, containerd, runc and CNI plugins (tools/node/build.sh;
-# cold: about 6 min on 2 cores once the control plane's packages are cached) and its images
-# (tools/images, OCI archives; cold: under a minute). Warm: seconds.
+# cold: about 6 min on 2 cores once the control plane's packages are cached), its images
+# (tools/images, OCI archives; cold: under a minute) and the local registry the flexgpu image
+# is pulled from (tools/registry; cold: about 2 min). Warm: seconds.
 # Skipped with K8S set to an older release: a kubelet may not be newer than its API server.
 node: venv control-plane
 	@if [ -n "$(K8S)" ] && [ "$(K8S)" != "1.37" ]; then \
 	  echo "==> real node skipped: its kubelet is v1.37, newer than Kubernetes $(K8S)"; \
 	else \
 	  echo "==> real node binaries and images (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"; \
-	  bash tools/node/build.sh >/dev/null && $(PY) -m tools.images.build >/dev/null; \
+	  bash tools/node/build.sh >/dev/null && bash tools/registry/build.sh >/dev/null \
+	    && $(PY) -m tools.images.build >/dev/null; \
 	fi
 
 # Regenerates the kubelet gRPC stubs from kubelet_plugin/kubeletplugin/proto (they are committed).

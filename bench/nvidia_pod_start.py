@@ -78,7 +78,7 @@ def main() -> int:
             api = node.api
             core: Any = client.CoreV1Api(api)
             core.create_namespace({"metadata": {"name": NAMESPACE}})
-            image = node.images["flexgpu"].name
+            image = node.flexgpu_image
             chart.install(
                 node, release="flexgpu", namespace=PLUGIN_NAMESPACE, image=image, topology=TOPOLOGY
             )

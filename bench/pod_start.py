@@ -311,7 +311,7 @@ def main() -> int:
             core: Any = client.CoreV1Api(api)
             core.create_namespace({"metadata": {"name": NAMESPACE}})
             image = node.images["pause"].name
-            flexgpu_image = node.images["flexgpu"].name
+            flexgpu_image = node.flexgpu_image
             chart.install(
                 node,
                 release="flexgpu",

@@ -27,7 +27,6 @@ from tools.cluster.control_plane import ControlPlane, free_port
 from tools.cluster.gpu_node import SimulatedGpuNode
 from tools.cluster.process import Component
 from tools.cluster.tokens import service_account_kubeconfig
-from tools.images.build import build_all
 from tools.node import chart
 from tools.node.node import RealNode
 
@@ -226,11 +225,12 @@ class DemoWorld:
             labels={"flexgpu.dev/topology": real_node.TOPOLOGY},
         )
         try:
-            self.real.images = build_all()
+            # The chart's values name the image pushed to the node's registry.
+            self.real.prepare_images()
         except Exception as error:  # any build failure: the demo goes on without the node
             self._give_up_real_node(f"its images could not be built ({error})")
             return []
-        return real_node.chart_values(self.real, self.real.images["flexgpu"].name)
+        return real_node.chart_values(self.real, self.real.flexgpu_image)
 
     def _start_real_node(self) -> None:
         node = self.real
@@ -240,7 +240,7 @@ class DemoWorld:
             node.start()
             real_node.taint(node)
             chart.wait_plugin_serving(
-                node, SYSTEM_NAMESPACE, image=node.images["flexgpu"].name, timeout_s=240
+                node, SYSTEM_NAMESPACE, image=node.flexgpu_image, timeout_s=240
             )
         except Exception as error:  # any failure: the demo goes on without the node
             self._give_up_real_node(f"it did not start ({error})")

@@ -32,8 +32,16 @@ want() { # <package> <why>
   echo "missing: $pkg ($2)" >&2
 }
 
+# The virtualenv (make venv) and every HTTPS download (PyPI, the Go module proxy): a fresh
+# Debian has neither Python nor CA certificates.
+if ! have python3 || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  want python3-venv "make venv creates .venv with pip"
+fi
+[ -s /etc/ssl/certs/ca-certificates.crt ] || want ca-certificates "HTTPS downloads from PyPI and the Go module proxy"
 # The real node: runc is built with cgo and seccomp; the node runs in namespaces of its own.
 have gcc || want gcc "runc's nsenter and seccomp parts are C"
+# gcc only recommends the C library's headers, and recommends are not installed here.
+[ -f /usr/include/stdio.h ] && [ -f /usr/include/elf.h ] || want libc6-dev "C headers for runc's cgo build"
 have pkg-config || want pkg-config "finds libseccomp for runc's build"
 if ! have pkg-config || ! pkg-config --exists libseccomp 2>/dev/null; then
   want libseccomp-dev "runc is built with seccomp"

@@ -65,7 +65,7 @@ def install_plugin(node: RealNode, image: str) -> Any:
 
 @pytest.fixture(scope="session")
 def plugin(real_node: RealNode) -> Iterator[RealNode]:
-    install_plugin(real_node, real_node.images["flexgpu"].name)
+    install_plugin(real_node, real_node.flexgpu_image)
     try:
         yield real_node
     finally:

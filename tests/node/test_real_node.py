@@ -26,7 +26,8 @@ from tests.node.support import (
     wait_report,
     workload_pod,
 )
-from tools.node import chart, configs
+from tools.images.push import manifest_digest
+from tools.node import chart, configs, image_source
 from tools.node.node import RealNode
 
 pytestmark = pytest.mark.integration
@@ -58,7 +59,27 @@ def test_plugin_runs_as_the_charts_daemonset_pod(api: Any, plugin: RealNode) -> 
     assert len(pods) == 1
     owners = {ref.kind for p in pods for ref in p.metadata.owner_references or []}
     assert owners == {"DaemonSet"}
-    assert pods[0].spec.containers[0].image == plugin.images["flexgpu"].name
+    assert pods[0].spec.containers[0].image == plugin.flexgpu_image
+
+
+def test_plugin_image_is_pulled_from_the_registry_by_the_digest_pushed(
+    api: Any, plugin: RealNode
+) -> None:
+    """The flexgpu image is not side-loaded: the packaged chart names it by the local
+    registry (image.registry/repository) and the digest pushed (image.digest), and the
+    node's containerd pulled exactly that manifest (the pod's imageID and containerd's own
+    image record both carry the archive's manifest digest)."""
+    pushed = manifest_digest(str(plugin.images["flexgpu"].archive))
+    registry = plugin.image_source.address
+    assert plugin.flexgpu_image == f"{registry}/{image_source.REPOSITORY}@{pushed}"
+    (pod,) = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)
+    (status,) = pod.status.container_statuses
+    assert status.image_id == plugin.flexgpu_image, status.image_id
+    records = plugin.ctr("images", "ls").splitlines()
+    pulled = [line.split() for line in records if line.startswith(plugin.flexgpu_image)]
+    assert pulled and pulled[0][2] == pushed, records
+    # Nothing under the name the archive would be imported as: the image came over the wire.
+    assert not any(line.startswith(plugin.images["flexgpu"].name) for line in records)
 
     def published() -> set[str]:
         slices = client.ResourceV1Api(api).list_resource_slice().items

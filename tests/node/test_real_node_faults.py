@@ -25,7 +25,7 @@ from tests.node.support import (
     wait_report,
 )
 from tools.images.build import build_all
-from tools.node import chart, report
+from tools.node import chart, image_source, report
 from tools.node.node import RealNode
 
 pytestmark = pytest.mark.integration
@@ -147,12 +147,13 @@ def test_helm_upgrade_rolls_the_plugin_while_gpu_pods_run(
     cid = container_id(api, namespace, "u1")
     before_uid = claim_uid(api, namespace, "u1")
     (old,) = chart.plugin_pods(api, PLUGIN_NAMESPACE, NODE)
-    # The release as built now (the chart and the code of one tree), under a tag of its
-    # own so the DaemonSet's template changes even when the build is the same.
+    # The release as built now (the chart and the code of one tree), pushed under a tag of
+    # its own so the DaemonSet's template changes even when the build is the same; the chart
+    # pulls it by that tag (image.tag) this time.
     image = build_all()["flexgpu"]
-    plugin.import_image(image)
-    upgraded = image.name.rpartition(":")[0] + f":upgrade-{uuid.uuid4().hex[:6]}"
-    plugin.ctr("images", "tag", "--force", image.name, upgraded)
+    tag = f"upgrade-{uuid.uuid4().hex[:6]}"
+    plugin.image_source.push(image, tag)
+    upgraded = f"{plugin.image_source.address}/{image_source.REPOSITORY}:{tag}"
 
     install_plugin(plugin, upgraded)
     wait_for(

@@ -15,7 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "system-deps.sh"
-NODE_PACKAGES = ["gcc", "pkg-config", "libseccomp-dev", "iproute2", "util-linux", "mount"]
+NODE_PACKAGES = [
+    "python3-venv",
+    "gcc",
+    "pkg-config",
+    "libseccomp-dev",
+    "iproute2",
+    "util-linux",
+    "mount",
+]
 
 
 def _bare_bin(tmp: Path) -> Path:

@@ -1,19 +1,26 @@
-"""Builds the real node's images as OCI archives in the tool cache, without a registry:
+"""Builds container images as OCI archives in the tool cache, without a container engine:
 
-- the sandbox (pause) image: a small static program of our own;
-- the GPU workload image: busybox and a script that reports what the container received;
-- the flexgpu image: Debian's Python 3.11 runtime, flexgpu's dependencies as installed in
-  this environment, NVIDIA's CDI tools (tools/nvidia-ctk) and the project's own packages
-  from the source tree, as the Containerfile lays them out.
+- the flexgpu image, the one the release publishes and every test runs: Debian 12's Python
+  3.11 runtime (its .deb packages), flexgpu's dependencies as installed in this environment,
+  NVIDIA's CDI tools (tools/nvidia-ctk) and the project's own packages from the source tree;
+- for the real test node: the sandbox (pause) image, a small static program of our own, and
+  the GPU workload image, busybox and a script that reports what the container received.
 
-Each layer is cached under a key of its inputs, so a warm build only re-tars what changed
-(the flexgpu packages). ``python -m tools.images.build`` prints the archives it wrote.
+Reproducible: layers are tars with sorted entries, owned by root and dated at the epoch, and
+the image config has no build time, so the same inputs give the same digest (docs/releasing.md
+lists the inputs; ``--inputs`` prints them). Each layer is cached under a key of its inputs,
+so a warm build only re-tars what changed (the flexgpu packages).
+
+    python -m tools.images.build [pause|workload|flexgpu ...] [--inputs]
+
+prints ``role, name, archive`` per image (all three by default).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,10 +131,12 @@ def _busybox_rootfs(rootfs: Path) -> None:
 def _base_files(rootfs: Path) -> None:
     etc = rootfs / "etc"
     etc.mkdir(exist_ok=True)
+    # flexgpu (65532) is the user the chart runs the controller as.
     (etc / "passwd").write_text(
-        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+        "root:x:0:0:root:/root:/bin/sh\nflexgpu:x:65532:65532::/:/bin/false\n"
+        "nobody:x:65534:65534::/:/bin/false\n"
     )
-    (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    (etc / "group").write_text("root:x:0:\nflexgpu:x:65532:\nnogroup:x:65534:\n")
     for d in ("tmp", "root", "proc", "sys", "dev", "run"):
         (rootfs / d).mkdir(exist_ok=True)
     (rootfs / "tmp").chmod(0o1777)
@@ -234,7 +243,8 @@ TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "flexgpu-cdi-common")
 
 
 def _toolkit_dir() -> Path:
-    """NVIDIA's CDI tools as the Containerfile ships them, built by tools/nvidia-ctk."""
+    """NVIDIA's CDI tools (nvidia-ctk, the static nvidia-cdi-hook, flexgpu-cdi-common),
+    built by tools/nvidia-ctk from its module pins."""
     proc = subprocess.run(
         ["bash", str(TOOLKIT_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
     )
@@ -281,23 +291,69 @@ def flexgpu_image() -> BuiltImage:
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
         },
+        labels={
+            "org.opencontainers.image.title": "flexgpu",
+            "org.opencontainers.image.description": "Kubernetes DRA driver for GPU flex nodes",
+            "org.opencontainers.image.licenses": "Apache-2.0",
+            "org.opencontainers.image.version": _version(),
+        },
     )
     return BuiltImage(name, _archive(name, "flexgpu", layers, config))
 
 
+def _version() -> str:
+    match = re.search(r'VERSION: Final = "([^"]+)"', (REPO / "driver" / "version.py").read_text())
+    if match is None:
+        raise ImageBuildError("driver/version.py names no VERSION")
+    return match.group(1)
+
+
+def inputs() -> list[str]:
+    """What decides the flexgpu image's digest, one line each: the Debian packages (name
+    and version of each .deb), the Python distributions, the toolkit build and the source
+    tree's hash."""
+    found = [
+        f"deb {deb.name}" for deb in debs.fetch([BUSYBOX_DEB, *PYTHON_DEBS], cache_root() / "debs")
+    ]
+    found += [f"python {line}" for line in python_env.dependency_key().splitlines()]
+    if TOOLKIT_SCRIPT.exists():
+        found.append(f"toolkit {_toolkit_dir().name}")
+    tree = _hash(
+        [(REPO / "pyproject.toml").read_bytes()]
+        + [b for pkg in python_env.OWN_PACKAGES for b in _tree_bytes(REPO / pkg)]
+    )
+    found.append(f"source {tree} (version {_version()})")
+    return found
+
+
+BUILDERS: dict[str, Callable[[], BuiltImage]] = {
+    "pause": pause_image,
+    "workload": workload_image,
+    "flexgpu": flexgpu_image,
+}
+
+
 def build_all() -> dict[str, BuiltImage]:
-    return {
-        "pause": pause_image(),
-        "workload": workload_image(),
-        "flexgpu": flexgpu_image(),
-    }
+    return {role: build() for role, build in BUILDERS.items()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    roles = [a for a in args if not a.startswith("--")] or list(BUILDERS)
+    unknown = [r for r in roles if r not in BUILDERS]
+    if unknown:
+        print(
+            f"error: unknown image {unknown[0]!r}; expected one of {', '.join(BUILDERS)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        images = build_all()
+        if "--inputs" in args:
+            print("\n".join(inputs()))
+            return 0
+        images = {role: BUILDERS[role]() for role in roles}
     except (ImageBuildError, debs.DebError, subprocess.CalledProcessError) as err:
-        print(f"error: building the node's images failed: {err}", file=sys.stderr)
+        print(f"error: building the images failed: {err}", file=sys.stderr)
         return 1
     for role, image in images.items():
         print(f"{role}\t{image.name}\t{image.archive}")

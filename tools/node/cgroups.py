@@ -22,11 +22,20 @@ def create(root: str) -> None:
         (hierarchy / root.lstrip("/")).mkdir(exist_ok=True)
 
 
+def _procs_files(top: Path) -> list[Path]:
+    """Every cgroup.procs under ``top``; cgroups that vanish during the walk (the runtime
+    removes a stopped container's) are skipped, not an error."""
+    found: list[Path] = []
+    for dirpath, _, filenames in os.walk(top):
+        if "cgroup.procs" in filenames:
+            found.append(Path(dirpath) / "cgroup.procs")
+    return found
+
+
 def pids(root: str) -> set[int]:
     found: set[int] = set()
     for hierarchy in hierarchies():
-        top = hierarchy / root.lstrip("/")
-        for procs in top.rglob("cgroup.procs") if top.exists() else []:
+        for procs in _procs_files(hierarchy / root.lstrip("/")):
             with contextlib.suppress(OSError):
                 found.update(int(p) for p in procs.read_text().split())
     return found

@@ -25,17 +25,41 @@ class ChartError(RuntimeError):
     pass
 
 
-def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
-    """``--set`` arguments pointing the chart at the node's own folders and image."""
+def image_values(registry: str, image: str) -> dict[str, str]:
+    """The chart's image values for ``image``: one in the node's ``registry`` (host:port) is
+    pulled through image.registry, image.repository and image.digest (or image.tag), as an
+    admin's cluster pulls a release; any other name was side-loaded into the node's
+    containerd."""
+    prefix = f"{registry}/"
+    if registry and image.startswith(prefix):
+        name = image[len(prefix) :]
+        if "@" in name:
+            repository, _, digest = name.partition("@")
+            pin = {"image.digest": digest}
+        else:
+            repository, _, tag = name.rpartition(":")
+            pin = {"image.tag": tag, "image.digest": ""}
+        return {
+            "image.registry": registry,
+            "image.repository": repository,
+            **pin,
+            "image.pullPolicy": "IfNotPresent",
+        }
     repository, _, tag = image.rpartition(":")
-    layout = node.layout
-    values = {
-        # The node's image name is whole (no registry in front of it).
+    # The name is whole (no registry in front of it) and there is nothing to pull.
+    return {
         "image.registry": "",
         "image.repository": repository,
         "image.tag": tag,
-        # The image was imported into the node's containerd; there is no registry.
         "image.pullPolicy": "Never",
+    }
+
+
+def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
+    """``--set`` arguments pointing the chart at the node's own folders and image."""
+    layout = node.layout
+    values = {
+        **image_values(node.image_source.address, image),
         "kubeletPlugin.gpuBackend": "simulated",
         "kubeletPlugin.topology": topology,
         "kubeletPlugin.kubeletDir": str(layout.kubelet_dir),
@@ -53,7 +77,8 @@ def plugin_values(node: RealNode, image: str, topology: str) -> list[str]:
         values["kubeletPlugin.nvidiaDriverRoot"] = str(layout.driver_root)
     args: list[str] = []
     for key, value in values.items():
-        args += ["--set-string" if key.endswith(("tag", "topology")) else "--set", f"{key}={value}"]
+        as_string = key.endswith(("tag", "topology", "digest"))
+        args += ["--set-string" if as_string else "--set", f"{key}={value}"]
     return args
 
 
@@ -74,6 +99,16 @@ def helm(kubeconfig: Path, *args: str, timeout_s: float = 180) -> str:
     return proc.stdout
 
 
+def package(dest: Path) -> Path:
+    """The chart as a release ships it: ``helm package`` of the chart folder."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = helm(Path(os.devnull), "package", str(CHART), "--destination", str(dest))
+    path = Path(out.strip().rsplit(": ", 1)[-1])
+    if not path.is_file():
+        raise ChartError(f"helm package wrote no archive where it said: {out.strip()}")
+    return path
+
+
 def install(
     node: RealNode,
     *,
@@ -83,13 +118,14 @@ def install(
     topology: str,
     extra: tuple[str, ...] = (),
 ) -> None:
-    """``helm upgrade --install`` (so a second call rolls the DaemonSet)."""
+    """``helm upgrade --install`` of the packaged chart (so a second call rolls the
+    DaemonSet)."""
     helm(
         node.cluster.kubeconfig,
         "upgrade",
         "--install",
         release,
-        str(CHART),
+        str(package(node.layout.root / "charts")),
         "--namespace",
         namespace,
         "--create-namespace",

@@ -51,6 +51,15 @@ class NodeLayout:
         return self.root / "cni-state"
 
     @property
+    def registry_hosts_dir(self) -> Path:
+        """containerd's per-registry host settings (hosts.toml in a folder per host)."""
+        return self.root / "etc" / "certs.d"
+
+    @property
+    def registry_root(self) -> Path:
+        return self.root / "registry"
+
+    @property
     def cdi_dir(self) -> Path:
         return self.root / "cdi"
 
@@ -83,6 +92,15 @@ class NodeLayout:
         return self.root / "logs"
 
 
+def registry_hosts_toml(address: str) -> str:
+    """containerd's hosts.toml for a registry served over plain HTTP at ``address``."""
+    return f"""server = "http://{address}"
+
+[host."http://{address}"]
+  capabilities = ["pull", "resolve"]
+"""
+
+
 def containerd_config(layout: NodeLayout, bin_dir: Path, sandbox_image: str) -> str:
     """containerd 2.x (config version 3): CRI with CDI, our runc, our CNI, everything under
     the node's root and nothing shared with another containerd on this machine."""
@@ -109,6 +127,10 @@ imports = []
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = 'overlayfs'
+
+[plugins.'io.containerd.cri.v1.images'.registry]
+  # The local registry the flexgpu image is pulled from (plain HTTP on loopback).
+  config_path = '{layout.registry_hosts_dir}'
 
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   # Imported from an archive; containerd would otherwise try to pull it.

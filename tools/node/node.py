@@ -27,6 +27,7 @@ from tools.cluster.process import Component
 from tools.images.build import BuiltImage, build_all
 from tools.node import cgroups, configs, credentials, driver_root, namespace, reaper
 from tools.node.binaries import node_binaries
+from tools.node.image_source import ImageSource
 
 GPU_LABEL = "nvidia.com/gpu.present"
 
@@ -87,6 +88,9 @@ class RealNode:
         self.cgroup_root = f"/flexgpu-node-{self.layout.root.name}"
         self.api: Any = cluster.api_client()
         self.images: dict[str, BuiltImage] = {}
+        # The flexgpu image as the chart pulls it: pushed to the node's local registry.
+        self.image_source = ImageSource(self.layout, name)
+        self.flexgpu_image = ""
         self.bin_dir = Path()
         self.holder: Component | None = None
         self.forwarder: Component | None = None
@@ -109,7 +113,7 @@ class RealNode:
         layout = self.layout
         reaper.reap_stale_nodes()
         self.bin_dir = node_binaries()
-        self.images = build_all()
+        self.prepare_images()
         for d in (layout.logs, layout.cni_conf_dir, layout.cdi_dir, layout.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         self.driver = driver_root.create(layout.driver_root, self.gpus, _nvml_mock_library())
@@ -164,11 +168,25 @@ class RealNode:
             30,
             "API forwarding",
         )
+        self.image_source.forward_into(self.holder_pid)
         self.start_containerd(timeout_s)
-        for image in self.images.values():
-            self.import_image(image)
+        # The sandbox and workload images are side-loaded (they stand for images a cluster
+        # already has); the flexgpu image is pulled from the registry, as a release is.
+        for role, image in self.images.items():
+            if role != "flexgpu":
+                self.import_image(image)
         self.start_kubelet(timeout_s)
         self.start_daemonset_controller(timeout_s)
+
+    def prepare_images(self) -> None:
+        """Builds the images, starts the node's registry and pushes the flexgpu image to it
+        (``flexgpu_image``, by digest). Callers that render the chart's values before the
+        node starts call it first; ``start`` then does not again."""
+        if self.flexgpu_image:
+            return
+        self.images = build_all()
+        self.image_source.start()
+        self.flexgpu_image = self.image_source.push(self.images["flexgpu"])
 
     @property
     def _pid_file(self) -> Path:
@@ -324,6 +342,7 @@ class RealNode:
         for component in (self.containerd, self.forwarder):
             if component is not None:
                 component.stop()
+        self.image_source.stop()
         if self.holder is not None and self.holder.pid is not None:
             # Shims outlive containerd: end everything still in the node's namespace.
             for pid in namespace.pids_in_namespace(self.holder.pid):

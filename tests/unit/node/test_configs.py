@@ -47,3 +47,15 @@ def test_namespace_enters_with_nsenter_and_holds_the_service_address() -> None:
     script = namespace.holder_script(Path("/drv/dev"), Path("/w"))
     assert f"ip addr add {configs.API_SERVICE_IP}/32 dev lo" in script
     assert "lowerdir=/drv/dev:/dev" in script
+
+
+def test_containerd_pulls_from_the_local_registry_over_plain_http() -> None:
+    """containerd reads per-registry host settings from the node's own folder, and the
+    local registry's hosts.toml sends pulls and resolves to plain HTTP at that address."""
+    layout = configs.NodeLayout(Path("/tmp/fgn-x"))
+    doc = tomllib.loads(configs.containerd_config(layout, Path("/bin-dir"), "local/pause:1"))
+    images = doc["plugins"]["io.containerd.cri.v1.images"]
+    assert images["registry"]["config_path"] == "/tmp/fgn-x/etc/certs.d"
+    hosts = tomllib.loads(configs.registry_hosts_toml("127.0.0.1:5123"))
+    assert hosts["server"] == "http://127.0.0.1:5123"
+    assert hosts["host"]["http://127.0.0.1:5123"]["capabilities"] == ["pull", "resolve"]
