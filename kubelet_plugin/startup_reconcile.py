@@ -55,7 +55,8 @@ from flexgpu.kubelet_plugin.checkpoint import (
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimSource
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl, device_records
+from flexgpu.kubelet_plugin.prepare_records import device_records
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.spec_facts import (
     SpecFacts,
     read_boot_time,
