@@ -10,7 +10,7 @@ from flexgpu.driver.cdi import CdiDevice, cdi_device_id
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.gpu_model import MigDevice, MpsDaemon
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
-from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.names import DRIVER_NAME, PARTITION_READY_CONDITION
 from flexgpu.kubelet_plugin.checkpoint import (
     ClaimRecord,
     CreatedResources,
@@ -19,7 +19,7 @@ from flexgpu.kubelet_plugin.checkpoint import (
     MpsShareRecord,
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.claim_status import DeviceStatus
+from flexgpu.kubelet_plugin.claim_status import PREPARED, Condition, DeviceStatus
 from flexgpu.kubelet_plugin.kubeletplugin import PreparedDevice
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.sharing import SharingPlan
@@ -66,7 +66,13 @@ def device_status(
             }
         if plan.time_slices:
             data["timeSlice"] = str(next(iter(plan.time_slices.values())))
-        result.append(DeviceStatus(allocated.pool, allocated.device, allocated.share_id, data))
+        conditions: tuple[Condition, ...] = (PREPARED,)
+        if PARTITION_READY_CONDITION in allocated.binding_conditions:
+            # Kept true once prepared: the scheduler checks it for every pod of the claim.
+            conditions += (partition_ready(cdi.uuid),)
+        result.append(
+            DeviceStatus(allocated.pool, allocated.device, allocated.share_id, data, conditions)
+        )
     return result
 
 
@@ -178,4 +184,45 @@ def prepared_devices(record: ClaimRecord) -> tuple[PreparedDevice, ...]:
             share_id=d.share_id,
         )
         for d in record.devices
+    )
+
+
+def partition_ready(uuid: str) -> Condition:
+    """The binding condition of an on-demand MIG partition that exists."""
+    return Condition(PARTITION_READY_CONDITION, "True", "Created", f"MIG device {uuid} created")
+
+
+def intended_resources(
+    devices: NodeDevices, node_name: str, spec_file: str, claim: ClaimView, plan: SharingPlan
+) -> CreatedResources:
+    """What prepare is about to create or change for the claim, recorded before it does."""
+    mps = None
+    if plan.mig_mps is not None:
+        # The daemon's UUIDs come once the devices exist (sharing_setup.py); until then undo
+        # finds it through the devices' names and the record's MIG instances.
+        mps = MpsShareRecord(
+            gpu_uuids=[],
+            mig=True,
+            devices=list(plan.mig_mps.devices),
+            active_thread_percentage=(
+                plan.mig_mps.config.defaultActiveThreadPercentage if plan.mig_mps.config else None
+            ),
+        )
+    elif plan.mps is not None:
+        gpu = devices.gpus_by_index().get(plan.mps.gpu_index)
+        mps = MpsShareRecord(
+            gpu_uuids=[gpu.uuid] if gpu else [],
+            gpu_index=plan.mps.gpu_index,
+            active_thread_percentage=plan.mps.active_thread_percentage,
+            pinned_memory_limits=(
+                {"0": f"{plan.mps.pinned_memory_mib}Mi"}
+                if plan.mps.pinned_memory_mib is not None
+                else {}
+            ),
+        )
+    return CreatedResources(
+        cdi_spec_path=spec_file,
+        mig_instances=intended_partitions(devices, node_name, claim),
+        mps_share=mps,
+        time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
     )

@@ -35,7 +35,7 @@ from flexgpu.kubelet_plugin.checkpoint import (
     CheckpointWriteError,
     ClaimRecord,
     ClaimState,
-    CreatedResources,
+    EarlyStage,
     MigInstanceRecord,
     MpsShareRecord,
 )
@@ -62,6 +62,7 @@ from flexgpu.kubelet_plugin.prepare_records import (
     device_records,
     device_status,
     intended_partitions,
+    intended_resources,
     one_per_device,
     prepared_devices,
     with_ids,
@@ -176,6 +177,18 @@ class ClaimPreparerImpl:
         return results
 
     # -- state ---------------------------------------------------------------------------
+    @property
+    def store(self) -> CheckpointStore:
+        return self._store
+
+    @property
+    def lock(self) -> PrepareLock:
+        return self._lock
+
+    def step(self, step: str, uid: str) -> None:
+        """A named step (tests force interleavings there; crash tests SIGKILL there)."""
+        self._step(step, uid)
+
     def load_checkpoint(self) -> Checkpoint:
         """Every claim record of this boot; start-up reconcile has already dealt with stale
         or corrupt files."""
@@ -298,11 +311,12 @@ class ClaimPreparerImpl:
                 raise PrepareError(f"claim {ref.namespace}/{ref.name}: {err}") from None
             except (ClaimConflictError, SharingError) as err:
                 raise PrepareError(str(err)) from None
-            if existing is not None:
+            ready = self._takeover(existing, claim)
+            if existing is not None and ready is None:
                 # A half-done earlier attempt (plugin killed mid-way): undo it, start over.
                 self.undo(existing, others)
                 self._store.delete(existing.uid)
-            prepared, cdi_devices = self._carry_out(claim, ours, plan, others)
+            prepared, cdi_devices = self._carry_out(claim, ours, plan, others, ready or {})
         if self._status is not None:
             share = prepared.created.mps_share
             status = device_status(self.devices, ours, cdi_devices, plan, share)
@@ -322,21 +336,27 @@ class ClaimPreparerImpl:
         ours: Sequence[AllocatedDevice],
         plan: SharingPlan,
         others: Sequence[ClaimRecord],
+        ready: Mapping[tuple[int, int], MigDevice],
     ) -> tuple[ClaimRecord, list[CdiDevice]]:
         """Record PrepareStarted, create and change what the plan says, write the CDI spec,
-        record Prepared. On any failure everything is taken back and the record removed."""
+        record Prepared. On any failure everything is taken back and the record removed.
+        ``ready``: partitions created before the pod was bound, (GPU, placement) -> instance;
+        the new record names them, replacing the early one in a single write."""
+        intended = intended_resources(
+            self.devices, self.node_name, self._spec_file(claim.uid), claim, plan
+        )
         record = ClaimRecord(
             uid=claim.uid,
             namespace=claim.namespace,
             name=claim.name,
             state=ClaimState.PREPARE_STARTED,
             devices=device_records(claim, ours),
-            created=self._intended(claim, plan),
+            created=with_ids(intended, list(ready.values())),
         )
         self._put(record)
         self._step("after-prepare-started", claim.uid)
         try:
-            materialised = [self._materialise(d) for d in one_per_device(ours)]
+            materialised = [self._materialise(d, ready) for d in one_per_device(ours)]
             self._step("after-devices-created", claim.uid)
             try:
                 cdi_devices, mig_share = apply_sharing(
@@ -365,56 +385,59 @@ class ClaimPreparerImpl:
             raise
         return prepared, cdi_devices
 
-    def _intended(self, claim: ClaimView, plan: SharingPlan) -> CreatedResources:
-        mps = None
-        if plan.mig_mps is not None:
-            # The daemon's UUIDs come once the devices exist (sharing_setup.py); until then undo
-            # finds it through the devices' names and the record's MIG instances.
-            mps = MpsShareRecord(
-                gpu_uuids=[],
-                mig=True,
-                devices=list(plan.mig_mps.devices),
-                active_thread_percentage=(
-                    plan.mig_mps.config.defaultActiveThreadPercentage
-                    if plan.mig_mps.config
-                    else None
-                ),
-            )
-        elif plan.mps is not None:
-            gpu = self.devices.gpus_by_index().get(plan.mps.gpu_index)
-            mps = MpsShareRecord(
-                gpu_uuids=[gpu.uuid] if gpu else [],
-                gpu_index=plan.mps.gpu_index,
-                active_thread_percentage=plan.mps.active_thread_percentage,
-                pinned_memory_limits=(
-                    {"0": f"{plan.mps.pinned_memory_mib}Mi"}
-                    if plan.mps.pinned_memory_mib is not None
-                    else {}
-                ),
-            )
-        return CreatedResources(
-            cdi_spec_path=self._spec_file(claim.uid),
-            mig_instances=intended_partitions(self.devices, self.node_name, claim),
-            mps_share=mps,
-            time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
-        )
+    def _takeover(
+        self, existing: ClaimRecord | None, claim: ClaimView
+    ) -> dict[tuple[int, int], MigDevice] | None:
+        """The partitions an early record (binding conditions) made ready, by (GPU,
+        placement), when they are exactly the ones the claim's allocation needs and still
+        exist; else None, and the record is undone like any half-done attempt."""
+        if existing is None or existing.early != EarlyStage.READY:
+            return None
+        wanted = {
+            (p.parent_index, p.placement_start)
+            for p in intended_partitions(self.devices, self.node_name, claim)
+        }
+        ready = {}
+        for instance in existing.created.mig_instances:
+            live = self._live_instance(instance)
+            if live is None or instance.parent_index is None:
+                return None
+            ready[(instance.parent_index, instance.placement_start)] = live
+        return ready if set(ready) == wanted else None
 
-    def _materialise(self, allocated: AllocatedDevice) -> tuple[CdiDevice, MigDevice | None]:
-        """The device's CDI content, creating its MIG instance first for dynamic MIG."""
+    def create_partition(self, allocated: AllocatedDevice) -> MigDevice:
+        """Creates the MIG instance of a dynamic-MIG device (prepare, and before binding
+        through early_partitions.py). The caller holds the GPU's lock."""
         part = self.devices.partition(allocated.device)
+        if part is None:
+            raise PrepareError(f"device {allocated.device} is not an on-demand MIG partition")
         # On a dynamic-MIG GPU: MIG mode off for the whole GPU, on for a partition.
         self.devices.ready_for(allocated.device)
-        if part is None:
-            device = self._device(allocated)
-            return dataclasses.replace(device, share_id=allocated.share_id), None
         created = self.devices.backend.create_mig_device(
             part.parent_index, part.profile_id, part.placement
         )
         if created.uuid is None:
             raise PrepareError(f"MIG instance for {allocated.device} has no UUID")
+        log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
+        return created
+
+    def _materialise(
+        self, allocated: AllocatedDevice, ready: Mapping[tuple[int, int], MigDevice]
+    ) -> tuple[CdiDevice, MigDevice | None]:
+        """The device's CDI content, creating its MIG instance first for dynamic MIG (unless
+        it was made ready before binding)."""
+        part = self.devices.partition(allocated.device)
+        if part is None:
+            # On a dynamic-MIG GPU: MIG mode off for the whole GPU.
+            self.devices.ready_for(allocated.device)
+            device = self._device(allocated)
+            return dataclasses.replace(device, share_id=allocated.share_id), None
+        created = ready.get((part.parent_index, part.placement.start))
+        if created is None:
+            created = self.create_partition(allocated)
         parent = self.devices.gpus_by_index().get(part.parent_index)
         minor = parent.minor_number if parent else None
-        log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
+        assert created.uuid is not None  # create_partition refuses an instance without one
         nodes = self.devices.nodes.mig(minor, created.gpu_instance_id, created.compute_instance_id)
         return CdiDevice(allocated.device, created.uuid, nodes, allocated.share_id), created
 

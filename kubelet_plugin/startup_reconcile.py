@@ -14,9 +14,10 @@ order, each step safe to repeat after a crash:
    FLEXGPU_DEVICE_* variable; FLEXGPU_TIME_SLICE in specs of earlier releases), checked
    against the API; corrupt files are set aside only once the rebuilt records are written,
    files of a newer version are never touched;
-4. rolls back half-done claims, deletes CDI specs no record owns, then stops MPS daemons and
-   destroys dynamic-MIG instances that no record and no surviving spec uses (a MIG device's
-   daemon first: it holds its partition).
+4. rolls back half-done claims (partitions made ready before binding are kept while binding
+   conditions are on: early_partitions.py), deletes CDI specs no record owns, then stops MPS
+   daemons and destroys dynamic-MIG instances that no record and no surviving spec uses (a
+   MIG device's daemon first: it holds its partition).
 
 A write that fails (a full disk) does not stop the plugin: the record is held in memory, an
 Event says so, and unprepare, which frees space, keeps working.
@@ -46,6 +47,7 @@ from flexgpu.kubelet_plugin.checkpoint import (
     ClaimState,
     CreatedResources,
     DeviceRecord,
+    EarlyStage,
     MigInstanceRecord,
     MpsShareRecord,
     ScanResult,
@@ -100,8 +102,12 @@ def reconcile_at_start(
     if scan.needs_rebuild:
         _rebuild(preparer, store, claims, scan=scan, records=records, report=report, events=events)
 
+    # Partitions made ready before binding stay for prepare to take over while binding
+    # conditions are on (the binding watch destroys them if their claim no longer waits).
+    keep_early = preparer.devices.binding_conditions
     for uid, record in list(records.items()):
-        if record.state == ClaimState.PREPARE_STARTED:
+        early_ready = keep_early and record.early == EarlyStage.READY
+        if record.state == ClaimState.PREPARE_STARTED and not early_ready:
             preparer.undo(record, records.values())
             store.delete(uid)
             del records[uid]

@@ -26,7 +26,8 @@ def remove_test_nodes(api: Any) -> Iterator[None]:
     for node in ("sim-foundation-a", "sim-foundation-b"):
         with contextlib.suppress(client.ApiException):
             client.ResourceV1Api(api).delete_collection_resource_slice(
-                field_selector=f"spec.nodeName={node}")
+                field_selector=f"spec.nodeName={node}"
+            )
         with contextlib.suppress(client.ApiException):
             client.CoreV1Api(api).delete_node(node)
 
