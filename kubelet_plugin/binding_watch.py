@@ -63,6 +63,9 @@ class BindingWatch:
         self._thread: threading.Thread | None = None
         # GPU index -> (why creating a partition failed, until when its partitions are tainted)
         self._failures: dict[int, tuple[str, float]] = {}
+        # Claim UID -> the devices whose failure was reported: not tried again while the claim
+        # keeps that allocation (our own status write may not have come back on the watch).
+        self._reported_failed: dict[str, tuple[str, ...]] = {}
         self.claims = WatchedObjects(
             api,
             CLAIMS,
@@ -126,6 +129,11 @@ class BindingWatch:
             claims[view.uid] = view
             told[view.uid] = self._true_conditions(obj)
         self._early.sweep(claims)
+        self._reported_failed = {
+            uid: devices
+            for uid, devices in self._reported_failed.items()
+            if uid in claims and devices == _devices(claims[uid])
+        }
         records = self._early.early_records()
         for uid, claim in claims.items():
             if uid in records:
@@ -134,12 +142,15 @@ class BindingWatch:
                     statuses = self._early.ready_statuses(claim, records[uid])
                     self._status.binding(claim.namespace, claim.name, uid, statuses)
                 continue
-            if told[uid] & {PARTITION_READY_CONDITION, PARTITION_FAILED_CONDITION}:
+            decided = told[uid] & {PARTITION_READY_CONDITION, PARTITION_FAILED_CONDITION}
+            if decided or uid in self._reported_failed:
                 continue  # decided: prepare (or the scheduler) takes it from here
             outcome = self._early.create(claim)
             if outcome is None:
                 continue
             self._status.binding(claim.namespace, claim.name, uid, outcome.statuses)
+            if outcome.failed:
+                self._reported_failed[uid] = _devices(claim)
             if outcome.failed_gpus:
                 until = self._clock() + self._failure_s
                 for index, why in outcome.failed_gpus.items():
@@ -175,6 +186,10 @@ class BindingWatch:
     def failures(self) -> dict[int, str]:
         """GPU index -> why its partitions are tainted now."""
         return {i: why for i, (why, _) in self._failures.items()}
+
+
+def _devices(claim: ClaimView) -> tuple[str, ...]:
+    return tuple(sorted(f"{d.pool}/{d.device}" for d in claim.devices))
 
 
 def server_keeps_binding_conditions(api: KubeApi, node_name: str) -> bool:

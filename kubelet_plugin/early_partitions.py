@@ -58,6 +58,7 @@ class Outcome:
 
     statuses: tuple[DeviceStatus, ...]
     failed_gpus: Mapping[int, str] = field(default_factory=dict)
+    failed: bool = False
 
 
 class EarlyPartitions:
@@ -178,7 +179,7 @@ class EarlyPartitions:
         )
         condition = Condition(PARTITION_FAILED_CONDITION, "True", "CreateFailed", message[:1024])
         statuses = tuple(DeviceStatus(d.pool, d.device, d.share_id, {}, (condition,)) for d in ours)
-        return Outcome(statuses, {index: error} if index >= 0 else {})
+        return Outcome(statuses, {index: error} if index >= 0 else {}, failed=True)
 
     def release(self, uid: str) -> list[str]:
         """Destroys the partitions of a claim that no longer waits for them (deallocated,
