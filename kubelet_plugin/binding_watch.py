@@ -36,6 +36,8 @@ CLAIMS = path_of("apis", "resource.k8s.io", "v1", "resourceclaims")
 SLICES = path_of("apis", "resource.k8s.io", "v1", "resourceslices")
 # Also woken by every change of a kept claim; the tick ends failure taints and retries.
 TICK_S = 5.0
+# While a claim waits for another claim's unprepare (its device is still prepared).
+BUSY_RETRY_S = 0.5
 
 
 class BindingWatch:
@@ -59,6 +61,7 @@ class BindingWatch:
         self._failure_s = failure_s
         self._clock = clock
         self._wake = threading.Event()
+        self._busy = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # GPU index -> (why creating a partition failed, until when its partitions are tainted)
@@ -101,7 +104,7 @@ class BindingWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(TICK_S)
+            self._wake.wait(BUSY_RETRY_S if self._busy else TICK_S)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -135,6 +138,7 @@ class BindingWatch:
             if uid in claims and devices == _devices(claims[uid])
         }
         records = self._early.early_records()
+        self._busy = False
         for uid, claim in claims.items():
             if uid in records:
                 # Made, but the status may not have gone out (a crash, an API error).
@@ -147,6 +151,9 @@ class BindingWatch:
                 continue  # decided: prepare (or the scheduler) takes it from here
             outcome = self._early.create(claim)
             if outcome is None:
+                continue
+            if outcome.busy:
+                self._busy = True
                 continue
             self._status.binding(claim.namespace, claim.name, uid, outcome.statuses)
             if outcome.failed:

@@ -38,6 +38,7 @@ from flexgpu.kubelet_plugin.checkpoint import (
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.claim_status import Condition, DeviceStatus
+from flexgpu.kubelet_plugin.prepare_checks import ClaimConflictError, check_conflicts
 from flexgpu.kubelet_plugin.prepare_lock import gpu_key
 from flexgpu.kubelet_plugin.prepare_records import (
     device_records,
@@ -59,6 +60,11 @@ class Outcome:
     statuses: tuple[DeviceStatus, ...]
     failed_gpus: Mapping[int, str] = field(default_factory=dict)
     failed: bool = False
+    # Not tried yet: a device is still prepared for another claim (its unprepare comes).
+    busy: bool = False
+
+
+BUSY = Outcome((), busy=True)
 
 
 class EarlyPartitions:
@@ -101,6 +107,13 @@ class EarlyPartitions:
         with lock.operation(), lock.claim(claim.uid), lock.resources(keys):
             if store.get(claim.uid) is not None:
                 return None
+            others = [r for r in store.checkpoint().claims.values() if r.uid != claim.uid]
+            try:
+                check_conflicts(others, ours)
+            except ClaimConflictError as err:
+                # The scheduler freed the device before the kubelet unprepared it: wait.
+                log.info("claim %s/%s waits: %s", claim.namespace, claim.name, err)
+                return BUSY
             record = ClaimRecord(
                 uid=claim.uid,
                 namespace=claim.namespace,
@@ -129,7 +142,6 @@ class EarlyPartitions:
                 store.put(ready)
             except Exception as err:
                 # Half-made: destroy what exists (found by placement when no UUID is known).
-                others = store.checkpoint().claims.values()
                 preparer.undo(record, others)
                 store.delete(record.uid)
                 return self._failed(claim, ours, current, str(err))

@@ -304,3 +304,24 @@ def test_an_older_plugin_reads_an_early_record_as_half_prepared(tmp_path: Path) 
     assert '"state":"PrepareStarted"' in text.replace(" ", "")
     assert node.preparer.prepare([ref])[ref.uid].error == ""
     assert '"early"' not in node.store.record_path(ref.uid).read_text()
+
+
+def test_a_device_still_prepared_for_another_claim_waits_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    """The scheduler frees a device when its claim is deleted, before the kubelet has
+    unprepared it: the next claim's partition waits for that unprepare."""
+    node = binding_node(tmp_path)
+    old = node.table.add("old", waiting(PART))
+    assert node.preparer.prepare([old])[old.uid].error == ""
+    new = node.table.add("new", waiting(PART))
+    early = EarlyPartitions(node.preparer)
+
+    outcome = early.create(claim_of(node, new))
+
+    assert outcome is not None and outcome.busy and not outcome.failed
+    assert node.store.get(new.uid) is None and len(instances(node)) == 1
+    assert node.preparer.unprepare([old])[old.uid].error == ""
+    outcome = early.create(claim_of(node, new))
+    assert outcome is not None and not outcome.busy and not outcome.failed
+    assert len(instances(node)) == 1
