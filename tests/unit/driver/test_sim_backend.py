@@ -261,7 +261,7 @@ def test_the_plugins_fault_setting_is_parsed_and_bad_entries_are_named() -> None
         ("set_mig_mode", 1),
     ]
     assert parse_fault_spec("") == []
-    with pytest.raises(ValueError, match="unknown operation 'explode'.*allowed values: "):
+    with pytest.raises(ValueError, match=r"unknown operation 'explode'.*allowed values: "):
         parse_fault_spec("explode:2")
-    with pytest.raises(ValueError, match="count of create_mig_device .* got '0'"):
+    with pytest.raises(ValueError, match=r"count of create_mig_device .* got '0'"):
         parse_fault_spec("create_mig_device:0")
