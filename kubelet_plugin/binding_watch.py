@@ -62,6 +62,7 @@ class BindingWatch:
         self._clock = clock
         self._wake = threading.Event()
         self._busy = False
+        self._watching = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # GPU index -> (why creating a partition failed, until when its partitions are tainted)
@@ -69,8 +70,12 @@ class BindingWatch:
         # Claim UID -> the devices whose failure was reported: not tried again while the claim
         # keeps that allocation (our own status write may not have come back on the watch).
         self._reported_failed: dict[str, tuple[str, ...]] = {}
-        self.claims = WatchedObjects(
-            api,
+        self._api = api
+        self.claims = self._new_watch()
+
+    def _new_watch(self) -> WatchedObjects:
+        return WatchedObjects(
+            self._api,
             CLAIMS,
             on_change=self._wake.set,
             name="resourceclaims (binding conditions)",
@@ -91,14 +96,15 @@ class BindingWatch:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self.claims.start()
+        self.ensure_watch()
         self._thread = threading.Thread(target=self._run, name="binding-conditions", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self.claims.stop()
+        if self._watching:
+            self.claims.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -109,16 +115,32 @@ class BindingWatch:
             if self._stop.is_set():
                 return
             try:
+                self.ensure_watch()
                 self.process()
             except Exception:  # a bad claim or a GPU error never ends the loop
                 log.exception("binding conditions: handling claims failed; retrying")
+
+    def ensure_watch(self) -> None:
+        """Claims are watched only while the node has on-demand MIG GPUs (or partitions made
+        before binding): every node watching every claim of the cluster would cost the API
+        server a fan-out of each claim change for nothing. Modes change with GpuNodePolicies."""
+        wanted = bool(self._devices.dynamic_gpus()) or bool(self._early.early_records())
+        if wanted and not self._watching:
+            self.claims = self._new_watch()
+            self.claims.start()
+            self._watching = True
+            log.info("binding conditions: watching ResourceClaims")
+        elif not wanted and self._watching:
+            self.claims.stop()
+            self._watching = False
+            log.info("binding conditions: no on-demand MIG GPU left; claims no longer watched")
 
     # -- the work --------------------------------------------------------------------------
     def process(self) -> None:
         """One pass over the kept claims: partitions of claims that no longer wait are
         destroyed, waiting ones are created (or their outcome written again), expired
         failure taints are lifted."""
-        if not self.claims.synced:
+        if not self._watching or not self.claims.synced:
             return  # an early record's claim may just not be listed yet
         claims: dict[str, ClaimView] = {}
         told: dict[str, set[str]] = {}

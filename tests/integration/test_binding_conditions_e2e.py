@@ -197,9 +197,10 @@ def test_a_creation_failure_sends_the_pod_to_another_node_and_leaves_nothing(
             log.stop()
             core.patch_node(node_b.name, {"spec": {"unschedulable": False}})
         assert pod.spec.node_name == node_b.name
-        (failed,) = {c["message"] for c in log.seen if c["type"] == FAILED}
-        assert f"on gpu-0 of node {node_a.name} failed" in failed
-        assert "injected failure in create_mig_device" in failed
+        failures = {c["message"] for c in log.seen if c["type"] == FAILED}
+        for failed in failures:  # one, unless A was tried again before its taint was out
+            assert f"on gpu-0 of node {node_a.name} failed" in failed
+            assert "injected failure in create_mig_device" in failed
         assert all(c["pool"] == node_a.name for c in log.seen if c["type"] == FAILED)
         # Nothing leaked on the GPU that failed, nor in its checkpoint.
         assert instances(node_a) == []

@@ -70,7 +70,7 @@ class World:
             failure_s=60,
             clock=lambda: self.now,
         )
-        self.watch.claims.start()
+        self.watch.ensure_watch()
         assert self.watch.claims.wait_synced(5)
 
     def _republish(self) -> None:
@@ -219,3 +219,17 @@ def test_the_probe_reads_whether_the_server_kept_the_fields() -> None:
     refusing = FakeKubeApi()
     refusing.fail_next.append(ApiError(403, "Forbidden", "no"))
     assert not server_keeps_binding_conditions(refusing, NODE)  # type: ignore[arg-type]
+
+
+def test_claims_are_watched_only_while_the_node_has_on_demand_mig(tmp_path: Path) -> None:
+    """Every node watching every claim would cost the API server for nothing."""
+    world = World(tmp_path, [claim_object("c", PART)])
+    try:
+        world.node.devices.set_modes({})  # GPU 1 whole again: no on-demand MIG left
+        world.watch.ensure_watch()
+        lists = world.api.count("GET")
+        world.watch.process()
+        assert world.node.backend.list_mig_devices(DYNAMIC_GPU) == []
+        assert world.api.count("GET") == lists
+    finally:
+        world.stop()
