@@ -21,13 +21,9 @@ from flexgpu.driver.mig_devices import (
     counter_set,
     dynamic_mig_devices,
     static_mig_devices,
+    with_binding_conditions,
 )
-from flexgpu.driver.names import (
-    PARTITION_FAILED_CONDITION,
-    PARTITION_FAILED_TAINT,
-    PARTITION_READY_CONDITION,
-    gpu_device_name,
-)
+from flexgpu.driver.names import PARTITION_FAILED_TAINT, gpu_device_name
 from flexgpu.driver.node_policy import GpuMode
 from flexgpu.driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
 from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
@@ -215,14 +211,7 @@ class NodeDevices:
 
     def _with_binding(self, device: SliceDevice) -> SliceDevice:
         """A partition as published: with binding conditions when they are on."""
-        if not self.binding_conditions:
-            return device
-        return {
-            **device,
-            "bindingConditions": [PARTITION_READY_CONDITION],
-            "bindingFailureConditions": [PARTITION_FAILED_CONDITION],
-            "bindsToNode": True,
-        }
+        return with_binding_conditions(device) if self.binding_conditions else device
 
     def _render_or_keep(self, gpu: GpuInfo) -> _Rendered | None:
         """The GPU's devices now, or as last rendered when it cannot be read (lost, or
