@@ -7,7 +7,7 @@ One control plane (the real scheduler), two simulated GPU nodes (kubelet harness
 the simulated backend, GPU 0 on-demand MIG): one plugin with --binding-conditions=off
 (partitions made in prepare), the other with binding conditions (auto, which the server
 allows from 1.36). Pods alternate between the nodes, one at a time, so machine noise hits both
-alike; each asks for a 1g.10gb partition and is deleted (its partition destroyed) before the
+alike; each asks for a 1g.18gb partition and is deleted (its partition destroyed) before the
 next. Printed: p50 and p99 per mode and their difference; nothing is asserted.
 """
 
@@ -34,7 +34,7 @@ MODES = {"without": "--binding-conditions=off", "with": "--binding-conditions=au
 
 
 def _claim() -> dict[str, Any]:
-    is_1g = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
+    is_1g = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.18gb"'
     return {
         "requests": [
             {

@@ -42,7 +42,7 @@ ARGS = ("--dynamic-mig-gpus=0",)
 
 
 def mig_claim() -> dict[str, Any]:
-    is_1g = f'device.attributes["{DRIVER}"].profile == "1g.10gb"'
+    is_1g = f'device.attributes["{DRIVER}"].profile == "1g.18gb"'
     return {
         "requests": [
             {
