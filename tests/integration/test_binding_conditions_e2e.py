@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -207,3 +208,31 @@ def test_a_creation_failure_sends_the_pod_to_another_node_and_leaves_nothing(
         assert checkpoint_claims(node_a) == {}
         assert len(instances(node_b)) == 1
     print(f"failure on A to Running on B: {time.monotonic() - started:.1f} s")
+
+
+def test_a_plugin_killed_once_the_partition_is_ready_finishes_after_its_restart(
+    api: Any, namespace: str, node_b: SimulatedGpuNode
+) -> None:
+    """SIGKILL after the Ready record, before PartitionReady reached the claim: the restarted
+    plugin keeps the partition, reports it, and prepare takes it over (made once)."""
+    before = {i["uuid"] for i in instances(node_b)}
+    node_b.stop_plugin()
+    node_b.plugin_env = dict(os.environ, FLEXGPU_FAULT_CRASH_AT="early-ready")
+    node_b.start_plugin()
+    create_claim(api, namespace, "crashy", mig_claim())
+    client.CoreV1Api(api).create_namespaced_pod(namespace, pod_on("crashy", [node_b.name]))
+    crashed = node_b.plugin
+    assert crashed is not None
+    crashed.proc.wait(60)  # type: ignore[union-attr]
+    assert crashed.exit_code() == -signal.SIGKILL
+    (made,) = [i for i in instances(node_b) if i["uuid"] not in before]
+    uid = client.ResourceV1Api(api).read_namespaced_resource_claim("crashy", namespace).metadata.uid
+    assert checkpoint_claims(node_b)[uid]["early"] == "Ready"
+
+    node_b.plugin_env = None
+    node_b.start_plugin()
+    wait_phase(api, namespace, "crashy", {"Running"}, timeout_s=90)
+    assert [i for i in instances(node_b) if i["uuid"] not in before] == [made]
+    record = checkpoint_claims(node_b)[uid]
+    assert record["state"] == "Prepared"
+    assert [m["uuid"] for m in record["created"]["mig_instances"]] == [made["uuid"]]
