@@ -12,7 +12,8 @@ export FLEXGPU_K8S := $(K8S)
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
 .PHONY: setup system-deps test-deps venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
-        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node nvidia-driver
+        cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node nvidia-driver \
+        karpenter test-autoscale
 
 setup: system-deps venv control-plane helm-tools nvml-mock nvidia-ctk node nvidia-driver
 
@@ -101,6 +102,19 @@ test-core: setup test-deps
 	@echo "==> pytest (core end-to-end set$(if $(K8S), on Kubernetes $(K8S)))"
 	@$(PYTEST) -m "integration and core"
 
+# Karpenter with its kwok cloud provider and flexgpu's templates on its GPU instance types
+# (tools/karpenter, Go, sigs.k8s.io/karpenter v1.15; GOTOOLCHAIN=go1.27.3 is fetched). Not part
+# of setup: cold, it is the longest Go build after the control plane (docs/autoscaling.md).
+karpenter:
+	@echo "==> Karpenter with the kwok provider (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@bash tools/karpenter/build.sh karpenter-kwok >/dev/null
+
+# The autoscaling end-to-end test: Karpenter launches flex GPU nodes for pending claims and
+# removes them idle (tests/integration/test_autoscale_e2e.py). Not part of `make test`.
+test-autoscale: venv control-plane karpenter test-deps
+	@echo "==> pytest (Karpenter end-to-end)"
+	@FLEXGPU_AUTOSCALE_E2E=1 $(PYTEST) -s tests/integration/test_autoscale_e2e.py
+
 demo: setup
 	@$(PY) -m demo
 
@@ -116,7 +130,8 @@ cluster-down: venv
 # Benchmarks print figures (percentiles, rates, memory) and explain them; nothing is asserted.
 # prepare_latency runs the plugin beside the upstream reference driver, whose kubelet plugin
 # tools/example-driver/build.sh builds into the same cache (cold: a few minutes on 2 cores);
-# nvidia_prepare beside NVIDIA's DRA kubelet plugin (make nvidia-driver, part of setup).
+# nvidia_prepare and nvidia_pod_start beside NVIDIA's DRA kubelet plugin (make nvidia-driver,
+# part of setup).
 bench: setup
 	@echo "==> reference DRA driver (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/example-driver/build.sh >/dev/null
@@ -124,6 +139,7 @@ bench: setup
 	@$(PY) -m bench.nvidia_prepare
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
+	@$(PY) -m bench.nvidia_pod_start
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

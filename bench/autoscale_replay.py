@@ -48,8 +48,8 @@ from flexgpu.driver.allocation import (
     parse_device_class,
     parse_slice,
 )
-from flexgpu.driver.allocation.allocator import SelectorCache
 from flexgpu.driver.allocation.capacity import add_amounts
+from flexgpu.driver.allocation.selectors import SelectorCache
 from flexgpu.driver.node_template import NodeTemplate, TemplatePolicy, is_placeholder
 from flexgpu.driver.node_template import render_node_template as render
 from flexgpu.driver.topology import load_topology

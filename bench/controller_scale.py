@@ -37,7 +37,7 @@ from flexgpu.controller.evaluation import Memo, evaluate
 from flexgpu.controller.events import EventTarget
 from flexgpu.controller.messages import Lookup, pod_message
 from flexgpu.controller.pending import pending_claims
-from flexgpu.driver.allocation.allocator import SelectorCache
+from flexgpu.driver.allocation.selectors import SelectorCache
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.resource_slice import render_node_gpus, slice_specs
 from flexgpu.driver.sim_backend import SimulatedBackend

@@ -74,6 +74,13 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--webhook-secret-name", default="flexgpu-webhook-tls")
     group.add_argument("--webhook-configuration-name", default=CONFIGURATION_NAME)
     group.add_argument(
+        "--tenant-webhook-configuration-name",
+        default="",
+        metavar="NAME",
+        help="the MutatingWebhookConfiguration that adds the per-namespace selector to "
+        "shared-GPU claims (default: none, namespaces may share GPUs)",
+    )
+    group.add_argument(
         "--no-webhook-configuration",
         dest="webhook_manage_configuration",
         action="store_false",
@@ -122,6 +129,7 @@ def options_from_args(args: argparse.Namespace) -> WebhookOptions:
         secret_namespace=args.webhook_secret_namespace,
         secret_name=args.webhook_secret_name,
         configuration_name=args.webhook_configuration_name,
+        tenant_configuration_name=args.tenant_webhook_configuration_name or None,
         manage_configuration=args.webhook_manage_configuration,
         ca_bundle_only=args.webhook_ca_bundle_only,
         resync_interval_s=args.webhook_resync_interval,

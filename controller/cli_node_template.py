@@ -156,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         policy=choose_policy(args.policy or [], args.node_label or []),
         mig_switch_needs_reset=args.mig_mode_needs_reset,
         binding_conditions=binding_conditions(args.binding_conditions, _release(args)),
+        shared_gpu_tenants=args.shared_gpu_tenants,
     )
     own_slice = counters_in_own_slice(args.kubernetes_version)
     if args.format == "karpenter" and not own_slice:
@@ -225,6 +226,13 @@ def add_node_template(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     parser.add_argument(
         "--shared-gpus", metavar="all|I,J", help="GPUs published as fractions (the plugin's flag)"
+    )
+    parser.add_argument(
+        "--shared-gpu-tenants",
+        choices=("namespace", "any"),
+        default="namespace",
+        help="the plugin's flag: with namespace (its default) shared GPUs carry a tenant "
+        'attribute, "" on a new node',
     )
     parser.add_argument(
         "--dynamic-mig-gpus",

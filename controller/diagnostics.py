@@ -27,7 +27,7 @@ from flexgpu.controller.evaluation import Memo, evaluate
 from flexgpu.controller.events import EventSink, EventTarget
 from flexgpu.controller.messages import Lookup, claim_message, fingerprint, pod_message
 from flexgpu.controller.pending import PendingClaim, pending_claims
-from flexgpu.driver.allocation.allocator import SelectorCache
+from flexgpu.driver.allocation.selectors import SelectorCache
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.pod_nodes import NodeFit, node_fit
 from flexgpu.controller.records import CachedClaim, PodRecord
 from flexgpu.driver.allocation import AllocatedState, Explanation, explain_claim
-from flexgpu.driver.allocation.allocator import SelectorCache
-from flexgpu.driver.allocation.explain import for_claim
+from flexgpu.driver.allocation.explain_text import for_claim
+from flexgpu.driver.allocation.selectors import SelectorCache
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from flexgpu.driver.allocation import (
     ResourceSlice,
     allocated_state,
 )
-from flexgpu.driver.allocation.allocator import BLOCKING_TAINT_EFFECTS
 from flexgpu.driver.allocation.describe import device_kind, format_quantity, plural
 from flexgpu.driver.allocation.model import Constraint, Device, RequestSpec, ResourceClaim
+from flexgpu.driver.allocation.selectors import BLOCKING_TAINT_EFFECTS
 from flexgpu.driver.allocation.state import DeviceId
 
 # Events carry at most 1 KiB of message in events.k8s.io/v1; core/v1 is laxer, but the text

@@ -75,6 +75,16 @@ POLICY_TIMEOUT_S: Final = 10
 _CONFLICT_RETRIES: Final = 8
 
 FailurePolicy: TypeAlias = Literal["Ignore", "Fail"]
+ConfigurationKind: TypeAlias = Literal["validating", "mutating"]
+_KINDS: Final[dict[str, ConfigurationKind]] = {
+    "ValidatingWebhookConfiguration": "validating",
+    "MutatingWebhookConfiguration": "mutating",
+}
+
+
+def _call(admission: Any, verb: str, kind: ConfigurationKind, *args: Any) -> Any:
+    """``admission.<verb>_<kind>_webhook_configuration(*args)`` of AdmissionregistrationV1Api."""
+    return getattr(admission, f"{verb}_{kind}_webhook_configuration")(*args)
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ CHANGED_CONDITION: Final = (
 )
 
 
-def _client_config(target: ClientTarget, handler_id: str, ca_bundle: bytes | None) -> Any:
+def client_config(target: ClientTarget, handler_id: str, ca_bundle: bytes | None) -> Any:
     config: dict[str, Any]
     if isinstance(target, ServiceRef):
         config = {
@@ -159,7 +169,7 @@ def _webhook(
 ) -> dict[str, Any]:
     webhook: dict[str, Any] = {
         "name": hook.name,
-        "clientConfig": _client_config(target, hook.handler_id, ca_bundle),
+        "clientConfig": client_config(target, hook.handler_id, ca_bundle),
         "rules": [{"operations": ["CREATE", "UPDATE"], **hook.rule}],
         "failurePolicy": hook.failure_policy,
         "matchPolicy": "Equivalent",
@@ -275,19 +285,20 @@ def apply_webhook_configuration(admission: Any, body: dict[str, Any]) -> None:
     from kubernetes.client.exceptions import ApiException
 
     name = body["metadata"]["name"]
+    kind = _KINDS[body["kind"]]
     for _ in range(_CONFLICT_RETRIES):
         try:
-            existing = admission.read_validating_webhook_configuration(name)
+            existing = _call(admission, "read", kind, name)
         except ApiException as error:
             if error.status != 404:
                 raise
             try:
-                admission.create_validating_webhook_configuration(body)
+                _call(admission, "create", kind, body)
             except ApiException as create_error:
                 if create_error.status == 409:
                     continue
                 raise
-            logger.info("created ValidatingWebhookConfiguration %s", name)
+            logger.info("created %s %s", body["kind"], name)
             return
         desired = {**body, "metadata": {**body["metadata"]}}
         desired["webhooks"] = [
@@ -296,29 +307,32 @@ def apply_webhook_configuration(admission: Any, body: dict[str, Any]) -> None:
         _keep_ca_bundles(desired, existing)
         desired["metadata"]["resourceVersion"] = existing.metadata.resource_version
         try:
-            admission.replace_validating_webhook_configuration(name, desired)
+            _call(admission, "replace", kind, name, desired)
         except ApiException as error:
             if error.status in (409, 404):
                 continue
             raise
-        logger.info("updated ValidatingWebhookConfiguration %s", name)
+        logger.info("updated %s %s", body["kind"], name)
         return
-    raise RuntimeError(f"ValidatingWebhookConfiguration {name} kept changing; gave up")
+    raise RuntimeError(f"{body['kind']} {name} kept changing; gave up")
 
 
-def patch_ca_bundle(admission: Any, name: str, ca_bundle: bytes) -> None:
+def patch_ca_bundle(
+    admission: Any, name: str, ca_bundle: bytes, kind: ConfigurationKind = "validating"
+) -> None:
     """Set ``caBundle`` in every webhook of the configuration ``name`` that someone else (the
     Helm chart) installed, changing nothing else. A configuration that is not there is left
     absent: it was uninstalled, or webhook.enabled turned off, and must not come back."""
     from kubernetes.client.exceptions import ApiException
 
+    shown = f"{kind.capitalize()}WebhookConfiguration"
     encoded = base64.b64encode(ca_bundle).decode("ascii")
     for _ in range(_CONFLICT_RETRIES):
         try:
-            existing = admission.read_validating_webhook_configuration(name)
+            existing = _call(admission, "read", kind, name)
         except ApiException as error:
             if error.status == 404:
-                logger.warning("ValidatingWebhookConfiguration %s is not installed", name)
+                logger.warning("%s %s is not installed", shown, name)
                 return
             raise
         hooks = existing.webhooks or []
@@ -335,11 +349,11 @@ def patch_ca_bundle(admission: Any, name: str, ca_bundle: bytes) -> None:
             for i in range(len(hooks))
         ]
         try:
-            admission.patch_validating_webhook_configuration(name, ops)
+            _call(admission, "patch", kind, name, ops)
         except ApiException as error:
             if error.status in (409, 422, 404):
                 continue
             raise
-        logger.info("caBundle of ValidatingWebhookConfiguration %s updated", name)
+        logger.info("caBundle of %s %s updated", shown, name)
         return
-    raise RuntimeError(f"ValidatingWebhookConfiguration {name} kept changing; gave up")
+    raise RuntimeError(f"{shown} {name} kept changing; gave up")

@@ -51,6 +51,8 @@ import kopf
 
 from flexgpu.controller.admission import answer_admission_review
 from flexgpu.controller.admission_review import Refusal, parse_review
+from flexgpu.controller.tenant_selector import TENANT_HANDLERS, answer_tenant_review
+from flexgpu.controller.tenant_webhook_config import build_tenant_webhook_configuration
 from flexgpu.controller.webhook_config import (
     CONFIGURATION_NAME,
     DEFAULT_NAMESPACE_SELECTOR,
@@ -91,6 +93,9 @@ class WebhookOptions:
     secret_name: str = "flexgpu-webhook-tls"
     work_dir: Path | None = None  # where Secret-mode certs are written; a temp dir if None
     configuration_name: str = CONFIGURATION_NAME
+    # The MutatingWebhookConfiguration adding the tenant selector (tenant_webhook_config.py);
+    # None: none (namespaces may share GPUs).
+    tenant_configuration_name: str | None = None
     manage_configuration: bool = True
     # The configuration is installed by the chart: only its caBundle is patched.
     ca_bundle_only: bool = False
@@ -176,12 +181,20 @@ class FlexgpuWebhookServer:
         return self._files
 
     def apply_configuration(self, ca_bundle: bytes | None) -> None:
-        """Blocking: create or update the ValidatingWebhookConfiguration."""
+        """Blocking: create or update the ValidatingWebhookConfiguration (and the tenancy
+        MutatingWebhookConfiguration when one is named)."""
         if not self.options.manage_configuration:
             return
         if self.options.ca_bundle_only:
             if ca_bundle is not None:
                 patch_ca_bundle(self._admission, self.options.configuration_name, ca_bundle)
+                if self.options.tenant_configuration_name:
+                    patch_ca_bundle(
+                        self._admission,
+                        self.options.tenant_configuration_name,
+                        ca_bundle,
+                        "mutating",
+                    )
             return
         port = self.bound_port if self.bound_port is not None else self.options.port
         body = build_webhook_configuration(
@@ -192,6 +205,14 @@ class FlexgpuWebhookServer:
             object_selector=self.options.object_selector,
         )
         apply_webhook_configuration(self._admission, body)
+        if self.options.tenant_configuration_name:
+            tenancy = build_tenant_webhook_configuration(
+                self.options.target_at(port),
+                ca_bundle,
+                name=self.options.tenant_configuration_name,
+                object_selector=self.options.object_selector,
+            )
+            apply_webhook_configuration(self._admission, tenancy)
 
     async def _resync_forever(self) -> None:
         """Secret mode: pick up renewals (ours when due, or another replica's)."""
@@ -358,8 +379,11 @@ class AdmissionHttpsServer:
         body, refusal = parse_review(raw, handler_id)
         if refusal is not None or body is None:
             return _refuse(refusal or Refusal(400, "no AdmissionReview"))
+        answer_fn: Answer = self.answer
+        if handler_id in TENANT_HANDLERS:
+            answer_fn = functools.partial(answer_tenant_review, handler_id)
         try:
-            answer = await asyncio.to_thread(self.answer, body)
+            answer = await asyncio.to_thread(answer_fn, body)
         except Exception:
             logger.exception("admission request %s failed", body["request"]["uid"][:64])
             return _refuse(Refusal(500, "internal error in the admission webhook"))

@@ -38,6 +38,7 @@ RELEASE = "flexgpu"
 GPU_POOL_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 # The chart's name for it (RBAC lets the controller write no other).
 WEBHOOK_CONFIGURATION = "flexgpu-validation"
+TENANCY_CONFIGURATION = "flexgpu-tenancy"  # the chart's, with sharedGpuTenants: namespace
 # A claim admission must refuse: the demo waits until it is refused before it goes on.
 PROBE_CLAIM: dict[str, Any] = {
     "apiVersion": "resource.k8s.io/v1",
@@ -166,6 +167,7 @@ class DemoWorld:
                 "--webhook-url-host=127.0.0.1",
                 f"--webhook-secret-namespace={SYSTEM_NAMESPACE}",
                 f"--webhook-configuration-name={WEBHOOK_CONFIGURATION}",
+                f"--tenant-webhook-configuration-name={TENANCY_CONFIGURATION}",
                 # As in the chart: its token may change only the caBundle of the configuration.
                 "--webhook-ca-bundle-only",
             ],
@@ -278,20 +280,24 @@ class DemoWorld:
         """The controller runs as a local process, not behind the chart's Service: as the
         cluster's admin, point the chart's webhooks at its local port (same paths), which the
         controller's token itself may not do."""
-        admission = client.AdmissionregistrationV1Api(self.api)
-        config = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
-        patch = []
-        for i, hook in enumerate(config.webhooks or []):
-            path = hook.client_config.service.path if hook.client_config.service else ""
-            patch += [
-                {"op": "remove", "path": f"/webhooks/{i}/clientConfig/service"},
-                {
-                    "op": "add",
-                    "path": f"/webhooks/{i}/clientConfig/url",
-                    "value": f"https://127.0.0.1:{port}{path}",
-                },
-            ]
-        admission.patch_validating_webhook_configuration(WEBHOOK_CONFIGURATION, patch)
+        admission: Any = client.AdmissionregistrationV1Api(self.api)
+        for kind, name in (
+            ("validating", WEBHOOK_CONFIGURATION),
+            ("mutating", TENANCY_CONFIGURATION),
+        ):
+            config = getattr(admission, f"read_{kind}_webhook_configuration")(name)
+            patch = []
+            for i, hook in enumerate(config.webhooks or []):
+                path = hook.client_config.service.path if hook.client_config.service else ""
+                patch += [
+                    {"op": "remove", "path": f"/webhooks/{i}/clientConfig/service"},
+                    {
+                        "op": "add",
+                        "path": f"/webhooks/{i}/clientConfig/url",
+                        "value": f"https://127.0.0.1:{port}{path}",
+                    },
+                ]
+            getattr(admission, f"patch_{kind}_webhook_configuration")(name, patch)
 
     def stop(self) -> None:
         if self.real is not None:
@@ -300,10 +306,11 @@ class DemoWorld:
             node.cleanup()
         if self.controller is not None:
             self.controller.stop()
+        admission = client.AdmissionregistrationV1Api(self.api)
         with contextlib.suppress(client.ApiException):  # already gone
-            client.AdmissionregistrationV1Api(self.api).delete_validating_webhook_configuration(
-                WEBHOOK_CONFIGURATION
-            )
+            admission.delete_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        with contextlib.suppress(client.ApiException):
+            admission.delete_mutating_webhook_configuration(TENANCY_CONFIGURATION)
 
 
 def endpoints_file(workdir: Path) -> Path:

@@ -16,6 +16,9 @@ SHARED_GPU_DEVICE_CLASS: Final = "shared-gpu.flexgpu.dev"
 PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
+# A shared GPU's namespace (tenant) while one holds it, "" while it is free; admission adds a
+# selector on it to every shared-gpu request (docs/security-shared-gpus.md).
+TENANT_ATTRIBUTE: Final = "tenant"
 
 # Binding conditions (KEP-5007) of on-demand MIG partitions: the scheduler binds a pod once
 # the plugin has created its partition and set PartitionReady, and sends it back to be

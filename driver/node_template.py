@@ -35,6 +35,7 @@ from flexgpu.driver.mig_layout import LayoutError, validate_layout
 from flexgpu.driver.names import (
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
+    TENANT_ATTRIBUTE,
     gpu_device_name,
 )
 from flexgpu.driver.node_policy import GpuMode, GpuNodePolicy, gpu_modes
@@ -83,6 +84,9 @@ class TemplatePolicy:
     mig_switch_needs_reset: bool = False
     # On-demand partitions carry binding conditions (the plugin's default on 1.36+).
     binding_conditions: bool = False
+    # The plugin's --shared-gpu-tenants: with "namespace" a shared GPU carries its tenant,
+    # "" on a new node (the value a running node publishes varies; template_check.py).
+    shared_gpu_tenants: str = "namespace"
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,10 @@ def _render_gpu(
         )
         return devices, None
     if plan.mode == GpuMode.SHARED:
-        return [shared_gpu_device(gpu)], None
+        device = shared_gpu_device(gpu)
+        if policy.shared_gpu_tenants == "namespace":
+            device["attributes"][TENANT_ATTRIBUTE] = {"string": ""}
+        return [device], None
     # Whole, and MIG modes on a GPU without MIG: the plugin publishes those whole.
     return [whole_gpu_device(gpu)], None
 

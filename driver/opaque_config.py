@@ -49,9 +49,9 @@ from pydantic import (
 from flexgpu.driver.gpu_model import TimeSliceInterval
 from flexgpu.driver.names import OPAQUE_API_VERSION
 from flexgpu.driver.quantity import INT64_MAX, Quantity, QuantityError, parse_quantity
+from flexgpu.driver.strict_json import strict_json_loads
 from flexgpu.driver.validation_messages import (
     MAX_PROBLEMS,
-    BigInt,
     MessageRules,
     Pattern,
     Problem,
@@ -103,8 +103,6 @@ GPU_CONFIG_KIND: Final = "GpuConfig"
 MIG_CONFIG_KIND: Final = "MigConfig"
 # NVIDIA's DRA driver names its MIG kind so; a migrated manifest keeps it.
 MIG_DEVICE_CONFIG_KIND: Final = "MigDeviceConfig"
-# JSON integers with more digits are not converted at all (see validation_messages.BigInt).
-_MAX_INT_DIGITS: Final = 64
 
 
 class SharingStrategy(StrEnum):
@@ -461,7 +459,7 @@ def _load(raw: object) -> tuple[object, list[ConfigProblem]]:
             return None, [ConfigProblem((), f"{detail}; allowed: {ROOT_ALLOWED}")]
     if isinstance(raw, str):
         try:
-            return plain_copy(json.loads(raw, **_JSON_OPTIONS)), []
+            return plain_copy(strict_json_loads(raw)), []
         except json.JSONDecodeError as error:
             reason = f"{error.msg} at line {error.lineno} column {error.colno}"
         except RecursionError:
@@ -471,33 +469,6 @@ def _load(raw: object) -> tuple[object, list[ConfigProblem]]:
         detail = f"invalid JSON ({reason}) is not allowed; allowed: {ROOT_ALLOWED}"
         return None, [ConfigProblem((), detail)]
     return plain_copy(raw), []
-
-
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # Kubernetes' strict decoding (which NVIDIA's driver uses) rejects duplicate fields too;
-    # silently taking the last one hides a typo'd manifest.
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {json.dumps(key)}")
-        out[key] = value
-    return out
-
-
-def _no_constants(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _int_or_big(text: str) -> object:
-    digits = len(text.lstrip("-"))
-    return int(text) if digits <= _MAX_INT_DIGITS else BigInt(digits)
-
-
-_JSON_OPTIONS: Final[dict[str, Any]] = {
-    "object_pairs_hook": _object_without_duplicates,
-    "parse_constant": _no_constants,
-    "parse_int": _int_or_big,
-}
 
 
 def _value_problem(

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flexgpu.driver.names import TENANT_ATTRIBUTE
 from flexgpu.driver.node_template import NODE_NAME_PLACEHOLDER, NodeTemplate, is_placeholder
+
+_TENANT_PATH = f".attributes.{TENANT_ATTRIBUTE}"
 
 
 def current_pool(slices: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -49,6 +52,12 @@ class _Bindings:
 def _compare(template: Any, real: Any, path: str, bindings: _Bindings) -> list[str]:
     if is_placeholder(template):
         return bindings.bind(template, real, path)
+    if (
+        path.endswith(_TENANT_PATH)
+        and isinstance(real, dict)
+        and isinstance(real.get("string"), str)
+    ):
+        return []  # a shared GPU's tenant is the namespace it serves now ("" on a new node)
     if isinstance(template, dict) and isinstance(real, dict):
         found = [f"{path}.{k}: in the template, not on the node" for k in template.keys() - real]
         found += [f"{path}.{k}: on the node, not in the template" for k in real.keys() - template]

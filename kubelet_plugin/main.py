@@ -111,6 +111,7 @@ def start_node(
     from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
     from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
     from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
+    from flexgpu.kubelet_plugin.tenant_attribute import TenantAttribute, TenantTrackingDriver
 
     try:
         metric_settings = settings_from_env(os.environ)
@@ -141,6 +142,7 @@ def start_node(
         config.dynamic_mig_gpu_indices(count),
         health_taints=health_taints(config, api),
         binding_conditions=binding_conditions(config, api),
+        publish_tenants=config.shared_gpu_tenants == "namespace",
     )
     try:
         driver_edits = _driver_edits(config, devices)
@@ -171,9 +173,16 @@ def start_node(
     with lock:
         reconcile_at_start(preparer, store, claims, events)
 
+    # Built now (no I/O until started) so that prepares served from the gate on can hand it
+    # their tenant changes; it writes once started below.
+    publisher = _make_publisher(config, api)
+
     def republish() -> None:
-        # `publisher` is bound below; nothing calls this before it is.
         publisher.set_devices(devices.slice_devices(), devices.counter_sets())
+
+    # Shared GPUs' tenants from the records reconciled above, before anything is published.
+    tenants = TenantAttribute(preparer.load_checkpoint, devices, republish)
+    tenants.update()
 
     health = HealthMonitor(
         backend,
@@ -184,13 +193,12 @@ def start_node(
         events=events,
     )
     # Prepares are served from here on; what follows only publishes and watches.
-    served: DraDriver = preparer
+    served: DraDriver = TenantTrackingDriver(preparer, tenants)
     if observed:
         from flexgpu.kubelet_plugin import metrics
 
-        served = metrics.ObservedPreparer(preparer, config.node_name)
+        served = metrics.ObservedPreparer(served, config.node_name)
     gate.open(served, health)
-    publisher = _make_publisher(config, api)
     if readiness is not None:
         readiness.publisher = publisher
     republish()

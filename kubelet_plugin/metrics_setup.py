@@ -31,7 +31,8 @@ from flexgpu.kubelet_plugin.metrics_settings import (
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
-from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler
+from flexgpu.kubelet_plugin.usage import UsageSampler
+from flexgpu.kubelet_plugin.usage_metrics import UsageCollector
 
 __all__ = ["MetricsSettingError", "MetricsSettings", "observe_node", "settings_from_env"]
 

@@ -25,7 +25,6 @@ same way.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import subprocess
@@ -39,7 +38,7 @@ from flexgpu.driver.backend_errors import GpuBackendError
 from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.gpu_model import ComputeMode, MpsDaemon
 from flexgpu.driver.loop import Loop
-from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec, serves_mig
+from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec, serves_mig
 from flexgpu.driver.mps_folders import (
     control_pipe_problem,
     empty_daemon_folders,
@@ -54,16 +53,21 @@ from flexgpu.kubelet_plugin.mps_pod_spec import (
     DEFAULT_RESOURCES,
     GPU_INDEX_LABEL,
     GPU_UUID_ANNOTATION,
-    MIG_SPEC_ANNOTATION,
     MpsPodShape,
     pod_name,
+)
+from flexgpu.kubelet_plugin.mps_pod_status import (
+    TERMINATED,
+    ended_how,
+    gpu_index_of,
+    mig_spec_of,
+    pod_phase,
+    pod_serves_mig,
 )
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
 from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
-
-TERMINATED = frozenset({"Succeeded", "Failed"})
 
 
 class MpsDaemonPods:
@@ -151,7 +155,7 @@ class MpsDaemonPods:
         """Starts the daemon's pod unless it runs (then it is adopted), and waits until it
         serves; whether a pod was created."""
         existing = self._get(pod_name(daemon.gpu_uuid))
-        if existing is not None and _phase(existing) not in TERMINATED:
+        if existing is not None and pod_phase(existing) not in TERMINATED:
             self._wait_ready(daemon)
             return False
         if existing is not None:
@@ -235,7 +239,7 @@ class MpsDaemonPods:
     def running(self) -> list[MpsDaemon]:
         daemons = []
         for pod in self._pods():
-            if _phase(pod) in TERMINATED:
+            if pod_phase(pod) in TERMINATED:
                 continue
             meta = pod["metadata"]
             uuid = meta.get("annotations", {}).get(GPU_UUID_ANNOTATION, "")
@@ -285,8 +289,8 @@ class MpsDaemonPods:
         is prepared, a MIG device daemon while its devices still exist (its claim's
         unprepare deletes the pod under the same lock, so a pod still there is still its
         claim's). Returns the GPU indices (for MIG, the parents) of what was started."""
-        ended = [p for p in self._pods() if _phase(p) in TERMINATED]
-        whole = {_index_of(p) for p in ended if not _serves_mig(p)}
+        ended = [p for p in self._pods() if pod_phase(p) in TERMINATED]
+        whole = {gpu_index_of(p) for p in ended if not pod_serves_mig(p)}
         restarted = []
         for index in sorted(whole & in_use()):
             with locked(index):
@@ -296,7 +300,7 @@ class MpsDaemonPods:
                     self.start(index)
                     restarted.append(index)
         for pod in ended:
-            spec = _mig_spec(pod)
+            spec = mig_spec_of(pod)
             if spec is None or spec.parent_index not in in_use():
                 continue
             with locked(spec.parent_index):
@@ -312,7 +316,7 @@ class MpsDaemonPods:
 
     def _restart_mig(self, name: str, spec: MigMpsDaemonSpec) -> bool:
         current = self._get(name)
-        if current is None or _phase(current) not in TERMINATED:
+        if current is None or pod_phase(current) not in TERMINATED:
             return False  # unprepared meanwhile, or started again already
         live = {
             m.uuid
@@ -334,7 +338,7 @@ class MpsDaemonPods:
 
     # -- helpers -------------------------------------------------------------------------
     def _restarted(self, daemon: MpsDaemon, pod: Mapping[str, Any]) -> None:
-        why = _ended_how(pod)
+        why = ended_how(pod)
         what = (
             f"MIG device {daemon.gpu_uuid} on GPU {daemon.gpu_index}"
             if serves_mig(daemon)
@@ -360,13 +364,13 @@ class MpsDaemonPods:
         deadline = time.monotonic() + self._ready_timeout_s
         while time.monotonic() < deadline:
             pod = self._get(name)
-            if pod is None or _phase(pod) in TERMINATED:
-                how = _ended_how(pod) if pod else "deleted"
+            if pod is None or pod_phase(pod) in TERMINATED:
+                how = ended_how(pod) if pod else "deleted"
                 raise GpuBackendError(
                     f"MPS daemon pod {self._namespace}/{name} for GPU {daemon.gpu_index} ended "
                     f"before serving ({how}); its log is in {daemon.log_dir}"
                 )
-            if _phase(pod) == "Running" and control.exists():
+            if pod_phase(pod) == "Running" and control.exists():
                 return
             time.sleep(0.1)
         raise GpuBackendError(
@@ -480,43 +484,3 @@ class MpsDaemonPods:
             "labelSelector": f"{COMPONENT_LABEL}={COMPONENT}",
             "fieldSelector": f"spec.nodeName={self._node}",
         }
-
-
-def _index_of(pod: Mapping[str, Any]) -> int:
-    return int(pod["metadata"]["labels"][GPU_INDEX_LABEL])
-
-
-def _serves_mig(pod: Mapping[str, Any]) -> bool:
-    uuid = (pod["metadata"].get("annotations") or {}).get(GPU_UUID_ANNOTATION, "")
-    return str(uuid).startswith(MIG_UUID_PREFIX)
-
-
-def _mig_spec(pod: Mapping[str, Any]) -> MigMpsDaemonSpec | None:
-    """What a MIG device daemon's pod was started with; ``None`` for a whole GPU's pod (or an
-    annotation no plugin wrote)."""
-    text = (pod.get("metadata", {}).get("annotations") or {}).get(MIG_SPEC_ANNOTATION)
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-        return MigMpsDaemonSpec(
-            parent_index=int(data["parentIndex"]),
-            device_uuids=tuple(data["devices"]),
-            active_thread_percentage=data.get("activeThreadPercentage"),
-            pinned_memory_mib=tuple(data.get("pinnedMemoryMiB") or ()),
-        )
-    except (ValueError, KeyError, TypeError):
-        log.warning("MPS daemon pod %s: unreadable %s", pod["metadata"]["name"], text)
-        return None
-
-
-def _phase(pod: Mapping[str, Any]) -> str:
-    return str(pod.get("status", {}).get("phase", "Pending"))
-
-
-def _ended_how(pod: Mapping[str, Any]) -> str:
-    for status in pod.get("status", {}).get("containerStatuses", []) or []:
-        done = (status.get("state") or {}).get("terminated")
-        if done:
-            return f"exit code {done.get('exitCode')}, {done.get('reason', 'no reason given')}"
-    return f"pod phase {_phase(pod)}"

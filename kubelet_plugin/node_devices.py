@@ -23,7 +23,7 @@ from flexgpu.driver.mig_devices import (
     static_mig_devices,
     with_binding_conditions,
 )
-from flexgpu.driver.names import PARTITION_FAILED_TAINT, gpu_device_name
+from flexgpu.driver.names import PARTITION_FAILED_TAINT, TENANT_ATTRIBUTE, gpu_device_name
 from flexgpu.driver.node_policy import GpuMode
 from flexgpu.driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
 from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
@@ -53,11 +53,17 @@ class NodeDevices:
         *,
         health_taints: bool = True,
         binding_conditions: bool = False,
+        publish_tenants: bool = False,
     ) -> None:
         self.backend = backend
         # On-demand MIG partitions carry binding conditions (Kubernetes 1.36+): the plugin
         # creates them before the pod is bound (early_partitions.py).
         self.binding_conditions = binding_conditions
+        # Shared GPUs carry a `tenant` attribute (the namespace they serve, "" when free)
+        # that admission's per-namespace selector matches (tenant_attribute.py); off when
+        # namespaces may share GPUs, so nothing is republished for them.
+        self.publish_tenants = publish_tenants
+        self._tenants: dict[int, str] = {}
         # Faults as device taints (Kubernetes 1.36+, or the gate on); else a GPU with a fatal
         # fault is withdrawn from the slices.
         self.health_taints = health_taints
@@ -396,9 +402,39 @@ class NodeDevices:
             return list(self._profiles[index])
         return self.backend.mig_profiles(index)
 
+    def set_tenants(self, tenants: Mapping[int, str]) -> bool:
+        """GPU index -> the namespace its sharing serves (absent: free). True when a
+        published value changed, so the caller republishes only then."""
+        with self._lock:
+            before = self._tenant_values()
+            self._tenants = {i: ns for i, ns in tenants.items() if ns}
+            return self.publish_tenants and self._tenant_values() != before
+
+    def _tenant_values(self) -> dict[str, str]:
+        """Shared device name -> its published tenant ("" when free)."""
+        return {
+            name: self._tenants.get(gpu.index, "")
+            for name, gpu in self._gpus.items()
+            if self._kinds.get(name) == "shared"
+        }
+
     def slice_devices(self) -> list[SliceDevice]:
         with self._lock:
-            return list(self._devices)
+            if not self.publish_tenants:
+                return list(self._devices)
+            values = self._tenant_values()
+            return [
+                {
+                    **device,
+                    "attributes": {
+                        **device["attributes"],
+                        TENANT_ATTRIBUTE: {"string": values[device["name"]]},
+                    },
+                }
+                if device["name"] in values
+                else device
+                for device in self._devices
+            ]
 
     def counter_sets(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -23,6 +23,7 @@ __all__ = [
     "TenantMixError",
     "check_one_tenant",
     "gpus_shared_by",
+    "tenants_by_gpu",
 ]
 
 SharedGpuTenants = Literal["namespace", "any"]
@@ -78,3 +79,17 @@ def check_one_tenant(
                 "gone, or if the administrator lets namespaces share GPUs "
                 "(kubeletPlugin.sharedGpuTenants: any)"
             )
+
+
+def tenants_by_gpu(
+    records: Iterable[ClaimRecord], gpu_of: Callable[[str], int | None]
+) -> dict[int, str]:
+    """GPU index -> the namespace whose prepared (or half-prepared) claims share it, what the
+    plugin publishes as the GPU's ``tenant``. A GPU that two namespaces hold (only where the
+    administrator lets them share, or records of an older plugin) is given the first by
+    name: the published value is a hint for the scheduler, prepare decides."""
+    held: dict[int, set[str]] = {}
+    for record in records:
+        for index in gpus_shared_by(record, gpu_of):
+            held.setdefault(index, set()).add(record.namespace)
+    return {index: min(namespaces) for index, namespaces in held.items()}

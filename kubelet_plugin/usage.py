@@ -25,12 +25,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from flexgpu.driver.backend import GpuBackend
 from flexgpu.driver.backoff import Backoff
@@ -42,6 +38,15 @@ from flexgpu.driver.usage import GpuUsage, summed_memory, summed_utilization
 from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_of
+from flexgpu.kubelet_plugin.usage_model import (
+    ClaimInfo,
+    ClaimTotals,
+    DeviceUsage,
+    GpuRow,
+    UsageSettings,
+    UsageSnapshot,
+    claim_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,111 +61,6 @@ CLASS_OF_KIND = {
     "mig": "mig.flexgpu.dev",
     "shared": "shared-gpu.flexgpu.dev",
 }
-
-
-@dataclass(frozen=True)
-class UsageSettings:
-    interval_s: float = 15.0
-    idle_threshold: float = 0.05  # SM utilisation, 0-1
-    idle_window_s: float = 7200.0
-    proc_root: Path = Path("/proc")
-
-
-@dataclass(frozen=True)
-class PodRef:
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True)
-class ClaimInfo:
-    """What the claim object says beyond the checkpoint: its pods and request classes."""
-
-    pods: tuple[PodRef, ...] = ()
-    classes: Mapping[str, str] = field(default_factory=dict)  # request name -> device class
-
-
-def claim_info(obj: Mapping[str, Any] | None) -> ClaimInfo:
-    if not obj:
-        return ClaimInfo()
-    status = obj.get("status") or {}
-    pods = tuple(
-        PodRef(str(r.get("name", "")), str(r.get("uid", "")))
-        for r in status.get("reservedFor") or []
-        if r.get("resource") == "pods"
-    )
-    classes: dict[str, str] = {}
-    for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        name = str(request.get("name", ""))
-        exactly = request.get("exactly") or {}
-        if exactly.get("deviceClassName"):
-            classes[name] = str(exactly["deviceClassName"])
-        for sub in request.get("firstAvailable") or []:
-            if sub.get("deviceClassName"):
-                classes[f"{name}/{sub.get('name', '')}"] = str(sub["deviceClassName"])
-    return ClaimInfo(pods=pods, classes=classes)
-
-
-@dataclass(frozen=True)
-class DeviceUsage:
-    """One device of one prepared claim."""
-
-    namespace: str
-    claim: str
-    uid: str
-    device: str
-    gpu_index: int
-    kind: str  # gpu, mig or shared
-    device_class: str
-    product: str
-    profile: str
-    share: str
-    pods: tuple[str, ...]
-    allocated_gpus: float  # the part of a GPU the device is
-    sm_utilization: (
-        float | None
-    )  # 0-1: of the device (whole GPU, MIG instance); a share: of the GPU
-    memory_used_bytes: int | None
-    processes: int | None
-
-    @property
-    def used_gpus(self) -> float | None:
-        """Busy GPUs: a MIG instance's utilisation counts for its part of the GPU only."""
-        if self.sm_utilization is None:
-            return None
-        if self.kind == "mig":
-            return self.sm_utilization * self.allocated_gpus
-        return self.sm_utilization
-
-
-@dataclass(frozen=True)
-class GpuRow:
-    index: int
-    device: str
-    product: str
-    sm_utilization: float | None
-    memory_used_bytes: int | None
-    memory_total_bytes: int
-    processes: int
-    claims: tuple[str, ...]  # namespace/name of every claim holding (part of) it
-
-
-@dataclass
-class ClaimTotals:
-    namespace: str
-    claim: str
-    allocated_gpu_seconds: dict[str, float] = field(default_factory=dict)  # by device
-    used_gpu_seconds: dict[str, float] = field(default_factory=dict)
-    idle_since: float | None = None
-
-
-@dataclass(frozen=True)
-class UsageSnapshot:
-    node: str
-    gpus: tuple[GpuRow, ...] = ()
-    devices: tuple[DeviceUsage, ...] = ()
-    idle_seconds: Mapping[str, float | None] = field(default_factory=dict)  # uid -> s or None
-    mps_daemons: int | None = None
 
 
 def _ratio(percent: int | None) -> float | None:
@@ -474,131 +374,3 @@ class UsageSampler:
                 )
             )
         return tuple(rows)
-
-
-CLAIM_LABELS = (
-    "node",
-    "namespace",
-    "claim",
-    "device",
-    "class",
-    "product",
-    "profile",
-    "share",
-    "pods",
-)
-
-
-def _claim_labels(node: str, d: DeviceUsage) -> list[str]:
-    return [
-        node,
-        d.namespace,
-        d.claim,
-        d.device,
-        d.device_class,
-        d.product,
-        d.profile,
-        d.share,
-        ",".join(d.pods),
-    ]
-
-
-class UsageCollector(Collector):
-    """Exports the sampler's latest snapshot and running totals."""
-
-    def __init__(self, sampler: UsageSampler) -> None:
-        self.sampler = sampler
-
-    def collect(self) -> Iterator[Any]:
-        snap = self.sampler.snapshot
-        totals = self.sampler.totals()
-        node = snap.node
-        gpu_labels = ["node", "device", "product", "claims"]
-        gpu_util = GaugeMetricFamily(
-            "flexgpu_gpu_sm_utilization_ratio", "SM utilisation of the GPU (0-1)", labels=gpu_labels
-        )
-        gpu_mem = GaugeMetricFamily(
-            "flexgpu_gpu_memory_used_bytes", "GPU memory in use", labels=gpu_labels
-        )
-        gpu_total = GaugeMetricFamily(
-            "flexgpu_gpu_memory_total_bytes", "GPU memory", labels=gpu_labels
-        )
-        gpu_procs = GaugeMetricFamily(
-            "flexgpu_gpu_processes", "Processes running on the GPU", labels=gpu_labels
-        )
-        for row in snap.gpus:
-            values = [node, row.device, row.product, ",".join(row.claims)]
-            if row.sm_utilization is not None:
-                gpu_util.add_metric(values, row.sm_utilization)
-            if row.memory_used_bytes is not None:
-                gpu_mem.add_metric(values, row.memory_used_bytes)
-            gpu_total.add_metric(values, row.memory_total_bytes)
-            gpu_procs.add_metric(values, row.processes)
-        yield from (gpu_util, gpu_mem, gpu_total, gpu_procs)
-
-        labels = list(CLAIM_LABELS)
-        allocated = GaugeMetricFamily(
-            "flexgpu_claim_allocated_gpus",
-            "Part of a GPU a claim's device is (1 whole, a MIG instance's SMs, a share's compute)",
-            labels=labels,
-        )
-        util = GaugeMetricFamily(
-            "flexgpu_claim_sm_utilization_ratio",
-            "SM utilisation of a claim's device (0-1; a share: of the whole GPU, by its processes)",
-            labels=labels,
-        )
-        used = GaugeMetricFamily(
-            "flexgpu_claim_used_gpus",
-            "Busy GPUs of a claim's device (utilisation x part)",
-            labels=labels,
-        )
-        memory = GaugeMetricFamily(
-            "flexgpu_claim_memory_used_bytes", "Memory a claim's device has in use", labels=labels
-        )
-        processes = GaugeMetricFamily(
-            "flexgpu_claim_processes", "Processes on a claim's device", labels=labels
-        )
-        allocated_s = CounterMetricFamily(
-            "flexgpu_claim_allocated_gpu_seconds",
-            "GPU-seconds held by a claim's device since it was prepared (or the plugin started)",
-            labels=labels,
-        )
-        used_s = CounterMetricFamily(
-            "flexgpu_claim_used_gpu_seconds",
-            "GPU-seconds a claim's device was busy since it was prepared (or the plugin started)",
-            labels=labels,
-        )
-        for d in snap.devices:
-            values = _claim_labels(node, d)
-            allocated.add_metric(values, d.allocated_gpus)
-            if d.sm_utilization is not None:
-                util.add_metric(values, d.sm_utilization)
-            if d.used_gpus is not None:
-                used.add_metric(values, d.used_gpus)
-            if d.memory_used_bytes is not None:
-                memory.add_metric(values, d.memory_used_bytes)
-            if d.processes is not None:
-                processes.add_metric(values, d.processes)
-            t = totals.get(d.uid)
-            if t is not None:
-                allocated_s.add_metric(values, t.allocated_gpu_seconds.get(d.device, 0.0))
-                used_s.add_metric(values, t.used_gpu_seconds.get(d.device, 0.0))
-        yield from (allocated, util, used, memory, processes, allocated_s, used_s)
-
-        idle = GaugeMetricFamily(
-            "flexgpu_claim_idle_seconds",
-            "How long every device of the claim has been below the idle threshold (0: busy)",
-            labels=["node", "namespace", "claim", "pods"],
-        )
-        pods = {d.uid: ",".join(d.pods) for d in snap.devices}
-        for uid, seconds in snap.idle_seconds.items():
-            t = totals.get(uid)
-            if t is not None and uid in pods:
-                idle.add_metric([node, t.namespace, t.claim, pods[uid]], seconds or 0.0)
-        yield idle
-        mps = GaugeMetricFamily(
-            "flexgpu_plugin_mps_daemons", "MPS control daemons running", labels=["node"]
-        )
-        if snap.mps_daemons is not None:
-            mps.add_metric([node], snap.mps_daemons)
-        yield mps

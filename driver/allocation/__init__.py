@@ -18,13 +18,13 @@ expression. Neither library parses CEL's optional syntax (``.?name``, ``orValue`
 """
 
 from flexgpu.driver.allocation.allocator import (
-    ClusterVerdict,
     DeviceChoice,
     Verdict,
     allocate,
-    allocate_anywhere,
 )
-from flexgpu.driver.allocation.explain import Explanation, RequestDiagnosis, explain_claim
+from flexgpu.driver.allocation.anywhere import ClusterVerdict, allocate_anywhere
+from flexgpu.driver.allocation.explain import explain_claim
+from flexgpu.driver.allocation.explain_model import Explanation, RequestDiagnosis
 from flexgpu.driver.allocation.model import (
     DeviceClass,
     Node,

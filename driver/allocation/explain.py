@@ -12,22 +12,20 @@ enough devices are free one by one, the constraints or the spread over nodes are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from fractions import Fraction
 
 from flexgpu.driver.allocation import capacity as cap
 from flexgpu.driver.allocation.allocator import (
     NOT_ALLOCATABLE,
-    ClusterVerdict,
-    Outcome,
-    SelectorCache,
     Verdict,
     allocate,
-    allocate_anywhere,
-    tainted,
 )
+from flexgpu.driver.allocation.anywhere import ClusterVerdict, allocate_anywhere
 from flexgpu.driver.allocation.cel import SelectorError
-from flexgpu.driver.allocation.describe import plural, summarize_kinds
+from flexgpu.driver.allocation.describe import summarize_kinds
+from flexgpu.driver.allocation.explain_model import REASONS, Explanation, RequestDiagnosis
+from flexgpu.driver.allocation.explain_text import claim_paragraph, with_message
 from flexgpu.driver.allocation.model import (
     Device,
     DeviceCapacity,
@@ -39,51 +37,8 @@ from flexgpu.driver.allocation.model import (
 )
 from flexgpu.driver.allocation.nodes import node_matches
 from flexgpu.driver.allocation.pools import Pool, SliceIndex, slice_visible
+from flexgpu.driver.allocation.selectors import SelectorCache, tainted
 from flexgpu.driver.allocation.state import AllocatedState, DeviceId, allocated_state
-
-# Reasons a device in the request's class is not usable, in the order they are checked.
-REASONS = (
-    "selector_error",
-    "not_selected",
-    "unreachable",
-    "allocated",
-    "tainted",
-    "too_small",
-    "capacity_used",
-    "counters_spent",
-)
-
-
-@dataclass(frozen=True)
-class RequestDiagnosis:
-    request: str  # "name" or "name/alternative"
-    device_class: str
-    wanted: int | None  # None for allocationMode All
-    in_class: int
-    matching: int  # in the class and selected by the request's selectors
-    free: int  # matching and usable on its own
-    excluded: Mapping[str, int]  # reason (see REASONS) -> number of devices in the class
-    most_free_on_one_node: int
-    holders: tuple[str, ...] = ()  # claims holding matching devices
-    near_misses: str = ""  # devices in the class the selectors leave out, summarized
-    selector_error: str = ""
-    message: str = ""
-    # The devices behind each count: a REASONS entry or "free" -> device ids, in allocation
-    # order. Callers that know more than the evaluator (which nodes a pod may use and why,
-    # where a device sits) name the nodes, taints and sizes with them.
-    devices: Mapping[str, tuple[DeviceId, ...]] = field(default_factory=dict)
-    # Usable node -> free matching devices it can reach; nodes without any are left out, and
-    # a node with a free shared device counts as having room for any number.
-    room: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Explanation:
-    claim: str
-    outcome: Outcome
-    allocatable_nodes: tuple[str, ...]
-    requests: tuple[RequestDiagnosis, ...] = field(default_factory=tuple)
-    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -352,7 +307,7 @@ def diagnose_request(
         devices={reason: tuple(ids) for reason, ids in by_reason.items()},
         room={n: max(room.get(n, 0.0), float(k)) for n, k in free_per_node.items()},
     )
-    return _with_message(diagnosis, [s.device for s in devices])
+    return with_message(diagnosis, [s.device for s in devices])
 
 
 def _selector_error(
@@ -364,47 +319,6 @@ def _selector_error(
     except SelectorError as err:
         return err.message
     return ""
-
-
-_PHRASES = {
-    "unreachable": "on nodes the pod cannot use",
-    "allocated": "allocated to other claims",
-    "tainted": "tainted (no matching toleration)",
-    "too_small": "too small for the requested capacity",
-    "capacity_used": "without enough capacity left beside existing shares",
-    "counters_spent": "overlapping partitions that are already allocated",
-}
-
-
-def _with_message(d: RequestDiagnosis, _all: Sequence[Device]) -> RequestDiagnosis:
-    wanted = "all devices" if d.wanted is None else plural(d.wanted, "device")
-    parts = [f"request {d.request} wants {wanted} of class {d.device_class}"]
-    if d.in_class == 0:
-        parts.append("no device in the cluster matches the class")
-    else:
-        parts.append(f"{d.matching} of the {d.in_class} devices in the class match its selectors")
-        blocked = [f"{d.excluded[r]} {phrase}" for r, phrase in _PHRASES.items() if d.excluded[r]]
-        if blocked:
-            holders = f" ({', '.join(d.holders[:3])})" if d.holders else ""
-            parts.append("of those, " + "; ".join(blocked) + holders)
-        parts.append(f"{d.free} free")
-        if d.excluded["not_selected"]:
-            parts.append(f"not selected: {d.near_misses}")
-        if d.selector_error:
-            parts.append(
-                f"a selector fails at runtime on {plural(d.excluded['selector_error'], 'device')}"
-                f" ({d.selector_error}); the scheduler gives up on the pod until it is fixed,"
-                " e.g. guarded with has()"
-            )
-        if d.wanted is not None and d.most_free_on_one_node < d.wanted <= d.free:
-            parts.append(f"but at most {d.most_free_on_one_node} of them are on one node")
-    return _replace_message(
-        d, ", ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "") + "."
-    )
-
-
-def _replace_message(d: RequestDiagnosis, message: str) -> RequestDiagnosis:
-    return RequestDiagnosis(**{**d.__dict__, "message": message})
 
 
 def explain_claim(
@@ -490,7 +404,9 @@ def explain_claim(
         outcome=verdict.outcome,
         allocatable_nodes=tuple(verdict.allocatable_nodes),
         requests=tuple(diagnoses),
-        message=_paragraph(claim, verdict.outcome, verdict.allocatable_nodes, diagnoses, verdict),
+        message=claim_paragraph(
+            claim, verdict.outcome, verdict.allocatable_nodes, diagnoses, verdict
+        ),
     )
 
 
@@ -543,47 +459,3 @@ def _verdict(
     if any(v.allocatable for v in verdicts):
         return ClusterVerdict("allocatable", tuple(verdicts))
     return ClusterVerdict("unallocatable", tuple(verdicts))
-
-
-def for_claim(explanation: Explanation, claim_key: str) -> Explanation:
-    """The same explanation about another claim that asks for the same devices: only the
-    paragraph's head names the claim (request texts and holders never name it)."""
-    head = f"Claim {explanation.claim} "
-    message = explanation.message
-    if message.startswith(head):
-        message = f"Claim {claim_key} " + message[len(head) :]
-    return replace(explanation, claim=claim_key, message=message)
-
-
-def _paragraph(
-    claim: ResourceClaim,
-    outcome: Outcome,
-    allocatable: list[str],
-    diagnoses: Sequence[RequestDiagnosis],
-    verdict: object,
-) -> str:
-    if outcome == "allocatable":
-        return f"Claim {claim.key} can be allocated on {', '.join(allocatable)}."
-    if outcome == "error":
-        reasons = {v.reason for v in getattr(verdict, "per_node", ()) if v.outcome == "error"}
-        head = (
-            f"Claim {claim.key} cannot be scheduled: the scheduler stops with an error "
-            f"({'; '.join(sorted(reasons))})."
-        )
-    else:
-        head = f"Claim {claim.key} cannot be allocated on any node the pod may use."
-    body = " ".join(d.message for d in diagnoses)
-    enough = [d for d in diagnoses if d.wanted is not None and d.free >= d.wanted]
-    tail = ""
-    if (
-        outcome == "unallocatable"
-        and claim.constraints
-        and enough
-        and len(enough) == len(diagnoses)
-    ):
-        names = ", ".join(f"{c.kind} {c.attribute}" for c in claim.constraints)
-        tail = (
-            f" Each request has enough free devices on its own, so the claim's constraints "
-            f"({names}) or the requests together rule out every combination."
-        )
-    return f"{head} {body}{tail}".strip()

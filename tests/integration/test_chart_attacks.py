@@ -549,3 +549,96 @@ def test_controller_cannot_redirect_or_widen_its_webhooks(
         [{"op": "add", "path": f"{hook}/clientConfig/caBundle", "value": attacker_ca}],
         dry_run="All",
     )
+
+
+TENANCY_CONFIGURATION = f"{RELEASE}-tenancy"
+
+
+@pytest.mark.core
+def test_controller_cannot_redirect_widen_or_drop_its_tenancy_webhooks(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    """The tenancy MutatingWebhookConfiguration (it adds the per-namespace selector to
+    shared-GPU claims) is pinned as the validating one is: with the controller's token it can
+    be neither pointed elsewhere nor given the attacker's CA (it would receive, and could
+    rewrite, every namespace's claims), nor made to fail or widened to all DRA writes, nor
+    narrowed so that claims escape the selector; it cannot be deleted and no other mutating
+    configuration can be made. Only caBundle may change."""
+    admin: Any = client.AdmissionregistrationV1Api(api)
+    stored = admin.read_mutating_webhook_configuration(TENANCY_CONFIGURATION)
+    as_controller: Any = client.AdmissionregistrationV1Api(_controller(cluster, api))
+    hook = f"/webhooks/{_hook_index(stored, 'tenancy.resourceclaims.gpu.flexgpu.dev')}"
+    service = f"{hook}/clientConfig/service"
+    attacker_ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nAAAA\n").decode()
+
+    def patch(ops: list[dict[str, Any]], **kwargs: Any) -> Any:
+        return as_controller.patch_mutating_webhook_configuration(
+            TENANCY_CONFIGURATION, ops, **kwargs
+        )
+
+    redirect = [
+        {"op": "remove", "path": service},
+        {"op": "add", "path": f"{hook}/clientConfig/url", "value": "https://203.0.113.7/x"},
+    ]
+    every_dra_write = [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["*"],
+            "resources": ["*/*"],
+        }
+    ]
+    fail = {"op": "replace", "path": f"{hook}/failurePolicy", "value": "Fail"}
+    _policies_loaded(patch, redirect)
+    rows: dict[str, list[dict[str, Any]]] = {
+        "url of its own choosing": redirect,
+        "url with its own CA": [
+            *redirect,
+            {"op": "add", "path": f"{hook}/clientConfig/caBundle", "value": attacker_ca},
+        ],
+        "another Service": [{"op": "replace", "path": f"{service}/name", "value": "kube-dns"}],
+        "another path": [{"op": "replace", "path": f"{service}/path", "value": "/anything"}],
+        "failurePolicy Fail over all of resource.k8s.io": [
+            fail,
+            {"op": "replace", "path": f"{hook}/rules", "value": every_dra_write},
+        ],
+        "failurePolicy Fail": [fail],
+        "rules widened": [{"op": "replace", "path": f"{hook}/rules", "value": every_dra_write}],
+        "every claim, not only shared-GPU ones": [
+            {"op": "remove", "path": f"{hook}/matchConditions"}
+        ],
+        "no claim (the selector dropped)": [
+            {
+                "op": "replace",
+                "path": f"{hook}/matchConditions/0/expression",
+                "value": "false",
+            }
+        ],
+        "some namespaces left out": [
+            {
+                "op": "add",
+                "path": f"{hook}/namespaceSelector",
+                "value": {"matchLabels": {"team": "trusted"}},
+            }
+        ],
+        "not reinvoked": [
+            {"op": "replace", "path": f"{hook}/reinvocationPolicy", "value": "Never"}
+        ],
+        "longer timeout": [{"op": "replace", "path": f"{hook}/timeoutSeconds", "value": 30}],
+        "a webhook less": [{"op": "remove", "path": hook}],
+    }
+    for what, ops in rows.items():
+        message = _denial(patch, ops)
+        assert "may only set clientConfig.caBundle of its webhooks" in message, what
+    # RBAC: no delete, and no other mutating configuration (which could rewrite anything).
+    _denial(as_controller.delete_mutating_webhook_configuration, TENANCY_CONFIGURATION)
+    other = client.ApiClient().sanitize_for_serialization(stored)
+    other["metadata"] = {"name": "flexgpu-anything"}
+    _denial(as_controller.create_mutating_webhook_configuration, other)
+    after = admin.read_mutating_webhook_configuration(TENANCY_CONFIGURATION)
+    assert after.metadata.resource_version == stored.metadata.resource_version
+    # Its job: the caBundle alone (dry run, so the controller's own bundle stays).
+    patch(
+        [{"op": "add", "path": f"{hook}/clientConfig/caBundle", "value": attacker_ca}],
+        dry_run="All",
+    )

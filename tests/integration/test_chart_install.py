@@ -257,6 +257,7 @@ def test_controller_as_its_service_account_leads_and_serves(
             "--webhook-url-host=127.0.0.1",
             f"--webhook-secret-namespace={NS}",
             "--webhook-configuration-name=flexgpu-validation",
+            "--tenant-webhook-configuration-name=flexgpu-tenancy",
             # As the chart runs it: the configuration is the chart's, the controller fills in
             # the caBundle only.
             "--webhook-ca-bundle-only",
@@ -284,6 +285,14 @@ def test_controller_as_its_service_account_leads_and_serves(
         # Nothing else changed: still the chart's Service, and still the chart's object.
         assert {h.client_config.service.name for h in stored.webhooks} == {CONTROLLER_SA}
         assert stored.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
+        # The tenancy webhook's configuration got the same bundle, and nothing else.
+        tenancy = wait_for(
+            lambda: _filled(admission.read_mutating_webhook_configuration("flexgpu-tenancy")),
+            timeout_s=60,
+            what="caBundle written into the chart's tenancy configuration",
+        )
+        assert {h.client_config.ca_bundle for h in tenancy.webhooks} == {secret.data["ca.crt"]}
+        assert {h.client_config.service.name for h in tenancy.webhooks} == {CONTROLLER_SA}
         assert controller.running(), controller.log_tail()
         assert "Forbidden" not in controller.log_tail(400)
     finally:
@@ -296,6 +305,11 @@ def _lease(coordination: Any) -> Any:
     except client.ApiException:
         return None
     return lease if lease.spec.holder_identity else None
+
+
+def _filled(stored: Any) -> Any:
+    """The configuration once every webhook has a caBundle, else None."""
+    return stored if all(h.client_config.ca_bundle for h in stored.webhooks) else None
 
 
 def _webhook(admission: Any) -> bool:

@@ -4,15 +4,14 @@ world over the same NVML mock machine (a DGX H100; two of its GPUs in MIG mode w
 beforehand, as mig-parted leaves them) in the same driver root, and the ResourceSlices each
 publishes are compared device by device — names, attributes, capacities, counter consumption,
 shared counters, MIG profiles and placements, static (NVIDIA's chart's gates) and dynamic
-(NVIDIA's DynamicMIG, flexgpu's --dynamic-mig-gpus=all) — and health: the same Xids injected
-on both machines, and what each then publishes for the GPUs concerned. Every difference must be
-listed with its reason in docs/nvidia-differential.md; an unlisted one, or a listed one that no
-longer exists, fails the test."""
+(NVIDIA's DynamicMIG, flexgpu's --dynamic-mig-gpus=all) — and health: the same Xids (79, 48,
+13) injected and the same GPU lost on both machines, and what each then publishes. Every
+difference must be listed with its reason in docs/nvidia-differential.md; an unlisted one, or a
+listed one that no longer exists, fails the test."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from tests.integration.nvidia_differential import (
     render,
 )
 from tests.nvidia_ctk import tools_dir
+from tests.nvidia_machine import GPUS, LAYOUTS, MACHINE, machine, own_copy
 from tests.nvidia_plugin import nvidia_binary
 from tests.nvml_library import MockMachine, library_dir
 from tools.cluster import ControlPlane
@@ -47,35 +47,6 @@ from tools.nvidia_twin import (
 
 pytestmark = pytest.mark.integration
 
-GPUS = 8
-# A DGX H100 as it reports itself on an x86 host with NVIDIA's open kernel modules (HMM on).
-MACHINE: dict[str, Any] = {
-    "machine": "dgxh100",
-    "driverVersion": "580.95.05",
-    "cudaDriverVersion": 13000,
-    "addressingMode": "HMM",
-    "gpus": [
-        {"model": "H100-SXM5-80GB", "pciBusId": f"0000:{0x18 + i:02x}:00.0"} for i in range(GPUS)
-    ],
-    "nvswitch": {"gpus": list(range(GPUS)), "links": 18},
-}
-# mig-parted's "all-1g.10gb" on GPU 6 and "all-balanced" on GPU 7: (profile id, start, size),
-# sizes as NVIDIA's mock tables give them (its 3g spans 3 slices where an H100's spans 4).
-LAYOUTS = {
-    6: [(19, start, 1) for start in range(7)],
-    7: [(9, 4, 3), (14, 0, 2), (19, 2, 1), (19, 3, 1)],
-}
-CREATE_LAYOUT = """
-import json, sys
-from flexgpu.driver.gpu_model import MigPlacement
-from flexgpu.driver.nvml_backend import NvmlBackend
-backend = NvmlBackend()
-for gpu, instances in json.loads(sys.argv[1]).items():
-    for profile, start, size in instances:
-        backend.create_mig_device(int(gpu), profile, MigPlacement(start=start, size=size))
-backend.close()
-"""
-
 
 @dataclass(frozen=True)
 class Configuration:
@@ -89,8 +60,9 @@ CONFIGURATIONS = (
     Configuration("static", STATIC_GATES, flexgpu_dynamic_mig=False, mig_layouts=True),
     Configuration("dynamic", DYNAMIC_MIG_GATES, flexgpu_dynamic_mig=True, mig_layouts=False),
 )
-# Health, on the static pair once compared: the same Xids on both machines. 79 (fallen off the
-# bus) is fatal; 13 (a graphics engine exception) is one a workload causes itself.
+# Health, on the static pair once compared: the same faults on both machines. Xid 79 (fallen
+# off the bus) and 48 (double-bit ECC error) are fatal; 13 (a graphics engine exception) is one a
+# workload causes itself; GPU 4 is then lost (NVML answers GPU_IS_LOST for it).
 HEALTH = "health"
 # bench/scale_publications.py's NVIDIA-style publication, set against the real one.
 IMITATION = "imitation"
@@ -98,35 +70,9 @@ IMITATION = "imitation"
 # memory slices from its largest placement (7 in NVIDIA's mock, whose 7g spans 0:7), the
 # imitation from the GPU's real count (8 on every GPU the catalog holds).
 IMITATION_ALLOWED = {"consumes memory-slice-7", "counter memory-slice-7"}
-XIDS = ((1, 79), (2, 13))
+XIDS = ((1, 79), (2, 13), (3, 48))
+LOST_GPUS = (4,)
 CHANGE_TIMEOUT_S = 60.0
-
-
-def _machine(folder: Path, configuration: Configuration) -> MockMachine:
-    description = json.loads(json.dumps(MACHINE))
-    if configuration.mig_layouts:
-        for gpu in LAYOUTS:
-            description["gpus"][gpu]["migEnabled"] = True
-    machine = MockMachine.write(folder, description)
-    if configuration.mig_layouts:
-        # In a process of its own: the library reads its machine at a process's first nvmlInit.
-        subprocess.run(
-            [sys.executable, "-c", CREATE_LAYOUT, json.dumps(LAYOUTS)],
-            env={**machine.env(), "PATH": "/usr/bin:/bin"},
-            check=True,
-            timeout=120,
-        )
-    return machine
-
-
-def _own_copy(machine: MockMachine, folder: Path) -> MockMachine:
-    """The same machine with its own state file, MIG UUIDs included: what one plugin changes
-    the other does not see, as on two identical nodes."""
-    folder.mkdir(parents=True, exist_ok=True)
-    state = folder / "nvml-state.json"
-    if machine.state_path.exists():
-        shutil.copy2(machine.state_path, state)
-    return MockMachine(config_path=machine.config_path, state_path=state)
 
 
 def _serialized(api: Any, slices: list[Any], keep: Path | None = None) -> list[dict[str, Any]]:
@@ -157,10 +103,10 @@ def _imitation(folder: Path) -> Published:
     from bench.scale_publications import nvidia_gpu
     from flexgpu.driver.gpu_model import GpuInfo, MigProfile
 
-    machine = MockMachine.write(folder, json.loads(json.dumps(MACHINE)))
+    made = MockMachine.write(folder, json.loads(json.dumps(MACHINE)))
     done = subprocess.run(
         [sys.executable, "-c", DUMP_GPU],
-        env={**machine.env(), "PATH": "/usr/bin:/bin"},
+        env={**made.env(), "PATH": "/usr/bin:/bin"},
         check=True,
         capture_output=True,
         text=True,
@@ -198,9 +144,9 @@ def publications(
     try:
         for configuration in CONFIGURATIONS:
             folder = base / configuration.name
-            machine = _machine(folder / "machine", configuration)
-            nvidia_machine = _own_copy(machine, folder / "nvidia-state")
-            flexgpu_machine = _own_copy(machine, folder / "flexgpu-state")
+            made = machine(folder / "machine", mig_layouts=configuration.mig_layouts)
+            nvidia_machine = own_copy(made, folder / "nvidia-state")
+            flexgpu_machine = own_copy(made, folder / "flexgpu-state")
             nvidia = nvidia_twin(
                 binary,
                 f"nv-{configuration.name}",
@@ -236,6 +182,8 @@ def publications(
                 for machine_copy in (nvidia_machine, flexgpu_machine):
                     for gpu, xid in XIDS:
                         machine_copy.inject_xid(gpu, xid)
+                    for gpu in LOST_GPUS:
+                        machine_copy.set_lost(gpu)
                 results[HEALTH] = (
                     _republished(api, nvidia, "nvidia", theirs),
                     _republished(api, flexgpu, "flexgpu", ours),
@@ -253,10 +201,12 @@ def _measured(publications: dict[str, tuple[Published, Published]]) -> dict[RowK
     for name, (theirs, ours) in publications.items():
         if name not in {HEALTH, IMITATION}:
             rows.update(differences(name, theirs, ours))
-    # After the Xids: only what changed on the GPUs that had one (the rest is in "static").
+    # After the faults: only what is not already a "static" row. Every GPU is compared, not
+    # only the faulty ones: a driver may taint more than the GPU concerned (NVIDIA taints
+    # every device when NVML reports a GPU lost without saying which).
     static = {(field, a, b) for configuration, field, a, b in rows if configuration == "static"}
     theirs, ours = publications[HEALTH]
-    for key, kinds in differences(HEALTH, theirs, ours, {gpu for gpu, _ in XIDS}).items():
+    for key, kinds in differences(HEALTH, theirs, ours).items():
         if key[1:] not in static:
             rows[key] = kinds
     return rows

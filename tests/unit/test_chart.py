@@ -294,6 +294,40 @@ def test_claim_status_policy_value_is_checked(helm: Path) -> None:
     assert "/kubeletPlugin/claimStatusAdmissionPolicy" in result.stderr
 
 
+def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(helm: Path) -> None:
+    """With shared GPUs serving one namespace at a time (the default) the chart renders the
+    MutatingWebhookConfiguration the controller builds (controller/tenant_webhook_config.py),
+    names it to the controller and lets the controller update only that one; with
+    ``sharedGpuTenants: any`` or the webhook off there is none and no right to it."""
+    from flexgpu.controller.tenant_webhook_config import build_tenant_webhook_configuration
+    from flexgpu.controller.webhook_config import ServiceRef
+
+    docs = render(helm)
+    rendered = find(docs, "MutatingWebhookConfiguration")
+    assert rendered["metadata"]["name"] == "t-flexgpu-tenancy"
+    built = build_tenant_webhook_configuration(
+        ServiceRef("flexgpu-system", "t-flexgpu-controller", 443), None, name="unused"
+    )
+    assert rendered["webhooks"] == built["webhooks"]
+    args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tenant-webhook-configuration-name=t-flexgpu-tenancy" in args
+    role = find(docs, "ClusterRole", "controller")
+    rules = [r for r in role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+    assert [(r.get("resourceNames"), set(r["verbs"])) for r in rules] == [
+        (["t-flexgpu-tenancy"], {"get", "update", "patch"})
+    ]
+    policy = find(docs, "ValidatingAdmissionPolicy", "controller-own-webhook-configuration")
+    assert "t-flexgpu-tenancy" in policy["spec"]["validations"][0]["expression"]
+    assert "reinvocationPolicy" in policy["spec"]["validations"][1]["expression"]
+    for values in ("kubeletPlugin.sharedGpuTenants=any", "webhook.enabled=false"):
+        docs = render(helm, values)
+        assert not [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"], values
+        role = find(docs, "ClusterRole", "controller")
+        assert not any("mutatingwebhookconfigurations" in r["resources"] for r in role["rules"])
+        args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert not any(a.startswith("--tenant-webhook") for a in args), values
+
+
 def test_webhook_configuration_is_the_controllers_own(helm: Path) -> None:
     """The chart's ValidatingWebhookConfiguration has exactly the webhooks the controller
     builds (controller/webhook_config.py), reached through the controller's Service, with no

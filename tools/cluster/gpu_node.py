@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes import client, config
 
 from tools.cluster.binaries import harness_binary
-from tools.cluster.nodes import create_simulated_node
+from tools.cluster.nodes import create_simulated_node, mark_node_ready
 from tools.cluster.process import Component
 
 DRIVER = "gpu.flexgpu.dev"
@@ -36,6 +36,7 @@ class SimulatedGpuNode:
         plugin_args: tuple[str, ...] = (),
         plugin_env: dict[str, str] | None = None,
         plugin_kubeconfig: Path | None = None,
+        create_node: bool = True,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.name = name
@@ -51,6 +52,8 @@ class SimulatedGpuNode:
         self.harness: Component | None = None
         self.plugin: Component | None = None
         self.plugin_starts = 0
+        # False: the Node exists already (an autoscaler created it); it is only reported Ready.
+        self.create_node = create_node
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -69,7 +72,10 @@ class SimulatedGpuNode:
     def start(self, timeout_s: float = 60) -> None:
         # A topology file is labelled by its name: a path is no label value.
         label = Path(self.topology).stem if "/" in self.topology else self.topology
-        create_simulated_node(self.api, self.name, labels={"flexgpu.dev/topology": label})
+        if self.create_node:
+            create_simulated_node(self.api, self.name, labels={"flexgpu.dev/topology": label})
+        else:
+            mark_node_ready(self.api, self.name)
         self.harness = Component(
             f"kubelet-harness[{self.name}]",
             [

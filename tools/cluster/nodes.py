@@ -34,10 +34,17 @@ def create_simulated_node(
             raise
         core.patch_node(name, {"metadata": {"labels": all_labels}})
     capacity = {"cpu": cpu, "memory": memory, "pods": pods}
+    core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
+    return mark_node_ready(api, name, taints=taints)
+
+
+def mark_node_ready(api: Any, name: str, *, taints: list[dict[str, str]] | None = None) -> Any:
+    """Reports an existing Node Ready as its kubelet would (condition and node info), drops
+    the not-ready taint and adds ``taints``; capacity and other taints are left as they are
+    (a Node an autoscaler created keeps what it set)."""
+    core = client.CoreV1Api(api)
     status = {
         "status": {
-            "capacity": capacity,
-            "allocatable": capacity,
             "conditions": [
                 {
                     "type": "Ready",

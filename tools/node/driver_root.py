@@ -31,7 +31,8 @@ LIBRARIES = (
     "libnvidia-nvvm.so",
     "libnvidia-cfg.so",
 )
-PROGRAMS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
+# nvidia-smi is NVIDIA_SMI below.
+PROGRAMS = ("nvidia-debugdump", "nvidia-persistenced")
 # MIG capability files: config and monitor, as /proc/driver/nvidia-caps/mig-minors lists them.
 CAPS = {"nvidia-cap1": 1, "nvidia-cap2": 2}
 
@@ -78,6 +79,19 @@ exec sleep 2147483647
 PLACEHOLDER = (
     "#!/bin/sh\necho '{name}: simulated NVIDIA driver {version}; no GPU here' >&2\nexit 9\n"
 )
+# nvidia-smi of the simulated driver takes the two settings a DRA plugin makes before sharing a
+# GPU by time-slicing (compute mode, `compute-policy --set-timeslice`; NVIDIA's plugin fails
+# prepare when they fail) and says what it took: there is no GPU to apply them to. Anything
+# else fails as the other programs do.
+NVIDIA_SMI = """#!/bin/sh
+case " $* " in
+  *" -c "*|*" compute-policy "*--set-timeslice*)
+    echo "nvidia-smi $*: taken (simulated NVIDIA driver {version}; no GPU to apply it to)"
+    exit 0 ;;
+esac
+echo 'nvidia-smi: simulated NVIDIA driver {version}; no GPU here' >&2
+exit 9
+"""
 
 
 class DriverRootError(RuntimeError):
@@ -172,6 +186,7 @@ def create(root: Path, gpus: int, nvml_library: Path | None = None) -> DriverRoo
     bins = root / BIN_DIR
     for program in PROGRAMS:
         _write(bins / program, PLACEHOLDER.format(name=program, version=DRIVER_VERSION), 0o755)
+    _write(bins / "nvidia-smi", NVIDIA_SMI.format(version=DRIVER_VERSION), 0o755)
     _write(bins / "nvidia-cuda-mps-control", MPS_CONTROL, 0o755)
     _write(bins / "nvidia-cuda-mps-server", MPS_SERVER, 0o755)
     (root / "proc" / "driver" / "nvidia").mkdir(parents=True, exist_ok=True)

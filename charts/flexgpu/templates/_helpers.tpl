@@ -65,6 +65,10 @@ to install, instead of a failed install halfway (helm template: pass --api-versi
 {{- define "flexgpu.controllerName" -}}{{ include "flexgpu.fullname" . }}-controller{{- end -}}
 {{- define "flexgpu.webhookSecret" -}}{{ include "flexgpu.fullname" . }}-webhook-tls{{- end -}}
 {{- define "flexgpu.webhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-validation{{- end -}}
+{{- define "flexgpu.tenantWebhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-tenancy{{- end -}}
+{{/* The tenancy webhook is rendered (and the controller may write it) when shared GPUs serve
+one namespace at a time and the controller serves webhooks. */}}
+{{- define "flexgpu.tenantWebhook" -}}{{ if and .Values.webhook.enabled (eq .Values.kubeletPlugin.sharedGpuTenants "namespace") }}true{{ end }}{{- end -}}
 
 {{/* ServiceAccounts: the chart's own, or one the admin made (serviceAccount.create=false). */}}
 {{- define "flexgpu.pluginServiceAccount" -}}

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexgpu.driver.allocation import Node
-from flexgpu.driver.allocation.allocator import allocate_anywhere
+from flexgpu.driver.allocation.anywhere import allocate_anywhere
 from flexgpu.driver.allocation.explain import explain_claim
 from flexgpu.driver.allocation.state import allocated_state
 

@@ -7,20 +7,20 @@ import contextlib
 import pytest
 from allocation_builders import DRIVER, device, pool_slices
 
-from flexgpu.driver.allocation import allocator
-from flexgpu.driver.allocation.allocator import SelectorCache
+from flexgpu.driver.allocation import selectors
 from flexgpu.driver.allocation.cel import SelectorError
+from flexgpu.driver.allocation.selectors import SelectorCache
 
 
 def test_results_and_errors_are_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real = allocator.evaluate
+    real = selectors.evaluate
 
     def counting(expression: str, activation: object) -> object:
         calls.append(expression)
         return real(expression, activation)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(allocator, "evaluate", counting)
+    monkeypatch.setattr(selectors, "evaluate", counting)
     (slc,) = pool_slices("n1", [device("d0", productName="H100")])
     dev = slc.devices[0]
     cache = SelectorCache()
@@ -37,13 +37,13 @@ def test_devices_that_agree_on_what_an_expression_reads_share_one_evaluation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
-    real = allocator.evaluate
+    real = selectors.evaluate
 
     def counting(expression: str, activation: object) -> object:
         calls.append(expression)
         return real(expression, activation)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(allocator, "evaluate", counting)
+    monkeypatch.setattr(selectors, "evaluate", counting)
     devices = [
         dev
         for i in range(6)
@@ -74,13 +74,13 @@ def test_expressions_reading_the_device_otherwise_are_evaluated_per_device(
     monkeypatch: pytest.MonkeyPatch, expression: str
 ) -> None:
     calls: list[str] = []
-    real = allocator.evaluate
+    real = selectors.evaluate
 
     def counting(expr: str, activation: object) -> object:
         calls.append(expr)
         return real(expr, activation)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(allocator, "evaluate", counting)
+    monkeypatch.setattr(selectors, "evaluate", counting)
     devices = [
         pool_slices(f"n{i}", [device(f"d{i}", uuid=f"GPU-{i}")])[0].devices[0] for i in range(3)
     ]

@@ -96,3 +96,24 @@ def test_a_concurrent_write_is_read_again() -> None:
     assert len(admission.patches) == 3
     assert admission.hooks is not None
     assert all(h["clientConfig"]["caBundle"] for h in admission.hooks)
+
+
+class FakeMutatingOnly(FakeAdmission):
+    """Serves the configuration only through the mutating calls: a validating call fails."""
+
+    def read_mutating_webhook_configuration(self, name: str) -> Any:
+        return super().read_validating_webhook_configuration(name)
+
+    def patch_mutating_webhook_configuration(self, name: str, ops: list[dict[str, Any]]) -> None:
+        super().patch_validating_webhook_configuration(name, ops)
+
+    def read_validating_webhook_configuration(self, name: str) -> Any:
+        raise AssertionError("the tenancy configuration is a mutating one")
+
+
+def test_the_tenancy_configuration_is_patched_through_the_mutating_api() -> None:
+    admission = FakeMutatingOnly(hooks=2)
+    patch_ca_bundle(admission, "flexgpu-tenancy", b"PEM", "mutating")
+    assert admission.hooks is not None
+    assert all(h["clientConfig"]["caBundle"] for h in admission.hooks)
+    assert len(admission.patches) == 1

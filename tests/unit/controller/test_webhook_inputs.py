@@ -169,18 +169,28 @@ async def test_port_zero_publishes_the_port_actually_listened_on(tmp_path: Path)
     (certs / "tls.crt").write_bytes(bundle.cert)
     (certs / "tls.key").write_bytes(bundle.key)
     (certs / "ca.crt").write_bytes(bundle.ca_bundle)
-    options = WebhookOptions(listen_addr="127.0.0.1", port=0, cert_dir=certs)
+    options = WebhookOptions(
+        listen_addr="127.0.0.1", port=0, cert_dir=certs, tenant_configuration_name="tenancy"
+    )
     server = FlexgpuWebhookServer(options, ApiClient())
     created: list[dict[str, Any]] = []
+
+    def absent(name: str) -> None:
+        raise ApiException(status=404)
+
     server._admission = SimpleNamespace(
-        read_validating_webhook_configuration=lambda name: (_ for _ in ()).throw(
-            ApiException(status=404)
-        ),
+        read_validating_webhook_configuration=absent,
         create_validating_webhook_configuration=created.append,
+        read_mutating_webhook_configuration=absent,
+        create_mutating_webhook_configuration=created.append,
     )
     async for _config in server(kopf_engine):
         break
-    urls = {hook["clientConfig"]["url"] for hook in created[0]["webhooks"]}
+    assert [c["kind"] for c in created] == [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ]
+    urls = {hook["clientConfig"]["url"] for c in created for hook in c["webhooks"]}
     port = server.bound_port
     assert port and port > 0
     assert urls == {f"https://127.0.0.1:{port}/{h}" for h in SERVED}

@@ -1,6 +1,6 @@
 """Karpenter's own scheduling simulation takes flexgpu's templates: Karpenter's DRA allocator
-(``sigs.k8s.io/karpenter`` v1.15, ``pkg/scheduling/dynamicresources``, run by
-tools/karpenter-check on an in-flight node of one instance type) places whole-GPU, NVLink-set,
+(``sigs.k8s.io/karpenter`` v1.15, ``pkg/scheduling/dynamicresources``, run by karpenter-check
+of tools/karpenter on an in-flight node of one instance type) places whole-GPU, NVLink-set,
 MIG-profile and fractional claims on a new node whose DynamicResources are
 ``flexgpu node-template --format karpenter``'s, and refuses what the node could not serve:
 more GPUs than it has, more partitions than the counters allow, a selector on a runtime-only
@@ -31,9 +31,9 @@ POLICY = TemplatePolicy(shared=frozenset({4, 5}), dynamic_mig=frozenset({6, 7}))
 @functools.cache
 def karpenter_check() -> Path:
     if shutil.which("go") is None:
-        pytest.skip("the Go toolchain is needed to build tools/karpenter-check")
+        pytest.skip("the Go toolchain is needed to build tools/karpenter (karpenter-check)")
     result = subprocess.run(
-        ["bash", str(REPO / "tools" / "karpenter-check" / "build.sh")],
+        ["bash", str(REPO / "tools" / "karpenter" / "build.sh"), "karpenter-check"],
         capture_output=True,
         text=True,
         check=False,

@@ -46,12 +46,27 @@ def test_template_equals_what_the_plugin_would_publish(
     loaded = load_topology(topology)
     shared, dynamic = modes(len(loaded.gpus))[mode]
     backend = SimulatedBackend(loaded, NODE)
-    devices = NodeDevices(backend, shared, dynamic)
+    devices = NodeDevices(backend, shared, dynamic, publish_tenants=True)
+    # A running node's shared GPU serves some namespace; the template's says "" (a new node).
+    devices.set_tenants(dict.fromkeys(shared, "team-a"))
     template = render_node_template(
         loaded, TemplatePolicy(shared=shared, dynamic_mig=dynamic), counters_in_own_slice=own_slice
     )
     found = template_differences(template, published(devices, own_slice=own_slice), NODE)
     assert not found, "\n".join(found[:20])
+
+
+def test_without_tenancy_neither_publishes_a_tenant() -> None:
+    """--shared-gpu-tenants=any: no tenant attribute on the node or in the template, and a
+    node that publishes one where its template has none is told apart."""
+    loaded = load_topology("hgx-h100-8")
+    shared = frozenset({4, 5})
+    template = render_node_template(loaded, TemplatePolicy(shared=shared, shared_gpu_tenants="any"))
+    plain = NodeDevices(SimulatedBackend(loaded, NODE), shared)
+    assert not template_differences(template, published(plain), NODE)
+    tenanted = NodeDevices(SimulatedBackend(loaded, NODE), shared, publish_tenants=True)
+    found = template_differences(template, published(tenanted), NODE)
+    assert found and all("tenant: on the node, not in the template" in f for f in found)
 
 
 def test_gpus_that_need_a_reset_to_switch_mig_mode(tmp_path: Path) -> None:

@@ -29,7 +29,9 @@ from flexgpu.kubelet_plugin.metrics_setup import (
 )
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
-from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from flexgpu.kubelet_plugin.usage import UsageSampler
+from flexgpu.kubelet_plugin.usage_metrics import UsageCollector
+from flexgpu.kubelet_plugin.usage_model import UsageSettings
 from tests.promtool import check_metrics
 
 NODE = "metrics-node"

@@ -32,7 +32,11 @@ SCRIPT = textwrap.dedent(
     gate = StartupGate()
     stop = main.start_node(config, gate)
     try:
-        print("served", type(gate._preparer).__name__)
+        chain, served = [], gate._preparer
+        while served is not None:  # the wrappers around the preparer, outermost first
+            chain.append(type(served).__name__)
+            served = getattr(served, "inner", None)
+        print("served", " > ".join(chain))
         print("prometheus", "prometheus_client" in sys.modules)
     finally:
         stop()
@@ -59,7 +63,7 @@ def test_no_metrics_port_means_no_prometheus_and_no_counting_wrappers(
     short_tmp: Path, port: str
 ) -> None:
     out = _run(short_tmp, {"FLEXGPU_METRICS_PORT": port})
-    assert "served ClaimPreparerImpl" in out
+    assert "served TenantTrackingDriver > ClaimPreparerImpl\n" in out
     assert "prometheus False" in out
 
 
@@ -69,5 +73,5 @@ def test_with_a_metrics_port_prepares_are_counted(short_tmp: Path) -> None:
         port = str(probe.getsockname()[1])
     env = {"FLEXGPU_METRICS_PORT": port, "FLEXGPU_METRICS_ADDRESS": "127.0.0.1"}
     out = _run(short_tmp, env)
-    assert "served ObservedPreparer" in out
+    assert "served ObservedPreparer > TenantTrackingDriver > ClaimPreparerImpl\n" in out
     assert "prometheus True" in out

@@ -79,7 +79,7 @@ SCRIPT = textwrap.dedent(
         do_POST = do_PUT = do_PATCH = do_GET
     httpd = ThreadingHTTPServer(("127.0.0.1", {port}), Up)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    copy = gate._preparer.mps._pods_copy
+    copy = gate._preparer.inner.mps._pods_copy  # inside the tenant attribute's wrapper
     deadline = time.monotonic() + 40
     while not copy.synced and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -18,7 +18,9 @@ from flexgpu.driver.sim_usage import USAGE_FILE_NAME
 from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_in
-from flexgpu.kubelet_plugin.usage import UsageCollector, UsageSampler, UsageSettings
+from flexgpu.kubelet_plugin.usage import UsageSampler
+from flexgpu.kubelet_plugin.usage_metrics import UsageCollector
+from flexgpu.kubelet_plugin.usage_model import UsageSettings
 from tests.conftest import wait_for
 
 NODE = "node-a"

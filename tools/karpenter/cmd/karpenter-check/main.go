@@ -14,7 +14,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -32,80 +31,14 @@ import (
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 	"sigs.k8s.io/karpenter/pkg/scheduling"
 	"sigs.k8s.io/karpenter/pkg/scheduling/dynamicresources"
+
+	"flexgpu.local/tools/karpenter/templates"
 )
 
 const (
 	nodePool     = "gpu-pool"
 	instanceType = "gpu-instance"
 )
-
-// The shape flexgpu prints (field names of Karpenter's Go types in camelCase).
-type templatesFile struct {
-	ResourceSliceTemplates []struct {
-		Driver string `json:"driver"`
-		Pool   struct {
-			Name string `json:"name"`
-		} `json:"pool"`
-		Devices []struct {
-			Name                     string                                                  `json:"name"`
-			Attributes               map[resourcev1.QualifiedName]resourcev1.DeviceAttribute `json:"attributes"`
-			Capacity                 map[resourcev1.QualifiedName]resourcev1.DeviceCapacity  `json:"capacity"`
-			AllowMultipleAllocations bool                                                    `json:"allowMultipleAllocations"`
-			ConsumesCounters         []resourcev1.DeviceCounterConsumption                   `json:"consumesCounters"`
-		} `json:"devices"`
-		SharedCounters []resourcev1.CounterSet `json:"sharedCounters"`
-	} `json:"resourceSliceTemplates"`
-	AttributeBindings []struct {
-		Attribute resourcev1.QualifiedName `json:"attribute"`
-		Devices   []struct {
-			Driver string `json:"driver"`
-			Pool   string `json:"pool"`
-			Device string `json:"device"`
-		} `json:"devices"`
-	} `json:"attributeBindings"`
-}
-
-func readJSON(path string, into any) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, into); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
-func dynamicResources(file templatesFile) cloudprovider.DynamicResources {
-	var out cloudprovider.DynamicResources
-	for _, t := range file.ResourceSliceTemplates {
-		template := &cloudprovider.ResourceSliceTemplate{
-			Driver:         unique.Make(t.Driver),
-			Pool:           cloudprovider.ResourcePool{Name: unique.Make(t.Pool.Name)},
-			SharedCounters: t.SharedCounters,
-		}
-		for _, d := range t.Devices {
-			template.Devices = append(template.Devices, cloudprovider.Device{
-				Name:                     unique.Make(d.Name),
-				Attributes:               d.Attributes,
-				Capacity:                 d.Capacity,
-				AllowMultipleAllocations: d.AllowMultipleAllocations,
-				ConsumesCounters:         d.ConsumesCounters,
-			})
-		}
-		out.ResourceSliceTemplates = append(out.ResourceSliceTemplates, template)
-	}
-	for _, b := range file.AttributeBindings {
-		binding := &cloudprovider.AttributeBinding{Attribute: b.Attribute}
-		for _, d := range b.Devices {
-			binding.Devices = append(binding.Devices, cloudprovider.DeviceID{
-				Driver: unique.Make(d.Driver), Pool: unique.Make(d.Pool), Device: unique.Make(d.Device),
-			})
-		}
-		out.AttributeBindings = append(out.AttributeBindings, binding)
-	}
-	return out
-}
 
 // An in-flight NodeClaim of the one instance type: no node yet, devices from templates only.
 type newNode struct {
@@ -124,15 +57,15 @@ func (n newNode) ResourceSlices() map[dynamicresources.InstanceTypeID][]dynamicr
 }
 
 func run(templatesPath, classesPath, claimsPath string) error {
-	var file templatesFile
+	var file templates.File
 	var classes []resourcev1.DeviceClass
 	var claims []resourcev1.ResourceClaim
 	for path, into := range map[string]any{templatesPath: &file, classesPath: &classes, claimsPath: &claims} {
-		if err := readJSON(path, into); err != nil {
+		if err := templates.ReadJSON(path, into); err != nil {
 			return err
 		}
 	}
-	it := &cloudprovider.InstanceType{Name: instanceType, DynamicResources: dynamicResources(file)}
+	it := &cloudprovider.InstanceType{Name: instanceType, DynamicResources: templates.DynamicResources(file)}
 	bindings := dynamicresources.BuildAttributeBindings(map[string][]*cloudprovider.InstanceType{nodePool: {it}})
 	scheme := runtime.NewScheme()
 	if err := resourcev1.AddToScheme(scheme); err != nil {
