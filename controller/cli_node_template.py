@@ -35,6 +35,7 @@ from flexgpu.driver.topology import TopologyError, builtin_topology_names, load_
 
 # Kubernetes 1.35 moved shared counters into slices of their own (driver.resource_slice).
 FIRST_MINOR_WITH_COUNTER_SLICES = 35
+FIRST_MINOR_WITH_BINDING_CONDITIONS = 36
 GPU_LIST_ALLOWED = '"all" or comma-separated GPU indices such as "0,2"'
 
 
@@ -123,6 +124,26 @@ def counters_in_own_slice(version: str | None) -> bool:
     return int(match.group(1)) >= FIRST_MINOR_WITH_COUNTER_SLICES
 
 
+def binding_conditions(setting: str, version: str | None) -> bool:
+    """The plugin's --binding-conditions on that release: auto is on from 1.36 (and for an
+    unnamed release, taken as a current one)."""
+    if setting != "auto":
+        return setting == "on"
+    if version is None:
+        return True
+    match = re.fullmatch(r"v?1\.(\d+)(\.\d+)?", version)
+    return match is not None and int(match.group(1)) >= FIRST_MINOR_WITH_BINDING_CONDITIONS
+
+
+def _release(args: argparse.Namespace) -> str | None:
+    """--kubernetes-version, or with --compare-node the release of the node's cluster."""
+    if args.kubernetes_version is not None or not args.compare_node:
+        return str(args.kubernetes_version) if args.kubernetes_version else None
+    connection = connect(args)
+    info = call(connection, "read the server version", client.VersionApi(connection.api).get_code)
+    return f"1.{''.join(c for c in str(info.get('minor', '')) if c.isdigit())}"
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         topology = load_topology(Path(args.topology_file) if args.topology_file else args.topology)
@@ -134,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
         dynamic_mig=gpu_indices("--dynamic-mig-gpus", args.dynamic_mig_gpus, count),
         policy=choose_policy(args.policy or [], args.node_label or []),
         mig_switch_needs_reset=args.mig_mode_needs_reset,
+        binding_conditions=binding_conditions(args.binding_conditions, _release(args)),
         shared_gpu_tenants=args.shared_gpu_tenants,
     )
     own_slice = counters_in_own_slice(args.kubernetes_version)
@@ -250,6 +272,13 @@ def add_node_template(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="1.MINOR",
         help="the cluster's release: before 1.35 counter sets travel with their devices "
         "(default: 1.35 or later)",
+    )
+    parser.add_argument(
+        "--binding-conditions",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the plugin's setting: on-demand partitions carry binding conditions; auto: "
+        "1.36 and later, or when --kubernetes-version is not given (default auto)",
     )
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     check = parser.add_argument_group("check a running node")

@@ -31,6 +31,8 @@ class AllocatedDevice:
     admin_access: bool = False
     share_id: str | None = None
     consumed_capacity: Mapping[str, Quantity] | None = None
+    # The device's binding conditions (KEP-5007) as the scheduler copied them from the slice.
+    binding_conditions: tuple[str, ...] = ()
 
     @property
     def base_request(self) -> str:
@@ -76,4 +78,13 @@ def parse_allocated_device(data: Any, where: str = "result") -> AllocatedDevice:
         consumed_capacity=parse_consumed_capacity(
             data.get("consumedCapacity"), f"{where}.consumedCapacity"
         ),
+        binding_conditions=_strings(data.get("bindingConditions"), f"{where}.bindingConditions"),
     )
+
+
+def _strings(data: Any, where: str) -> tuple[str, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
+        raise ClaimResultError(f"{where}: expected a list of strings, got {data!r}")
+    return tuple(data)

@@ -28,7 +28,12 @@ from typing import Any
 
 from flexgpu.driver.gpu_model import GpuInfo, MigDevice, MigPlacement, MigProfile
 from flexgpu.driver.mig_catalog import COMPUTE_SLICES, MEMORY_SLICES
-from flexgpu.driver.names import gpu_device_name, mig_device_name
+from flexgpu.driver.names import (
+    PARTITION_FAILED_CONDITION,
+    PARTITION_READY_CONDITION,
+    gpu_device_name,
+    mig_device_name,
+)
 from flexgpu.driver.resource_slice import SliceDevice, gpu_identity_attributes, whole_gpu_device
 
 COMPUTE_COUNTER = "compute-slices"
@@ -198,3 +203,15 @@ def static_mig_devices(
             gpu.index, profile.profile_id, profile.name, instance.placement
         )
     return devices, partitions
+
+
+def with_binding_conditions(device: SliceDevice) -> SliceDevice:
+    """An on-demand partition as published where binding conditions are on (Kubernetes
+    1.36+): the scheduler binds its pod once the plugin has made it (PartitionReady) and
+    schedules the pod again when making it failed (PartitionFailed)."""
+    return {
+        **device,
+        "bindingConditions": [PARTITION_READY_CONDITION],
+        "bindingFailureConditions": [PARTITION_FAILED_CONDITION],
+        "bindsToNode": True,
+    }

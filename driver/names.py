@@ -20,6 +20,14 @@ NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
 # selector on it to every shared-gpu request (docs/security-shared-gpus.md).
 TENANT_ATTRIBUTE: Final = "tenant"
 
+# Binding conditions (KEP-5007) of on-demand MIG partitions: the scheduler binds a pod once
+# the plugin has created its partition and set PartitionReady, and sends it back to be
+# scheduled again when PartitionFailed is set instead.
+PARTITION_READY_CONDITION: Final = "gpu.flexgpu.dev/PartitionReady"
+PARTITION_FAILED_CONDITION: Final = "gpu.flexgpu.dev/PartitionFailed"
+# NoSchedule taint on a GPU's partitions after creating one failed, for a cool-down.
+PARTITION_FAILED_TAINT: Final = "gpu.flexgpu.dev/partition-create-failed"
+
 CDI_VENDOR: Final = "gpu.flexgpu.dev"
 CDI_CLASS: Final = "claim"
 CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"

@@ -25,7 +25,12 @@ from typing import Any, Final
 
 from flexgpu.driver.backend_errors import GpuBackendError
 from flexgpu.driver.gpu_model import GpuInfo
-from flexgpu.driver.mig_devices import counter_set, dynamic_mig_devices, static_mig_devices
+from flexgpu.driver.mig_devices import (
+    counter_set,
+    dynamic_mig_devices,
+    static_mig_devices,
+    with_binding_conditions,
+)
 from flexgpu.driver.mig_layout import LayoutError, validate_layout
 from flexgpu.driver.names import (
     PCI_BUS_ID_ATTRIBUTE,
@@ -77,6 +82,8 @@ class TemplatePolicy:
     dynamic_mig: frozenset[int] = frozenset()
     policy: GpuNodePolicy | None = None
     mig_switch_needs_reset: bool = False
+    # On-demand partitions carry binding conditions (the plugin's default on 1.36+).
+    binding_conditions: bool = False
     # The plugin's --shared-gpu-tenants: with "namespace" a shared GPU carries its tenant,
     # "" on a new node (the value a running node publishes varies; template_check.py).
     shared_gpu_tenants: str = "namespace"
@@ -141,13 +148,15 @@ def _prepare_static_mig(backend: SimulatedBackend, gpu: GpuInfo, layout: Mapping
 
 
 def _render_gpu(
-    backend: SimulatedBackend, gpu: GpuInfo, plan: GpuPlan, needs_reset: bool, tenants: bool
+    backend: SimulatedBackend, gpu: GpuInfo, plan: GpuPlan, policy: TemplatePolicy
 ) -> tuple[list[SliceDevice], dict[str, Any] | None]:
     """The devices (and counter set) the plugin publishes for one healthy GPU."""
     if plan.mode == GpuMode.DYNAMIC_MIG and gpu.mig_capable:
         profiles = backend.mig_profiles(gpu.index)
-        devices, _ = dynamic_mig_devices(gpu, profiles)
-        if needs_reset:
+        devices, parts = dynamic_mig_devices(gpu, profiles)
+        if policy.binding_conditions:
+            devices = [with_binding_conditions(d) if d["name"] in parts else d for d in devices]
+        if policy.mig_switch_needs_reset:
             devices = [d for d in devices if d["name"] != gpu_device_name(gpu.index)]
         return devices, counter_set(gpu, profiles)
     adopted = plan.mode == GpuMode.WHOLE and gpu.mig_mode is not None and gpu.mig_mode.current
@@ -160,7 +169,7 @@ def _render_gpu(
         return devices, None
     if plan.mode == GpuMode.SHARED:
         device = shared_gpu_device(gpu)
-        if tenants:
+        if policy.shared_gpu_tenants == "namespace":
             device["attributes"][TENANT_ATTRIBUTE] = {"string": ""}
         return [device], None
     # Whole, and MIG modes on a GPU without MIG: the plugin publishes those whole.
@@ -187,13 +196,7 @@ def render_node_template(
         dynamic: list[SliceDevice] = []
         counters: list[dict[str, Any]] = []
         for gpu in sorted(backend.list_gpus(), key=lambda g: g.index):
-            mine, counter = _render_gpu(
-                backend,
-                gpu,
-                plans[gpu.index],
-                policy.mig_switch_needs_reset,
-                policy.shared_gpu_tenants == "namespace",
-            )
+            mine, counter = _render_gpu(backend, gpu, plans[gpu.index], policy)
             # The plugin publishes on-demand MIG GPUs last (first fit takes ordinary GPUs first).
             (devices if counter is None else dynamic).extend(mine)
             if counter is not None:

@@ -85,6 +85,16 @@ class ClaimState(enum.StrEnum):
     PREPARED = "Prepared"
 
 
+class EarlyStage(enum.StrEnum):
+    """A claim's on-demand MIG partitions made before its pod was bound (binding
+    conditions, early_partitions.py). Such a record keeps state PrepareStarted, so a plugin
+    that does not know this field rolls it back (destroys the partitions) and prepares as
+    before."""
+
+    CREATING = "Creating"  # recorded before creation: may exist, half-made
+    READY = "Ready"  # created; prepare takes them over
+
+
 class _Record(BaseModel):
     # extra="allow": during a rolling update an older plugin may rewrite a checkpoint that a
     # newer one extended; unknown fields must survive that round trip instead of failing it.
@@ -168,6 +178,15 @@ class ClaimRecord(_Record):
     state: ClaimState
     devices: list[DeviceRecord] = Field(default_factory=list)
     created: CreatedResources = Field(default_factory=CreatedResources)
+    early: EarlyStage | None = None
+
+    @model_serializer(mode="wrap")
+    def _early_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Records without early partitions are written as before (same bytes, same checksum).
+        data = handler(self)
+        if isinstance(data, dict) and data.get("early") is None:
+            data.pop("early", None)
+        return data
 
 
 class Checkpoint(_Record):

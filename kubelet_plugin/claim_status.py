@@ -45,11 +45,25 @@ FLUSH_ON_STOP_S = 5.0
 
 
 @dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+PREPARED = Condition("Ready", "True", "Prepared", "prepared on the node")
+
+
+@dataclass(frozen=True)
 class DeviceStatus:
     pool: str
     device: str
     share_id: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    # What the entry's conditions say: prepared, or (binding conditions) a partition made
+    # ready or failed before the pod was bound.
+    conditions: tuple[Condition, ...] = (PREPARED,)
 
 
 @dataclass
@@ -105,14 +119,26 @@ class ClaimStatusWriter:
     ) -> None:
         self._want(namespace, name, uid, tuple(devices))
 
+    def binding(self, namespace: str, name: str, uid: str, devices: Sequence[DeviceStatus]) -> None:
+        """A binding condition's outcome: written at once, since the scheduler holds the pod
+        until it reads it."""
+        self._want(namespace, name, uid, tuple(devices), delay_s=0.0)
+
     def unprepared(self, namespace: str, name: str, uid: str) -> None:
         self._want(namespace, name, uid, ())
 
-    def _want(self, namespace: str, name: str, uid: str, devices: tuple[DeviceStatus, ...]) -> None:
+    def _want(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: tuple[DeviceStatus, ...],
+        delay_s: float | None = None,
+    ) -> None:
         with self._cond:
             pending = self._pending.get(uid)
             if pending is None:
-                due = self._clock() + self._coalesce_s
+                due = self._clock() + (self._coalesce_s if delay_s is None else delay_s)
                 self._pending[uid] = _Pending(namespace, name, uid, devices, due)
                 # The writer needs waking only when this window closes before the one it
                 # waits for; under load it waits for an earlier one (each opens coalesce_s
@@ -123,6 +149,9 @@ class ClaimStatusWriter:
                 # The window stays where it opened: a claim that keeps changing is still
                 # written promptly, with whatever it wants last.
                 pending.devices = devices
+                if delay_s is not None and self._clock() + delay_s < pending.due:
+                    pending.due = self._clock() + delay_s
+                    self._cond.notify_all()
 
     # -- writing ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -286,12 +315,13 @@ class ClaimStatusWriter:
                 "device": d.device,
                 "conditions": [
                     {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "Prepared",
-                        "message": "prepared on the node",
+                        "type": c.type,
+                        "status": c.status,
+                        "reason": c.reason,
+                        "message": c.message,
                         "lastTransitionTime": now,
                     }
+                    for c in d.conditions
                 ],
                 "data": dict(d.data),
             }

@@ -131,6 +131,11 @@ class PluginConfig(BaseModel):
     health_taints: Literal["auto", "on", "off"] = "auto"
     # A fault's taint goes once nothing of its kind has been seen for this long.
     health_recovery_seconds: float = Field(default=300.0, ge=0)
+    # On-demand MIG partitions created before the pod is bound (binding conditions): auto
+    # (Kubernetes 1.36+ and the server keeps the fields), on, or off (created in prepare).
+    binding_conditions: Literal["auto", "on", "off"] = "auto"
+    # After creating a partition failed, the GPU's partitions stay tainted this long.
+    partition_failure_seconds: float = Field(default=300.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 

@@ -214,6 +214,22 @@ SETTINGS: Final = (
         "duration",
     ),
     Setting(
+        "binding_conditions",
+        "--binding-conditions",
+        "FLEXGPU_BINDING_CONDITIONS",
+        "on-demand MIG partitions created before the pod is bound: auto (default: "
+        "Kubernetes 1.36+ with the feature on), on, or off (created in prepare)",
+        "str",
+    ),
+    Setting(
+        "partition_failure_seconds",
+        "--partition-failure-cooldown",
+        "FLEXGPU_PARTITION_FAILURE_COOLDOWN",
+        "how long a GPU's partitions stay tainted after creating one failed, such as 90s or "
+        "5m (default 5m)",
+        "duration",
+    ),
+    Setting(
         "log_level",
         "--log-level",
         "FLEXGPU_LOG_LEVEL",

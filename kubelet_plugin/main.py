@@ -40,12 +40,22 @@ class StartupFailed(RuntimeError):
 
 def make_backend(config: PluginConfig) -> GpuBackend:
     if config.gpu_backend == "simulated":
+        from flexgpu.driver.backend_errors import GpuBackendError
         from flexgpu.driver.sim_backend import SimulatedBackend
+        from flexgpu.driver.sim_faults import parse_fault_spec
 
         assert config.topology is not None  # enforced by PluginConfig
-        return SimulatedBackend.from_topology(
+        sim = SimulatedBackend.from_topology(
             config.topology, config.node_name, state_path=config.data_dir / "simulated-gpus.json"
         )
+        # Fault tests: the simulated GPUs fail the next calls of the named operations.
+        try:
+            faults = parse_fault_spec(os.environ.get("FLEXGPU_FAULT_FAIL", ""))
+        except ValueError as err:
+            raise GpuBackendError(str(err)) from None
+        for operation, count in faults:
+            sim.faults.fail_next(operation, count)
+        return sim
     from flexgpu.driver.nvml_backend import NvmlBackend
 
     if config.driver_root is not None:
@@ -131,6 +141,7 @@ def start_node(
         config.shared_gpu_indices(count),
         config.dynamic_mig_gpu_indices(count),
         health_taints=health_taints(config, api),
+        binding_conditions=binding_conditions(config, api),
         publish_tenants=config.shared_gpu_tenants == "namespace",
     )
     try:
@@ -206,6 +217,21 @@ def start_node(
     )
     preparer.on_unprepared = agent.claim_unprepared
     agent.start()
+    binding = None
+    if devices.binding_conditions:
+        from flexgpu.kubelet_plugin.binding_watch import BindingWatch
+        from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
+
+        binding = BindingWatch(
+            api,
+            config.node_name,
+            early=EarlyPartitions(preparer),
+            status=status,
+            devices=devices,
+            republish=republish,
+            failure_s=config.partition_failure_seconds,
+        )
+        binding.start()
     if mps_pods is not None:
         mps_pods.watch(
             in_use=lambda: _mps_gpus(store),
@@ -234,6 +260,8 @@ def start_node(
         if mps_pods is not None:
             mps_pods.close()  # the daemon pods stay: their clients keep running
         agent.stop()
+        if binding is not None:
+            binding.stop()
         health.stop()
         publisher.stop()
         status.stop()
@@ -255,6 +283,26 @@ def health_taints(config: PluginConfig, api: KubeApi) -> bool:
         log.warning("cannot read the server version (%s); faulty GPUs are withdrawn", err)
         return False
     return minor >= 36
+
+
+def binding_conditions(config: PluginConfig, api: KubeApi) -> bool:
+    """Whether on-demand MIG partitions carry binding conditions. ``auto``: Kubernetes 1.36+
+    (beta, on by default) and the server keeps the fields (a dry-run probe: the gate may be
+    off); before 1.36, and on ``off``, partitions are created in prepare as before."""
+    if config.binding_conditions != "auto":
+        return config.binding_conditions == "on"
+    try:
+        minor = int("".join(c for c in str(api.get("/version").get("minor", "")) if c.isdigit()))
+    except Exception as err:  # unknown server: prepare creates partitions, as on every release
+        log.warning("cannot read the server version (%s); no binding conditions", err)
+        return False
+    if minor < 36:
+        return False
+    from flexgpu.kubelet_plugin.binding_watch import server_keeps_binding_conditions
+
+    on = server_keeps_binding_conditions(api, config.node_name)
+    log.info("binding conditions for on-demand MIG: %s", "on" if on else "off (not served)")
+    return on
 
 
 def _mps_pods(

@@ -21,8 +21,9 @@ from flexgpu.driver.mig_devices import (
     counter_set,
     dynamic_mig_devices,
     static_mig_devices,
+    with_binding_conditions,
 )
-from flexgpu.driver.names import TENANT_ATTRIBUTE, gpu_device_name
+from flexgpu.driver.names import PARTITION_FAILED_TAINT, TENANT_ATTRIBUTE, gpu_device_name
 from flexgpu.driver.node_policy import GpuMode
 from flexgpu.driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
 from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
@@ -51,9 +52,13 @@ class NodeDevices:
         dynamic_mig: frozenset[int] | set[int] = frozenset(),
         *,
         health_taints: bool = True,
+        binding_conditions: bool = False,
         publish_tenants: bool = False,
     ) -> None:
         self.backend = backend
+        # On-demand MIG partitions carry binding conditions (Kubernetes 1.36+): the plugin
+        # creates them before the pod is bound (early_partitions.py).
+        self.binding_conditions = binding_conditions
         # Shared GPUs carry a `tenant` attribute (the namespace they serve, "" when free)
         # that admission's per-namespace selector matches (tenant_attribute.py); off when
         # namespaces may share GPUs, so nothing is republished for them.
@@ -77,6 +82,9 @@ class NodeDevices:
         self._static: dict[str, MigDevice] = {}  # static layout: exist already
         self._kinds: dict[str, DeviceType] = {}
         self._taints: dict[int, str] = {}
+        # GPU index -> why creating a partition there failed: its partitions are tainted
+        # (withdrawn without taints) so a pod sent back by the scheduler goes elsewhere.
+        self._partition_failures: dict[int, str] = {}
         # Dynamic-MIG GPUs: whether MIG mode switches without a GPU reset (probed once), and
         # their MIG profiles (read while MIG mode is on; NVML lists none with it off).
         self._switchable: dict[int, bool] = {}
@@ -94,6 +102,11 @@ class NodeDevices:
         nothing new is allocated there while it waits to be reconfigured."""
         with self._lock:
             self._taints = dict(taints)
+
+    def set_partition_failures(self, failures: Mapping[int, str]) -> None:
+        """GPU index -> why creating a partition failed; applied at the next refresh."""
+        with self._lock:
+            self._partition_failures = dict(failures)
 
     def mode(self, index: int) -> GpuMode:
         with self._lock:
@@ -167,8 +180,15 @@ class NodeDevices:
                     if gpu.index in self._taints
                     else []
                 )
+                failed = self._partition_failed_taint(gpu.index)
                 mine = []
                 for device in rendered.devices:
+                    own: list[dict[str, str]] = []
+                    if device["name"] in rendered.partitions:
+                        if failed is not None and not self.health_taints:
+                            continue  # no taints to say so: withdrawn for the cool-down
+                        device = self._with_binding(device)  # noqa: PLW2901
+                        own = [failed] if failed is not None else []
                     faults = self._faults_of(gpu.index, device["name"])
                     if not self.health_taints:
                         # Without taints the API server would drop them (and the publisher
@@ -178,7 +198,7 @@ class NodeDevices:
                                 {**device, "taints": reconfiguring} if reconfiguring else device
                             )
                         continue
-                    taints = [f.taint() for f in faults] + reconfiguring
+                    taints = [f.taint() for f in faults] + reconfiguring + own
                     mine.append({**device, "taints": taints} if taints else device)
                 if rendered.counters is not None:
                     counters.append(rendered.counters)
@@ -188,6 +208,16 @@ class NodeDevices:
                 (dynamic if rendered.counters is not None else devices).extend(mine)
             self._devices, self._counters = devices + dynamic, counters
             self._partitions, self._static, self._kinds = partitions, static, kinds
+
+    def _partition_failed_taint(self, index: int) -> dict[str, str] | None:
+        why = self._partition_failures.get(index)
+        if why is None:
+            return None
+        return {"key": PARTITION_FAILED_TAINT, "value": _taint_value(why), "effect": "NoSchedule"}
+
+    def _with_binding(self, device: SliceDevice) -> SliceDevice:
+        """A partition as published: with binding conditions when they are on."""
+        return with_binding_conditions(device) if self.binding_conditions else device
 
     def _render_or_keep(self, gpu: GpuInfo) -> _Rendered | None:
         """The GPU's devices now, or as last rendered when it cannot be read (lost, or
@@ -427,3 +457,9 @@ class NodeDevices:
         if gpu is None:
             return None
         return CdiDevice(device_name, gpu.uuid, self.nodes.gpu(gpu.minor_number))
+
+
+def _taint_value(why: str) -> str:
+    """A taint value is a label value: at most 63 characters of [A-Za-z0-9_.-]."""
+    cleaned = "".join(c if c.isalnum() or c in "_.-" else "-" for c in why)
+    return cleaned[:63].strip("-_.") or "failed"

@@ -18,20 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from flexgpu.driver.atomic_file import atomic_write_bytes
-from flexgpu.driver.backend_errors import GpuLostError, NotFoundError
 from flexgpu.driver.cdi import (
     CdiDevice,
     ClaimIdentity,
-    cdi_device_id,
     encode_spec,
     render_claim_spec,
     spec_file_name,
 )
 from flexgpu.driver.claim_results import AllocatedDevice, ClaimResultError
-from flexgpu.driver.gpu_model import MigDevice, MpsDaemon, TimeSliceInterval
+from flexgpu.driver.gpu_model import MigDevice
 from flexgpu.driver.log_format import claim_fields
-from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec, serves_mig
-from flexgpu.driver.mps_limits import PinnedLimitError
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.kubelet_plugin.checkpoint import (
     Checkpoint,
@@ -39,13 +35,13 @@ from flexgpu.kubelet_plugin.checkpoint import (
     CheckpointWriteError,
     ClaimRecord,
     ClaimState,
-    CreatedResources,
-    DeviceRecord,
+    EarlyStage,
     MigInstanceRecord,
     MpsShareRecord,
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimSource, ClaimView
 from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
+from flexgpu.kubelet_plugin.claim_undo import ClaimUndo
 from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     PreparedDevice,
@@ -62,14 +58,21 @@ from flexgpu.kubelet_plugin.prepare_checks import (
     shared_gpus,
 )
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
+from flexgpu.kubelet_plugin.prepare_records import (
+    device_records,
+    device_status,
+    intended_partitions,
+    intended_resources,
+    one_per_device,
+    prepared_devices,
+    with_ids,
+)
 from flexgpu.kubelet_plugin.sharing import (
     SharingError,
     SharingPlan,
-    mig_mps_env,
-    mps_env,
-    mps_mounts,
     plan_sharing,
 )
+from flexgpu.kubelet_plugin.sharing_setup import SharingSetupError, apply_sharing
 from flexgpu.kubelet_plugin.tenancy import (
     ONE_NAMESPACE,
     SharedGpuTenants,
@@ -123,6 +126,7 @@ class ClaimPreparerImpl:
         self._store = store
         self._lock = lock
         self.cdi_dir = cdi_dir
+        self._undo = ClaimUndo(devices, lambda: self.mps, self._step)
 
     # -- DraDriver -------------------------------------------------------------------
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
@@ -173,6 +177,18 @@ class ClaimPreparerImpl:
         return results
 
     # -- state ---------------------------------------------------------------------------
+    @property
+    def store(self) -> CheckpointStore:
+        return self._store
+
+    @property
+    def lock(self) -> PrepareLock:
+        return self._lock
+
+    def step(self, step: str, uid: str) -> None:
+        """A named step (tests force interleavings there; crash tests SIGKILL there)."""
+        self._step(step, uid)
+
     def load_checkpoint(self) -> Checkpoint:
         """Every claim record of this boot; start-up reconcile has already dealt with stale
         or corrupt files."""
@@ -250,7 +266,7 @@ class ClaimPreparerImpl:
     def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         existing = self._store.get(ref.uid)
         if existing is not None and existing.state == ClaimState.PREPARED:
-            return _prepared_devices(existing)  # idempotent repeat
+            return prepared_devices(existing)  # idempotent repeat
         try:
             claim = self._claims.get(ref.namespace, ref.name)
         except ClaimResultError as err:
@@ -274,7 +290,7 @@ class ClaimPreparerImpl:
             # prepared it, or half-prepared it, while we waited.
             existing = self._store.get(ref.uid)
             if existing is not None and existing.state == ClaimState.PREPARED:
-                return _prepared_devices(existing)
+                return prepared_devices(existing)
             if existing is not None and not self.resource_keys(existing) <= keys:
                 raise PrepareError(f"claim {ref.namespace}/{ref.name} changed meanwhile; retry")
             self._step("prepare-locked", claim.uid)
@@ -295,14 +311,15 @@ class ClaimPreparerImpl:
                 raise PrepareError(f"claim {ref.namespace}/{ref.name}: {err}") from None
             except (ClaimConflictError, SharingError) as err:
                 raise PrepareError(str(err)) from None
-            if existing is not None:
+            ready = self._takeover(existing, claim)
+            if existing is not None and ready is None:
                 # A half-done earlier attempt (plugin killed mid-way): undo it, start over.
                 self.undo(existing, others)
                 self._store.delete(existing.uid)
-            prepared, cdi_devices = self._carry_out(claim, ours, plan, others)
+            prepared, cdi_devices = self._carry_out(claim, ours, plan, others, ready or {})
         if self._status is not None:
             share = prepared.created.mps_share
-            status = self._device_status(ours, cdi_devices, plan, share)
+            status = device_status(self.devices, ours, cdi_devices, plan, share)
             self._status.prepared(claim.namespace, claim.name, claim.uid, status)
         log.info(
             "prepared claim %s/%s: %s",
@@ -311,7 +328,7 @@ class ClaimPreparerImpl:
             ", ".join(d.device for d in ours) or "no devices of this node",
             extra=claim_fields(claim.namespace, claim.name, claim.uid),
         )
-        return _prepared_devices(prepared)
+        return prepared_devices(prepared)
 
     def _carry_out(
         self,
@@ -319,29 +336,43 @@ class ClaimPreparerImpl:
         ours: Sequence[AllocatedDevice],
         plan: SharingPlan,
         others: Sequence[ClaimRecord],
+        ready: Mapping[tuple[int, int], MigDevice],
     ) -> tuple[ClaimRecord, list[CdiDevice]]:
         """Record PrepareStarted, create and change what the plan says, write the CDI spec,
-        record Prepared. On any failure everything is taken back and the record removed."""
+        record Prepared. On any failure everything is taken back and the record removed.
+        ``ready``: partitions created before the pod was bound, (GPU, placement) -> instance;
+        the new record names them, replacing the early one in a single write."""
+        intended = intended_resources(
+            self.devices, self.node_name, self._spec_file(claim.uid), claim, plan
+        )
         record = ClaimRecord(
             uid=claim.uid,
             namespace=claim.namespace,
             name=claim.name,
             state=ClaimState.PREPARE_STARTED,
             devices=device_records(claim, ours),
-            created=self._intended(claim, plan),
+            created=with_ids(intended, list(ready.values())),
         )
         self._put(record)
         self._step("after-prepare-started", claim.uid)
         try:
-            materialised = [self._materialise(d) for d in _one_per_device(ours)]
+            materialised = [self._materialise(d, ready) for d in one_per_device(ours)]
             self._step("after-devices-created", claim.uid)
-            cdi_devices, mig_share = self._apply_sharing(
-                claim, plan, [cdi for cdi, _ in materialised]
-            )
+            try:
+                cdi_devices, mig_share = apply_sharing(
+                    self.devices,
+                    node_name=self.node_name,
+                    mps=self.mps,
+                    claim=claim,
+                    plan=plan,
+                    devices=[cdi for cdi, _ in materialised],
+                )
+            except SharingSetupError as err:
+                raise PrepareError(str(err)) from None
             self._step("after-mps-started", claim.uid)
             self._write_spec(claim, cdi_devices)
             self._step("after-cdi-written", claim.uid)
-            created = _with_ids(record.created, [mig for _, mig in materialised if mig])
+            created = with_ids(record.created, [mig for _, mig in materialised if mig])
             if mig_share is not None:
                 created = created.model_copy(update={"mps_share": mig_share})
             prepared = record.model_copy(update={"state": ClaimState.PREPARED, "created": created})
@@ -354,187 +385,65 @@ class ClaimPreparerImpl:
             raise
         return prepared, cdi_devices
 
-    def _intended(self, claim: ClaimView, plan: SharingPlan) -> CreatedResources:
-        mps = None
-        if plan.mig_mps is not None:
-            # The daemon's UUIDs come once the devices exist (_apply_sharing); until then undo
-            # finds it through the devices' names and the record's MIG instances.
-            mps = MpsShareRecord(
-                gpu_uuids=[],
-                mig=True,
-                devices=list(plan.mig_mps.devices),
-                active_thread_percentage=(
-                    plan.mig_mps.config.defaultActiveThreadPercentage
-                    if plan.mig_mps.config
-                    else None
-                ),
-            )
-        elif plan.mps is not None:
-            gpu = self.devices.gpus_by_index().get(plan.mps.gpu_index)
-            mps = MpsShareRecord(
-                gpu_uuids=[gpu.uuid] if gpu else [],
-                gpu_index=plan.mps.gpu_index,
-                active_thread_percentage=plan.mps.active_thread_percentage,
-                pinned_memory_limits=(
-                    {"0": f"{plan.mps.pinned_memory_mib}Mi"}
-                    if plan.mps.pinned_memory_mib is not None
-                    else {}
-                ),
-            )
-        return CreatedResources(
-            cdi_spec_path=self._spec_file(claim.uid),
-            mig_instances=self._intended_partitions(claim),
-            mps_share=mps,
-            time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
-        )
+    def _takeover(
+        self, existing: ClaimRecord | None, claim: ClaimView
+    ) -> dict[tuple[int, int], MigDevice] | None:
+        """The partitions an early record (binding conditions) made ready, by (GPU,
+        placement), when they are exactly the ones the claim's allocation needs and still
+        exist; else None, and the record is undone like any half-done attempt."""
+        if existing is None or existing.early != EarlyStage.READY:
+            return None
+        wanted = {
+            (p.parent_index, p.placement_start)
+            for p in intended_partitions(self.devices, self.node_name, claim)
+        }
+        ready = {}
+        for instance in existing.created.mig_instances:
+            live = self._live_instance(instance)
+            if live is None or instance.parent_index is None:
+                return None
+            ready[(instance.parent_index, instance.placement_start)] = live
+        return ready if set(ready) == wanted else None
 
-    def _device_status(
-        self,
-        ours: Sequence[AllocatedDevice],
-        cdi_devices: Sequence[CdiDevice],
-        plan: SharingPlan,
-        record_share: MpsShareRecord | None = None,
-    ) -> list[DeviceStatus]:
-        """What the user sees in the claim's status for each device."""
-        result = []
-        by_key = {(c.device_name, c.share_id): c for c in cdi_devices}
-        for allocated in ours:
-            cdi = by_key[(allocated.device, allocated.share_id)]
-            gpu = self.devices.gpu(allocated.device)
-            data: dict[str, Any] = {"uuid": cdi.uuid}
-            if gpu is not None:
-                data["productName"] = gpu.product_name
-            part = self.devices.partition(allocated.device)
-            if part is not None:
-                data["migProfile"] = part.profile_name
-                data["placement"] = {"start": part.placement.start, "size": part.placement.size}
-            if allocated.share_id is not None:
-                data["granted"] = allocated.consumed_texts()
-            mig_mps = _mig_mps_status(record_share, cdi.uuid)
-            if mig_mps is not None:
-                data["mps"] = mig_mps
-            elif plan.mps is not None:
-                data["mps"] = {
-                    k: v
-                    for k, v in (
-                        ("activeThreadPercentage", plan.mps.active_thread_percentage),
-                        (
-                            "pinnedDeviceMemoryLimit",
-                            f"{plan.mps.pinned_memory_mib}Mi"
-                            if plan.mps.pinned_memory_mib is not None
-                            else None,
-                        ),
-                    )
-                    if v is not None
-                }
-            if plan.time_slices:
-                data["timeSlice"] = str(next(iter(plan.time_slices.values())))
-            result.append(DeviceStatus(allocated.pool, allocated.device, allocated.share_id, data))
-        return result
-
-    def _intended_partitions(self, claim: ClaimView) -> list[MigInstanceRecord]:
-        records = []
-        for d in claim.devices:
-            part = self.devices.partition(d.device) if d.pool == self.node_name else None
-            if part is None or d.driver != DRIVER_NAME:
-                continue
-            parent = self.devices.gpus_by_index().get(part.parent_index)
-            records.append(
-                MigInstanceRecord(
-                    parent_uuid=parent.uuid if parent else "",
-                    parent_index=part.parent_index,
-                    profile=part.profile_name,
-                    profile_id=part.profile_id,
-                    placement_start=part.placement.start,
-                    placement_size=part.placement.size,
-                )
-            )
-        return records
-
-    def _materialise(self, allocated: AllocatedDevice) -> tuple[CdiDevice, MigDevice | None]:
-        """The device's CDI content, creating its MIG instance first for dynamic MIG."""
+    def create_partition(self, allocated: AllocatedDevice) -> MigDevice:
+        """Creates the MIG instance of a dynamic-MIG device (prepare, and before binding
+        through early_partitions.py). The caller holds the GPU's lock."""
         part = self.devices.partition(allocated.device)
+        if part is None:
+            raise PrepareError(f"device {allocated.device} is not an on-demand MIG partition")
         # On a dynamic-MIG GPU: MIG mode off for the whole GPU, on for a partition.
         self.devices.ready_for(allocated.device)
-        if part is None:
-            device = self._device(allocated)
-            return dataclasses.replace(device, share_id=allocated.share_id), None
         created = self.devices.backend.create_mig_device(
             part.parent_index, part.profile_id, part.placement
         )
         if created.uuid is None:
             raise PrepareError(f"MIG instance for {allocated.device} has no UUID")
+        log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
+        return created
+
+    def _materialise(
+        self, allocated: AllocatedDevice, ready: Mapping[tuple[int, int], MigDevice]
+    ) -> tuple[CdiDevice, MigDevice | None]:
+        """The device's CDI content, creating its MIG instance first for dynamic MIG (unless
+        it was made ready before binding)."""
+        part = self.devices.partition(allocated.device)
+        if part is None:
+            # On a dynamic-MIG GPU: MIG mode off for the whole GPU.
+            self.devices.ready_for(allocated.device)
+            device = self._device(allocated)
+            return dataclasses.replace(device, share_id=allocated.share_id), None
+        created = ready.get((part.parent_index, part.placement.start))
+        if created is None:
+            created = self.create_partition(allocated)
         parent = self.devices.gpus_by_index().get(part.parent_index)
         minor = parent.minor_number if parent else None
-        log.info("created %s (%s) for %s", allocated.device, created.uuid, allocated.request)
+        assert created.uuid is not None  # create_partition refuses an instance without one
         nodes = self.devices.nodes.mig(minor, created.gpu_instance_id, created.compute_instance_id)
         return CdiDevice(allocated.device, created.uuid, nodes, allocated.share_id), created
 
     def _check_known(self, allocated: AllocatedDevice) -> None:
         if self.devices.partition(allocated.device) is None:
             self._device(allocated)
-
-    def _apply_sharing(
-        self, claim: ClaimView, plan: SharingPlan, devices: list[CdiDevice]
-    ) -> tuple[list[CdiDevice], MpsShareRecord | None]:
-        """Sets what the plan says on the GPUs and hands each device its part: the time-slice
-        it runs under (told to the workload and to a rebuild after a lost checkpoint), the MPS
-        daemon's folders and the claim's limits. For MIG devices under MPS it also returns
-        the completed share record: the daemon's UUIDs and limits, known only now."""
-        backend = self.devices.backend
-        for index, interval in plan.time_slices.items():
-            backend.set_time_slice(index, interval)
-        env: dict[str, str] = {}
-        mounts: list[tuple[str, str]] = []
-        if plan.mps is not None:
-            daemon = self.mps.start(plan.mps.gpu_index)
-            env, mounts = mps_env(daemon, plan.mps), mps_mounts(daemon)
-        mig_share = None
-        served: set[str] = set()
-        if plan.mig_mps is not None:
-            spec = self._mig_mps_spec(claim, plan, devices)
-            daemon = self.mps.start_mig(spec)
-            log.info(
-                "MPS daemon %s started for %s",
-                spec.key,
-                ", ".join(plan.mig_mps.devices),
-                extra=claim_fields(claim.namespace, claim.name, claim.uid),
-            )
-            env, mounts = mig_mps_env(daemon, spec), mps_mounts(daemon)
-            served = set(plan.mig_mps.devices)
-            mig_share = _mig_share_record(plan.mig_mps.devices, spec, daemon)
-        result = []
-        for device in devices:
-            gpu = self.devices.gpu(device.device_name)
-            where = gpu.index if gpu is not None else -1
-            runs_under = plan.time_slices.get(where)
-            on_mps = device.device_name in served or (
-                plan.mps is not None and where == plan.mps.gpu_index
-            )
-            result.append(
-                device.with_sharing(
-                    env if on_mps else {},
-                    mounts if on_mps else [],
-                    str(runs_under) if runs_under is not None else None,
-                )
-            )
-        return result, mig_share
-
-    def _mig_mps_spec(
-        self, claim: ClaimView, plan: SharingPlan, devices: Sequence[CdiDevice]
-    ) -> MigMpsDaemonSpec:
-        assert plan.mig_mps is not None
-        uuids = {d.device_name: d.uuid for d in devices}
-        parents = {}
-        for name in plan.mig_mps.devices:
-            gpu = self.devices.gpu(name)
-            if gpu is None or name not in uuids:
-                raise PrepareError(f"MIG device {name} is not on node {self.node_name}")
-            parents[name] = gpu.index
-        try:
-            return plan.mig_mps.spec(uuids, parents)
-        except PinnedLimitError as err:  # a UUID key checked only now the UUIDs are known
-            raise PrepareError(f"claim {claim.namespace}/{claim.name}: {err}") from None
 
     def _step(self, step: str, uid: str) -> None:
         if self.on_step is not None:
@@ -563,205 +472,18 @@ class ClaimPreparerImpl:
         atomic_write_bytes(self._spec_file(claim.uid), encode_spec(spec), sync_directory=False)
 
     def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> list[str]:
-        """Removes everything the record says was (or may have been) created or changed, and
-        says what it did. Shared state (an MPS daemon, a time-slice setting) is released only
-        when no other claim still uses it. The caller holds the locks of the record's GPUs."""
-        others = [r for r in all_records if r.uid != record.uid]
-        done: list[str] = []
-        path = record.created.cdi_spec_path
-        if path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                done.append(f"removed CDI spec {Path(path).name}")
-        backend = self.devices.backend
-        for index in record.created.time_slices:
-            shared = any(index in r.created.time_slices for r in others)
-            if not shared and _ignore_lost_gpu(
-                backend.set_time_slice, int(index), TimeSliceInterval.DEFAULT
-            ):
-                done.append(f"reset time-slice of gpu-{index} to Default")
-        # A MIG device's daemon holds it: stopped before its partition is destroyed.
-        stopped = self._stop_mig_daemon(record, others)
-        if stopped:
-            done += stopped
-            self._step("undo-mps-stopped", record.uid)
-        for instance in record.created.mig_instances:
-            try:
-                destroyed = self._destroy_partition(instance)
-            except (GpuLostError, NotFoundError) as err:
-                log.warning("cannot restore GPU state: %s", err)
-                destroyed = ""
-            if destroyed:
-                done.append(f"destroyed MIG instance {destroyed}")
-        share = record.created.mps_share
-        if share is None or share.mig:
-            return done
-        gpu_in_use = any(
-            r.created.mps_share
-            and not r.created.mps_share.mig
-            and r.created.mps_share.gpu_index == share.gpu_index
-            for r in others
-        )
-        if share.gpu_index is not None and not gpu_in_use:
-            running = {d.gpu_index for d in self.mps.running() if not serves_mig(d)}
-            if _ignore_lost_gpu(self.mps.stop, share.gpu_index) and (share.gpu_index in running):
-                done.append(f"stopped the MPS daemon of gpu-{share.gpu_index}")
-        return done
-
-    def _stop_mig_daemon(self, record: ClaimRecord, others: Iterable[ClaimRecord]) -> list[str]:
-        """Stops the daemon of the record's MIG devices, wherever prepare got to: keyed by one
-        of their UUIDs, which the record holds once prepare knew them, and which a partition
-        created before the record was completed shows on the hardware."""
-        share = record.created.mps_share
-        if share is None or not share.mig:
-            return []
-        candidates = set(share.gpu_uuids)
-        for name in share.devices:
-            static = self.devices.resolve(name)  # None for a partition prepare creates
-            if static is not None:
-                candidates.add(static.uuid)
-        for instance in record.created.mig_instances:
-            live = self._live_instance(instance)
-            if live is not None and live.uuid is not None:
-                candidates.add(live.uuid)
-        # No other claim holds these devices; an admin-access claim's record might name them.
-        held = {u for r in others if r.created.mps_share for u in r.created.mps_share.gpu_uuids}
-        done = []
-        for daemon in self.mps.running():
-            ours = serves_mig(daemon) and daemon.gpu_uuid in candidates - held
-            if ours and _ignore_lost_gpu(self.mps.stop_mig, daemon.gpu_index, daemon.gpu_uuid):
-                done.append(f"stopped the MPS daemon of MIG device {daemon.gpu_uuid}")
-        return done
+        """Removes what the record says was (or may have been) created (claim_undo.py). The
+        caller holds the locks of the record's GPUs."""
+        return self._undo.undo(record, all_records)
 
     def _live_instance(self, record: MigInstanceRecord) -> MigDevice | None:
-        """The instance a record names: by UUID once prepare recorded it, else (a crash
-        before that) by profile and placement."""
-        if record.parent_index is None:
-            return None
-        try:
-            instances = self.devices.backend.list_mig_devices(record.parent_index)
-        except (GpuLostError, NotFoundError):
-            return None
-        for instance in instances:
-            if record.uuid is not None:
-                match = instance.uuid == record.uuid
-            else:
-                match = instance.placement.start == record.placement_start and (
-                    record.profile_id is None or instance.profile_id == record.profile_id
-                )
-            if match:
-                return instance
-        return None
+        return self._undo.live_instance(record)
 
-    def _destroy_partition(self, record: MigInstanceRecord) -> str:
-        """Destroys the recorded instance (found as ``_live_instance`` finds it). Returns
-        what it destroyed, or ''."""
-        instance = self._live_instance(record)
-        if instance is None or record.parent_index is None:
-            return ""
-        self.devices.backend.destroy_mig_device(record.parent_index, instance.gpu_instance_id)
-        what = (
-            f"{record.profile}@{record.placement_start} on gpu-{record.parent_index}"
-            f" ({instance.uuid})"
-        )
-        log.info("destroyed MIG instance %s", what)
-        return what
-
-
-def _ignore_lost_gpu(call: Callable[..., object], *args: object) -> bool:
-    """Whether the call succeeded. A GPU that is gone cannot be reset; what the claim changed
-    went with it."""
-    try:
-        call(*args)
-    except (GpuLostError, NotFoundError) as err:
-        log.warning("cannot restore GPU state: %s", err)
-        return False
-    return True
-
-
-def _with_ids(created: CreatedResources, devices: Sequence[MigDevice]) -> CreatedResources:
-    """The intended MIG records completed with what was created, so that undo and a
-    rebuild after a lost record find the instance by its UUID."""
-    by_place = {(d.parent_index, d.placement.start): d for d in devices}
-    records = []
-    for intended in created.mig_instances:
-        made = by_place.get((intended.parent_index or 0, intended.placement_start))
-        if made is not None and intended.parent_index is not None:
-            intended = intended.model_copy(  # noqa: PLW2901 - the completed record replaces it
-                update={
-                    "uuid": made.uuid,
-                    "gpu_instance_id": made.gpu_instance_id,
-                    "compute_instance_id": made.compute_instance_id,
-                }
-            )
-        records.append(intended)
-    return created.model_copy(update={"mig_instances": records})
-
-
-def _mig_share_record(
-    devices: Sequence[str], spec: MigMpsDaemonSpec, daemon: MpsDaemon
-) -> MpsShareRecord:
-    return MpsShareRecord(
-        gpu_uuids=list(spec.device_uuids),
-        gpu_index=spec.parent_index,
-        pipe_dir=daemon.pipe_dir,
-        active_thread_percentage=spec.active_thread_percentage,
-        pinned_memory_limits={
-            str(i): f"{mib}Mi" for i, mib in enumerate(spec.pinned_memory_mib) if mib is not None
-        },
-        mig=True,
-        devices=list(devices),
-    )
-
-
-def _mig_mps_status(share: MpsShareRecord | None, uuid: str) -> dict[str, Any] | None:
-    """The MPS limits a MIG device's clients got, as its share record holds them."""
-    if share is None or not share.mig or uuid not in share.gpu_uuids:
-        return None
-    data: dict[str, Any] = {}
-    if share.active_thread_percentage is not None:
-        data["activeThreadPercentage"] = share.active_thread_percentage
-    pinned = share.pinned_memory_limits.get(str(share.gpu_uuids.index(uuid)))
-    if pinned is not None:
-        data["pinnedDeviceMemoryLimit"] = pinned
-    return data
-
-
-def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[DeviceRecord]:
-    """One record per device (per share); a device serving several requests lists them."""
-    by_device: dict[tuple[str, str | None], DeviceRecord] = {}
-    for d in ours:
-        key = (d.device, d.share_id)
-        previous = by_device.get(key)
-        names = (previous.request_names if previous else []) + [d.base_request]
-        by_device[key] = DeviceRecord(
-            request_names=sorted(set(names)),
-            pool_name=d.pool,
-            device_name=d.device,
-            cdi_device_ids=[cdi_device_id(claim.uid, d.device, d.share_id)],
-            share_id=d.share_id,
-            consumed_capacity=d.consumed_texts(),
-            admin_access=d.admin_access,
-        )
-    return list(by_device.values())
-
-
-def _one_per_device(ours: Sequence[AllocatedDevice]) -> list[AllocatedDevice]:
-    """One entry per device (per share): a device serving two requests is prepared once."""
-    seen: dict[tuple[str, str | None], AllocatedDevice] = {}
-    for allocated in ours:
-        seen.setdefault((allocated.device, allocated.share_id), allocated)
-    return list(seen.values())
-
-
-def _prepared_devices(record: ClaimRecord) -> tuple[PreparedDevice, ...]:
-    return tuple(
-        PreparedDevice(
-            pool_name=d.pool_name,
-            device_name=d.device_name,
-            cdi_device_ids=tuple(d.cdi_device_ids),
-            request_names=tuple(d.request_names),
-            share_id=d.share_id,
-        )
-        for d in record.devices
-    )
+    def _device_status(
+        self,
+        ours: Sequence[AllocatedDevice],
+        cdi_devices: Sequence[CdiDevice],
+        plan: SharingPlan,
+        record_share: MpsShareRecord | None = None,
+    ) -> list[DeviceStatus]:
+        return device_status(self.devices, ours, cdi_devices, plan, record_share)

@@ -14,9 +14,10 @@ order, each step safe to repeat after a crash:
    FLEXGPU_DEVICE_* variable; FLEXGPU_TIME_SLICE in specs of earlier releases), checked
    against the API; corrupt files are set aside only once the rebuilt records are written,
    files of a newer version are never touched;
-4. rolls back half-done claims, deletes CDI specs no record owns, then stops MPS daemons and
-   destroys dynamic-MIG instances that no record and no surviving spec uses (a MIG device's
-   daemon first: it holds its partition).
+4. rolls back half-done claims (partitions made ready before binding are kept while binding
+   conditions are on: early_partitions.py), deletes CDI specs no record owns, then stops MPS
+   daemons and destroys dynamic-MIG instances that no record and no surviving spec uses (a
+   MIG device's daemon first: it holds its partition).
 
 A write that fails (a full disk) does not stop the plugin: the record is held in memory, an
 Event says so, and unprepare, which frees space, keeps working.
@@ -27,9 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from flexgpu.driver.cdi import (
     ENV_MPS_PINNED,
@@ -49,45 +47,35 @@ from flexgpu.kubelet_plugin.checkpoint import (
     ClaimState,
     CreatedResources,
     DeviceRecord,
+    EarlyStage,
     MigInstanceRecord,
     MpsShareRecord,
     ScanResult,
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimSource
 from flexgpu.kubelet_plugin.node_events import NodeEventSink
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl, device_records
+from flexgpu.kubelet_plugin.prepare_records import device_records
+from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.spec_facts import (
     SpecFacts,
     read_boot_time,
     spec_facts,
     written_before_this_boot,
 )
+from flexgpu.kubelet_plugin.startup_leftovers import (
+    ReconcileReport,
+    destroy_unowned_partitions,
+    our_specs,
+    remove_temp_files,
+    spec_references,
+    stop_unused_mps_daemons,
+)
+
+__all__ = ["ReconcileReport", "reconcile_at_start"]
 
 log = logging.getLogger(__name__)
 
 # (reason, message) -> records a Warning Event on the node; never raises.
-
-
-@dataclass
-class ReconcileReport:
-    rolled_back: list[str] = field(default_factory=list)
-    orphan_specs_removed: list[str] = field(default_factory=list)
-    rebuilt: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    migrated: list[str] = field(default_factory=list)
-    # After a reboot: the records of the earlier boot, and what was reset for them.
-    stale_dropped: list[str] = field(default_factory=list)
-    reset: list[str] = field(default_factory=list)
-    mps_daemons_stopped: list[int] = field(default_factory=list)
-    mig_instances_destroyed: list[str] = field(default_factory=list)
-    # What the rebuilt records hold.
-    rebuilt_mig: int = 0
-    rebuilt_mps: int = 0
-    rebuilt_time_slices: int = 0
-    # Specs of an earlier boot found while rebuilding: never used, deleted as orphans.
-    earlier_boot_specs: list[str] = field(default_factory=list)
-    write_failures: list[str] = field(default_factory=list)
-    checkpoint_status: str = ""
 
 
 def reconcile_at_start(
@@ -114,8 +102,12 @@ def reconcile_at_start(
     if scan.needs_rebuild:
         _rebuild(preparer, store, claims, scan=scan, records=records, report=report, events=events)
 
+    # Partitions made ready before binding stay for prepare to take over while binding
+    # conditions are on (the binding watch destroys them if their claim no longer waits).
+    keep_early = preparer.devices.binding_conditions
     for uid, record in list(records.items()):
-        if record.state == ClaimState.PREPARE_STARTED:
+        early_ready = keep_early and record.early == EarlyStage.READY
+        if record.state == ClaimState.PREPARE_STARTED and not early_ready:
             preparer.undo(record, records.values())
             store.delete(uid)
             del records[uid]
@@ -123,17 +115,17 @@ def reconcile_at_start(
         else:
             report.kept.append(f"{record.namespace}/{record.name}")
 
-    for path in _our_specs(preparer.cdi_dir):
+    for path in our_specs(preparer.cdi_dir):
         if claim_uid_from_spec_file(path.name) not in records:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             report.orphan_specs_removed.append(path.name)
-    in_specs = _spec_references(preparer.cdi_dir)
-    _stop_unused_mps_daemons(preparer, records.values(), in_specs, report)
-    _destroy_unowned_partitions(preparer, records.values(), in_specs, report)
-    _remove_temp_files(preparer.cdi_dir)
-    _remove_temp_files(store.claims_dir)
-    _remove_temp_files(store.legacy_path.parent)
+    in_specs = spec_references(preparer.cdi_dir)
+    stop_unused_mps_daemons(preparer, records.values(), in_specs, report)
+    destroy_unowned_partitions(preparer, records.values(), in_specs, report)
+    remove_temp_files(preparer.cdi_dir)
+    remove_temp_files(store.claims_dir)
+    remove_temp_files(store.legacy_path.parent)
     # Last: a rollback to a schema-1 plugin must find the marker and stop (checkpoint.py).
     store.ensure_marker()
     if report.write_failures and events:
@@ -285,7 +277,7 @@ def _rebuild_from_cdi(
     live = _live_partitions(preparer)
     boot_time = read_boot_time()
     rebuilt = []
-    for path in _our_specs(preparer.cdi_dir):
+    for path in our_specs(preparer.cdi_dir):
         uid = claim_uid_from_spec_file(path.name)
         if uid is None or uid in known:
             continue
@@ -428,100 +420,3 @@ def _pinned(text: str | None) -> dict[str, str]:
         if key and value.endswith("M") and value[:-1].isdigit():
             limits[key] = f"{value[:-1]}Mi"
     return limits
-
-
-# -- leftovers ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _SpecReferences:
-    mig_uuids: frozenset[str]
-    mps_pipes: frozenset[str]
-
-
-def _spec_references(cdi_dir: Path) -> _SpecReferences:
-    """What the CDI specs on disk hand to containers: never destroyed or stopped here."""
-    uuids: set[str] = set()
-    pipes: set[str] = set()
-    for path in _our_specs(cdi_dir):
-        facts = spec_facts(path)
-        if facts is None:
-            continue
-        uuids.update(d.uuid for d in facts.devices if d.uuid)
-        if facts.env.get(ENV_MPS_PIPE):
-            pipes.add(facts.env[ENV_MPS_PIPE])
-    return _SpecReferences(frozenset(uuids), frozenset(pipes))
-
-
-def _destroy_unowned_partitions(
-    preparer: ClaimPreparerImpl,
-    records: Iterable[ClaimRecord],
-    in_specs: _SpecReferences,
-    report: ReconcileReport,
-) -> None:
-    """On dynamic-MIG GPUs every instance belongs to a prepared claim; others are leftovers
-    of a crash (created, then the plugin died before recording it) and are destroyed."""
-    owned_at: set[tuple[int | None, int]] = set()
-    owned_uuids: set[str] = set(in_specs.mig_uuids)
-    for record in records:
-        for m in record.created.mig_instances:
-            owned_at.add((m.parent_index, m.placement_start))
-            if m.uuid:
-                owned_uuids.add(m.uuid)
-    backend = preparer.devices.backend
-    for index in sorted(preparer.devices.dynamic_gpus()):
-        for instance in backend.list_mig_devices(index):
-            if (index, instance.placement.start) in owned_at or instance.uuid in owned_uuids:
-                continue
-            backend.destroy_mig_device(index, instance.gpu_instance_id)
-            report.mig_instances_destroyed.append(
-                f"gpu-{index} {instance.profile_name}@{instance.placement.start}"
-            )
-
-
-def _stop_unused_mps_daemons(
-    preparer: ClaimPreparerImpl,
-    records: Iterable[ClaimRecord],
-    in_specs: _SpecReferences,
-    report: ReconcileReport,
-) -> None:
-    """Daemons of prepared claims are adopted as they run; any other one is a leftover. A
-    whole GPU's daemon is in use while a share on that GPU is; a MIG device daemon while a
-    record names its key UUID (one claim's own)."""
-    shares = [r.created.mps_share for r in records if r.created.mps_share is not None]
-    gpus_in_use = {s.gpu_index for s in shares if not s.mig}
-    keys_in_use = {u for s in shares if s.mig for u in s.gpu_uuids}
-    try:
-        running = preparer.mps.running()
-    except Exception as err:
-        # Daemon pods are listed from the API server: while it is away, start-up goes on
-        # (prepare and unprepare are served from local state) and leftovers stay until the
-        # next start; stopping nothing is the safe side.
-        log.warning("MPS daemons not checked for leftovers: %s", err)
-        return
-    for daemon in running:
-        if daemon.pipe_dir in in_specs.mps_pipes:
-            continue
-        if serves_mig(daemon):
-            if daemon.gpu_uuid not in keys_in_use:
-                preparer.mps.stop_mig(daemon.gpu_index, daemon.gpu_uuid)
-                report.mps_daemons_stopped.append(daemon.gpu_index)
-        elif daemon.gpu_index not in gpus_in_use:
-            preparer.mps.stop(daemon.gpu_index)
-            report.mps_daemons_stopped.append(daemon.gpu_index)
-
-
-def _our_specs(cdi_dir: Path) -> list[Path]:
-    if not cdi_dir.is_dir():
-        return []
-    return sorted(p for p in cdi_dir.iterdir() if claim_uid_from_spec_file(p.name))
-
-
-def _remove_temp_files(folder: Path) -> None:
-    # Left by a write that was killed between creating its temp file and the rename.
-    if not folder.is_dir():
-        return
-    for path in folder.iterdir():
-        if path.name.startswith(".") and path.name.endswith(".tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()

@@ -36,6 +36,7 @@ class WatchedObjects:
         name: str = "",
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         pacer: WatchPacer | None = None,
+        keep: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
         self._api = api
         self._path = path
@@ -44,6 +45,9 @@ class WatchedObjects:
         self.name = name or path
         self._watch_timeout_s = watch_timeout_s
         self._pacer = pacer or WatchPacer()
+        # Objects this returns False for are not kept (a watch of a whole resource that needs
+        # few of its objects); one that stops matching leaves the copy as if deleted.
+        self._keep = keep or (lambda _: True)
         self._objects: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
@@ -124,7 +128,7 @@ class WatchedObjects:
         query = {**self._query, "resourceVersion": "0"} if from_cache else self._query
         listed = self._api.get(self._path, query)
         self.lists += 1
-        objects = {_name(o): o for o in listed.get("items") or []}
+        objects = {_name(o): o for o in listed.get("items") or [] if self._keep(o)}
         with self._lock:
             changed = objects != self._objects
             self._objects = objects
@@ -154,8 +158,9 @@ class WatchedObjects:
                 if kind == "BOOKMARK":
                     continue
                 with self._lock:
-                    if kind == "DELETED":
-                        self._objects.pop(_name(obj), None)
+                    if kind == "DELETED" or not self._keep(obj):
+                        if self._objects.pop(_name(obj), None) is None:
+                            continue  # never kept: nothing changed
                     else:
                         self._objects[_name(obj)] = obj
                 self._on_change()

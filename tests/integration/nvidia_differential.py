@@ -157,6 +157,9 @@ def reduce(driver: str, slices: Iterable[Mapping[str, Any]]) -> Published:
             for flag in ("allowMultipleAllocations", "bindsToNode"):
                 if device.get(flag) is not None:
                     record[flag] = str(device[flag]).lower()
+            for conditions in ("bindingConditions", "bindingFailureConditions"):
+                if device.get(conditions):
+                    record[conditions] = ",".join(device[conditions])
             for taint in device.get("taints") or []:
                 effect, why = taint.get("effect", ""), taint.get("value")
                 record[f"taint {_short(taint['key'])}"] = f"{effect} ({why})" if why else effect

@@ -302,6 +302,37 @@ def test_plugin_writes_only_its_nodes_claim_status(
     assert "resourceclaims/binding" in refused["its own claim: reserved for another pod"]
 
 
+def test_plugin_reads_claims_for_binding_conditions_and_writes_none(
+    cluster: ControlPlane, api: Any, namespace: str, installed: Path
+) -> None:
+    """Binding conditions (1.36+) let the plugin list and watch ResourceClaims, since no
+    field selector reaches a claim's allocation; before 1.36 the chart grants no such read.
+    Either way the token writes no claim: not a spec, not a deletion, not a new claim."""
+    create_simulated_node(api, NODE_A)
+    plugin: Any = client.ResourceV1Api(_plugin_of(cluster, api, NODE_A))
+    _allocated_claim(api, namespace, "read-me", NODE_B, [(DRIVER, NODE_B, "gpu-0")])
+    if target_minor() >= GRANULAR:
+        names = [c.metadata.name for c in plugin.list_resource_claim_for_all_namespaces().items]
+        assert "read-me" in names
+    else:
+        assert "resourceclaims" in _denial(plugin.list_resource_claim_for_all_namespaces)
+    claim = _claim(api, namespace, "read-me")
+    claim["metadata"]["labels"] = {"rewritten": "yes"}
+    refused = {
+        "replace a claim": _denial(
+            plugin.replace_namespaced_resource_claim, "read-me", namespace, claim
+        ),
+        "delete a claim": _denial(plugin.delete_namespaced_resource_claim, "read-me", namespace),
+        "create a claim": _denial(
+            plugin.create_namespaced_resource_claim,
+            namespace,
+            {"metadata": {"name": "planted"}, "spec": {"devices": {"requests": []}}},
+        ),
+    }
+    for what, message in refused.items():
+        assert "forbidden" in message.lower(), what
+
+
 @pytest.mark.core
 def test_claim_status_policy_alone_refuses_the_same_writes(
     cluster: ControlPlane, api: Any, namespace: str, installed: Path

@@ -22,7 +22,7 @@ from kubernetes import client, config
 from flexgpu.driver.backend import GpuBackend
 from flexgpu.kubelet_plugin.kube_api import KubeApi
 from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
-from tests.conftest import wait_for
+from tests.conftest import target_minor, wait_for
 from tests.integration.gpu_workloads import (
     create_claim,
     default_chart_image,
@@ -154,6 +154,48 @@ def test_plugin_as_its_service_account_serves_a_gpu_pod(
         node.cleanup()
 
 
+def test_plugin_as_its_service_account_makes_a_partition_before_binding(
+    cluster: ControlPlane, api: Any, namespace: str, installed: Path
+) -> None:
+    """Binding conditions with the chart's rights: the plugin lists and watches claims, and
+    writes PartitionReady into the status of a claim allocated on its node whose pod is not
+    bound yet (the apiserver finds the node in the allocation, not in a pod)."""
+    if target_minor() < 36:
+        pytest.skip("binding conditions are on from 1.36")
+    create_simulated_node(api, NODE_A)
+    plugin_config = service_account_kubeconfig(
+        api, cluster.kubeconfig, NS, PLUGIN_SA, cluster.workdir / "plugin-a.kubeconfig", node=NODE_A
+    )
+    node = SimulatedGpuNode(
+        cluster.kubeconfig,
+        NODE_A,
+        "h200-4",
+        plugin_kubeconfig=plugin_config,
+        plugin_args=("--dynamic-mig-gpus=0",),
+    )
+    is_1g = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.18gb"'
+    mig = {"deviceClassName": "mig.flexgpu.dev", "selectors": [{"cel": {"expression": is_1g}}]}
+    try:
+        node.start()
+        create_claim(api, namespace, "m", {"requests": [{"name": "mig", "exactly": mig}]})
+        client.CoreV1Api(api).create_namespaced_pod(
+            namespace,
+            make_pod("p", "echo DONE; sleep 60", {"g": {"resourceClaimName": "m"}}, NODE_A),
+        )
+        # Bound at all only once PartitionReady was set: prepare comes after binding.
+        wait_phase(api, namespace, "p", {"Running"}, timeout_s=90)
+        assert node.plugin is not None and "for claim" in node.plugin.log_tail(300)
+        assert "before binding" in node.plugin.log_tail(300)
+        claim = client.ResourceV1Api(api).read_namespaced_resource_claim("m", namespace)
+        (entry,) = claim.status.devices
+        kinds = {(c.type, c.status) for c in entry.conditions}
+        assert ("gpu.flexgpu.dev/PartitionReady", "True") in kinds
+        assert "Forbidden" not in node.plugin.log_tail(300) if node.plugin else False
+    finally:
+        node.cleanup()
+
+
+@pytest.mark.core
 def test_plugin_rbac_is_minimal(cluster: ControlPlane, api: Any, installed: Path) -> None:
     create_simulated_node(api, NODE_A)
     create_simulated_node(api, NODE_B)

@@ -8,6 +8,7 @@ does). ``flexgpu node-template --compare-node`` is checked against the same node
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ from flexgpu.driver.node_template import (
 )
 from flexgpu.driver.template_check import current_pool, template_differences
 from flexgpu.driver.topology import load_topology
-from tests.conftest import wait_for
+from tests.conftest import target_minor, wait_for
 from tests.integration.conftest import running_gpu_node
 from tests.integration.gpu_workloads import DRIVER
 from tools.cluster import ControlPlane
@@ -37,6 +38,8 @@ pytestmark = pytest.mark.integration
 
 NODE = "e2e-template"
 LABEL = "flexgpu.dev/template-test"
+# From this release the plugin publishes on-demand partitions with binding conditions.
+BINDING_MINOR = 36
 
 
 def published_specs(api: Any, node: str) -> list[dict[str, Any]]:
@@ -93,6 +96,8 @@ def test_template_is_what_the_plugin_publishes(
     plugin_args: tuple[str, ...],
     policy: TemplatePolicy,
 ) -> None:
+    # The plugin's default: on-demand partitions carry binding conditions from 1.36.
+    policy = dataclasses.replace(policy, binding_conditions=target_minor() >= BINDING_MINOR)
     template = render_node_template(load_topology(topology), policy)
     with running_gpu_node(cluster, api, NODE, topology, plugin_args=plugin_args):
         specs = wait_for(
@@ -148,7 +153,11 @@ def test_static_mig_policy_template_is_what_the_plugin_publishes(
 ) -> None:
     """The same GpuNodePolicy object drives the template and the node's policy agent."""
     template = render_node_template(
-        load_topology("hgx-h100-8"), TemplatePolicy(policy=parse_node_policy(static_mig_policy))
+        load_topology("hgx-h100-8"),
+        TemplatePolicy(
+            policy=parse_node_policy(static_mig_policy),
+            binding_conditions=target_minor() >= BINDING_MINOR,
+        ),
     )
     wanted = device_names(template.specs)
     assert "gpu-1-mig-3g40gb-0" in wanted and "gpu-1" not in wanted

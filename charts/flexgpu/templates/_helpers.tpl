@@ -90,6 +90,16 @@ system:serviceaccount:{{ include "flexgpu.namespace" . }}:{{ include "flexgpu.pl
 system:serviceaccount:{{ include "flexgpu.namespace" . }}:{{ include "flexgpu.controllerServiceAccount" . }}
 {{- end -}}
 
+{{/* Binding conditions for on-demand MIG: "auto" (the plugin checks the server) only on
+Kubernetes 1.36+, where they are on by default; else "off", and no right to list claims. */}}
+{{- define "flexgpu.bindingConditions" -}}
+{{- if and (eq (toString .Values.kubeletPlugin.bindingConditions) "auto") (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) -}}
+auto
+{{- else -}}
+off
+{{- end -}}
+{{- end -}}
+
 {{/* MPS daemons as pods need the driver root (their program comes from it). */}}
 {{- define "flexgpu.mpsDaemonPods" -}}
 {{- if and .Values.kubeletPlugin.mpsDaemonPods .Values.kubeletPlugin.nvidiaDriverRoot -}}true{{- end -}}

@@ -251,3 +251,17 @@ def test_processes_block_destroy_and_mode_change(hgx: SimulatedBackend) -> None:
 def test_unknown_gpu_index(hgx: SimulatedBackend) -> None:
     with pytest.raises(NotFoundError):
         hgx.get_compute_mode(8)
+
+
+def test_the_plugins_fault_setting_is_parsed_and_bad_entries_are_named() -> None:
+    from flexgpu.driver.sim_faults import parse_fault_spec
+
+    assert parse_fault_spec("create_mig_device:3, set_mig_mode") == [
+        ("create_mig_device", 3),
+        ("set_mig_mode", 1),
+    ]
+    assert parse_fault_spec("") == []
+    with pytest.raises(ValueError, match=r"unknown operation 'explode'.*allowed values: "):
+        parse_fault_spec("explode:2")
+    with pytest.raises(ValueError, match=r"count of create_mig_device .* got '0'"):
+        parse_fault_spec("create_mig_device:0")

@@ -82,3 +82,23 @@ def test_gpus_that_need_a_reset_to_switch_mig_mode(tmp_path: Path) -> None:
         load_topology("hgx-h100-8"), TemplatePolicy(dynamic_mig=frozenset({6, 7}))
     )
     assert template_differences(promising, published(devices), NODE)
+
+
+@pytest.mark.parametrize("topology", ["hgx-h100-8", "dgx-a100-8"])
+def test_template_carries_binding_conditions_as_the_plugin_publishes_them(topology: str) -> None:
+    """On 1.36+ the plugin's on-demand partitions carry binding conditions; a template
+    without them would differ from the node (and --compare-node would say so)."""
+    loaded = load_topology(topology)
+    dynamic = frozenset({0, 1})
+    devices = NodeDevices(
+        SimulatedBackend(loaded, NODE), dynamic_mig=dynamic, binding_conditions=True
+    )
+    template = render_node_template(
+        loaded, TemplatePolicy(dynamic_mig=dynamic, binding_conditions=True)
+    )
+    assert template_differences(template, published(devices), NODE) == []
+    plain = render_node_template(loaded, TemplatePolicy(dynamic_mig=dynamic))
+    assert any(
+        "bindingConditions" in line
+        for line in template_differences(plain, published(devices), NODE)
+    )

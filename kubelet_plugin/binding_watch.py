@@ -1,0 +1,252 @@
+"""Binding conditions for on-demand MIG (KEP-5007): finds the claims whose partitions on this
+node wait for ``PartitionReady``, has them created (early_partitions.py) and reports the
+outcome on the claim, and taints a GPU where creating one failed so that the pod, sent back by
+the scheduler, goes elsewhere.
+
+One watch of ResourceClaims (no field selector reaches into a claim's allocation, so the
+watch covers the cluster and keeps only claims with a waiting device of this node's pool),
+paced like the plugin's other watches. The work runs on one thread of its own: a claim's
+partitions are created while the scheduler waits, never on the kubelet's prepare path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexgpu.driver.claim_results import ClaimResultError
+from flexgpu.driver.names import (
+    DRIVER_NAME,
+    PARTITION_FAILED_CONDITION,
+    PARTITION_READY_CONDITION,
+)
+from flexgpu.kubelet_plugin.claim_source import ClaimView, parse_claim
+from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
+from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
+from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
+
+log = logging.getLogger(__name__)
+
+CLAIMS = path_of("apis", "resource.k8s.io", "v1", "resourceclaims")
+SLICES = path_of("apis", "resource.k8s.io", "v1", "resourceslices")
+# Also woken by every change of a kept claim; the tick ends failure taints and retries.
+TICK_S = 5.0
+# While a claim waits for another claim's unprepare (its device is still prepared).
+BUSY_RETRY_S = 0.5
+
+
+class BindingWatch:
+    def __init__(
+        self,
+        api: KubeApi,
+        node_name: str,
+        *,
+        early: EarlyPartitions,
+        status: ClaimStatusWriter,
+        devices: NodeDevices,
+        republish: Callable[[], None],
+        failure_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._node = node_name
+        self._early = early
+        self._status = status
+        self._devices = devices
+        self._republish = republish
+        self._failure_s = failure_s
+        self._clock = clock
+        self._wake = threading.Event()
+        self._busy = False
+        self._watching = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # GPU index -> (why creating a partition failed, until when its partitions are tainted)
+        self._failures: dict[int, tuple[str, float]] = {}
+        # Claim UID -> the devices whose failure was reported: not tried again while the claim
+        # keeps that allocation (our own status write may not have come back on the watch).
+        self._reported_failed: dict[str, tuple[str, ...]] = {}
+        self._api = api
+        self.claims = self._new_watch()
+
+    def _new_watch(self) -> WatchedObjects:
+        return WatchedObjects(
+            self._api,
+            CLAIMS,
+            on_change=self._wake.set,
+            name="resourceclaims (binding conditions)",
+            keep=self.waits_here,
+        )
+
+    def waits_here(self, claim: Mapping[str, Any]) -> bool:
+        """Whether an allocated claim has a device of this node with our binding condition:
+        the only claims kept (memory: the watch sees every claim of the cluster)."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        return any(
+            r.get("driver") == DRIVER_NAME
+            and r.get("pool") == self._node
+            and PARTITION_READY_CONDITION in (r.get("bindingConditions") or [])
+            for r in results
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.ensure_watch()
+        self._thread = threading.Thread(target=self._run, name="binding-conditions", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._watching:
+            self.claims.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(BUSY_RETRY_S if self._busy else TICK_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.ensure_watch()
+                self.process()
+            except Exception:  # a bad claim or a GPU error never ends the loop
+                log.exception("binding conditions: handling claims failed; retrying")
+
+    def ensure_watch(self) -> None:
+        """Claims are watched only while the node has on-demand MIG GPUs (or partitions made
+        before binding): every node watching every claim of the cluster would cost the API
+        server a fan-out of each claim change for nothing. Modes change with GpuNodePolicies."""
+        wanted = bool(self._devices.dynamic_gpus()) or bool(self._early.early_records())
+        if wanted and not self._watching:
+            self.claims = self._new_watch()
+            self.claims.start()
+            self._watching = True
+            log.info("binding conditions: watching ResourceClaims")
+        elif not wanted and self._watching:
+            self.claims.stop()
+            self._watching = False
+            log.info("binding conditions: no on-demand MIG GPU left; claims no longer watched")
+
+    # -- the work --------------------------------------------------------------------------
+    def process(self) -> None:
+        """One pass over the kept claims: partitions of claims that no longer wait are
+        destroyed, waiting ones are created (or their outcome written again), expired
+        failure taints are lifted."""
+        if not self._watching or not self.claims.synced:
+            return  # an early record's claim may just not be listed yet
+        claims: dict[str, ClaimView] = {}
+        told: dict[str, set[str]] = {}
+        for obj in self.claims.items():
+            try:
+                view = parse_claim(obj)
+            except ClaimResultError as err:
+                meta = obj.get("metadata") or {}
+                log.warning("claim %s/%s: %s", meta.get("namespace"), meta.get("name"), err)
+                continue
+            claims[view.uid] = view
+            told[view.uid] = self._true_conditions(obj)
+        self._early.sweep(claims)
+        self._reported_failed = {
+            uid: devices
+            for uid, devices in self._reported_failed.items()
+            if uid in claims and devices == _devices(claims[uid])
+        }
+        records = self._early.early_records()
+        self._busy = False
+        for uid, claim in claims.items():
+            if uid in records:
+                # Made, but the status may not have gone out (a crash, an API error).
+                if PARTITION_READY_CONDITION not in told[uid]:
+                    statuses = self._early.ready_statuses(claim, records[uid])
+                    self._status.binding(claim.namespace, claim.name, uid, statuses)
+                continue
+            decided = told[uid] & {PARTITION_READY_CONDITION, PARTITION_FAILED_CONDITION}
+            if decided or uid in self._reported_failed:
+                continue  # decided: prepare (or the scheduler) takes it from here
+            outcome = self._early.create(claim)
+            if outcome is None:
+                continue
+            if outcome.busy:
+                self._busy = True
+                continue
+            self._status.binding(claim.namespace, claim.name, uid, outcome.statuses)
+            if outcome.failed:
+                self._reported_failed[uid] = _devices(claim)
+            if outcome.failed_gpus:
+                until = self._clock() + self._failure_s
+                for index, why in outcome.failed_gpus.items():
+                    self._failures[index] = (why, until)
+                self._taint()
+        self._expire()
+
+    def _true_conditions(self, claim: Mapping[str, Any]) -> set[str]:
+        """The condition types true on this node's status entries of the claim."""
+        entries = (claim.get("status") or {}).get("devices") or []
+        return {
+            c.get("type", "")
+            for e in entries
+            if e.get("driver") == DRIVER_NAME and e.get("pool") == self._node
+            for c in e.get("conditions") or []
+            if c.get("status") == "True"
+        }
+
+    def _expire(self) -> None:
+        now = self._clock()
+        expired = [i for i, (_, until) in self._failures.items() if until <= now]
+        for index in expired:
+            del self._failures[index]
+            log.info("GPU %d: partitions offered again after the failure cool-down", index)
+        if expired:
+            self._taint()
+
+    def _taint(self) -> None:
+        self._devices.set_partition_failures({i: why for i, (why, _) in self._failures.items()})
+        self._devices.refresh()
+        self._republish()
+
+    def failures(self) -> dict[int, str]:
+        """GPU index -> why its partitions are tainted now."""
+        return {i: why for i, (why, _) in self._failures.items()}
+
+
+def _devices(claim: ClaimView) -> tuple[str, ...]:
+    return tuple(sorted(f"{d.pool}/{d.device}" for d in claim.devices))
+
+
+def server_keeps_binding_conditions(api: KubeApi, node_name: str) -> bool:
+    """Whether the API server stores a device's binding conditions: a dry-run create of a
+    slice that has them (nothing is written). A server with the feature off drops the fields,
+    and the plugin would keep rewriting slices it can never match."""
+    probe = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-{DRIVER_NAME}-binding-probe"},
+        "spec": {
+            "driver": DRIVER_NAME,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "probe",
+                    "bindingConditions": [PARTITION_READY_CONDITION],
+                    "bindingFailureConditions": [PARTITION_FAILED_CONDITION],
+                    "bindsToNode": True,
+                }
+            ],
+        },
+    }
+    try:
+        created = api.request("POST", SLICES, query={"dryRun": "All"}, body=probe)
+    except (ApiError, OSError, TimeoutError) as err:
+        log.warning("binding conditions: the probe slice was refused (%s); off", err)
+        return False
+    devices = (created.get("spec") or {}).get("devices") or [{}]
+    return bool(devices[0].get("bindingConditions"))
