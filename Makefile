@@ -54,7 +54,7 @@ nvidia-driver:
 	@bash tools/nvidia-driver/build.sh >/dev/null
 
 nvidia-ctk:
-	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common, flexgpu-cdi-hooks (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvidia-ctk/build.sh >/dev/null
 
 # The real test node: upstream kubelet, containerd, runc and CNI plugins (tools/node/build.sh;

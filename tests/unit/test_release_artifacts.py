@@ -47,9 +47,10 @@ def test_only_copy_of_the_product_and_no_add() -> None:
 
 
 def test_the_image_ships_the_programs_the_plugin_runs() -> None:
-    """The plugin runs flexgpu-cdi-common at start and installs nvidia-cdi-hook for the
-    hooks in its specs (kubelet_plugin/driver_edits.py); both are built into the image."""
-    for program in ("flexgpu-cdi-common", "nvidia-cdi-hook", "nvidia-ctk"):
+    """The plugin runs flexgpu-cdi-common at start and installs nvidia-cdi-hook and
+    flexgpu-cdi-hooks for the hooks in its specs (kubelet_plugin/driver_edits.py); all are
+    built into the image."""
+    for program in ("flexgpu-cdi-common", "nvidia-cdi-hook", "flexgpu-cdi-hooks", "nvidia-ctk"):
         assert f"-o /out/{program}" in CONTAINERFILE
     assert "COPY --from=toolkit /out/ /usr/local/bin/" in CONTAINERFILE
 
