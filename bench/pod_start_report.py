@@ -1,0 +1,93 @@
+"""What bench/pod_start.py prints: the side-by-side table against the reference driver with
+its target, every variant's percentiles, and where each variant's pod starts went."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from bench.compare_table import Row, percentile, ratio_at_most, render
+from bench.pod_phases import PodTimes, ProgramTimes, phase_medians, program_medians, render_phases
+
+AT_ONCE = 8
+TARGET = 1.1
+
+
+class Measured(Protocol):
+    """What one variant's measurement holds (bench.pod_start.Starts)."""
+
+    sequential_s: list[float]
+    concurrent_s: list[float]
+    times: dict[str, PodTimes]
+    sequential: list[str]
+    concurrent: list[str]
+    programs: ProgramTimes | None
+    untraced: int
+
+
+def rows(flexgpu: Measured, example: Measured) -> list[Row]:
+    def row(pick: Callable[[Measured], list[float]], pct: float, name: str) -> Row:
+        return Row(
+            name,
+            percentile(pick(flexgpu), pct),
+            percentile(pick(example), pct),
+            2,
+            ratio_at_most(TARGET),
+        )
+
+    return [
+        row(lambda s: s.sequential_s, 50, "pod start p50 s, one at a time"),
+        row(lambda s: s.sequential_s, 99, "pod start p99 s, one at a time"),
+        row(lambda s: s.concurrent_s, 50, f"pod start p50 s, {AT_ONCE} at once"),
+        row(lambda s: s.concurrent_s, 99, f"pod start p99 s, {AT_ONCE} at once"),
+    ]
+
+
+def percentiles(variants: Mapping[str, Measured]) -> str:
+    """Every variant's pod start p50/p99, one at a time and 8 at once."""
+    columns: dict[str, dict[str, float]] = {}
+    for name, starts in variants.items():
+        columns[name] = {
+            "pod start p50 s, one at a time": percentile(starts.sequential_s, 50),
+            "pod start p99 s, one at a time": percentile(starts.sequential_s, 99),
+            f"pod start p50 s, {AT_ONCE} at once": percentile(starts.concurrent_s, 50),
+            f"pod start p99 s, {AT_ONCE} at once": percentile(starts.concurrent_s, 99),
+        }
+    return render_phases(columns, digits=2, heading="figure")
+
+
+def phases(variants: Mapping[str, Measured], concurrent: bool) -> str:
+    """Each phase's median per variant, then the traced programs' median run times and
+    runs per container started."""
+    columns: dict[str, dict[str, float]] = {}
+    for name, starts in variants.items():
+        names = starts.concurrent if concurrent else starts.sequential
+        column = phase_medians(starts.times[n] for n in names if n in starts.times)
+        if starts.programs is not None and not concurrent:
+            column.update(program_medians(starts.programs, len(starts.times)))
+        columns[name] = column
+    return render_phases(columns)
+
+
+def report(variants: Mapping[str, Measured], reference: str | None) -> str:
+    parts: list[str] = []
+    if reference is not None and "flexgpu" in variants and reference in variants:
+        parts.append(render(rows(variants["flexgpu"], variants[reference])))
+    parts.append("Every variant:\n\n" + percentiles(variants))
+    parts.append(
+        "Where the time went, one at a time (phases: p50 s; programs: p50 ms and runs per "
+        "container, over all pods of the variant):\n\n" + phases(variants, concurrent=False)
+    )
+    parts.append(f"Where the time went, {AT_ONCE} at once:\n\n" + phases(variants, True))
+    untraced = {n: s.untraced for n, s in variants.items() if s.untraced}
+    if untraced:
+        parts.append(f"Process events lost or unnamed while tracing: {untraced}")
+    return "\n\n".join(parts)
+
+
+def variant_names(chosen: Sequence[str], known: Sequence[str]) -> list[str]:
+    """``chosen`` in the order of ``known`` (the order the variants must run in)."""
+    unknown = sorted(set(chosen) - set(known))
+    if unknown:
+        raise ValueError(f"--variants: {unknown} unknown; allowed: {', '.join(known)}")
+    return [k for k in known if k in chosen]
