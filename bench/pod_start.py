@@ -43,10 +43,13 @@ from bench.compare_table import percentile
 from bench.exec_trace import ExecTraceUnavailable, TraceProcess
 from bench.plugins import example_binary
 from bench.pod_phases import TRACED, PodTimes, ProgramTimes, program_times, read_containerd_log
-from bench.pod_start_report import AT_ONCE, report, variant_names
+from bench.pod_start_report import AT_ONCE, report, rows, variant_names
 from tools.cluster import ControlPlane
 from tools.node import chart
 from tools.node.node import RealNode
+
+# Reused by other benchmarks (the NVIDIA plugin's twin): keep these small and separate.
+__all__ = ["AT_ONCE", "RunningSeen", "Starts", "measure", "rows"]
 
 NODE = "real-gpu-node"
 TOPOLOGY = "hgx-h100-8"
@@ -359,7 +362,10 @@ def main() -> int:
         help=f"what to measure, in this order: {', '.join(VARIANTS)} (default: all)",
     )
     args = parser.parse_args()
-    chosen = variant_names(args.variants, VARIANTS)
+    try:
+        chosen = variant_names(args.variants, VARIANTS)
+    except ValueError as err:
+        parser.error(str(err))
     load_before = os.getloadavg()[0]
     measured: dict[str, Starts] = {}
     with ControlPlane() as plane:
