@@ -204,3 +204,48 @@ def test_an_argument_that_is_not_a_json_list_is_refused_with_its_value(tools: Pa
     )
     assert run.returncode == 2
     assert '"create-symlinks"' in run.stderr and "JSON list" in run.stderr
+
+
+# -- the plugin's choice ------------------------------------------------------------------------
+
+
+def _plugin_edits(tmp_path: Path, driver: Path, **settings: Any) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from flexgpu.kubelet_plugin import main
+    from flexgpu.kubelet_plugin.config import make_config
+
+    config = make_config(
+        node_name="node-a",
+        registry_dir=tmp_path / "registry",
+        plugins_dir=tmp_path / "plugins",
+        cdi_dir=tmp_path / "cdi",
+        data_dir=tmp_path / "data",
+        gpu_backend="simulated",
+        topology="l4-2-pcie",
+        driver_root=driver,
+        **settings,
+    )
+    edits: dict[str, Any] = main._driver_edits(config, SimpleNamespace())  # type: ignore[arg-type]
+    return edits
+
+
+def test_the_plugin_writes_one_combined_hook_from_its_installed_copy(
+    tmp_path: Path, tools: Path, driver: Path
+) -> None:
+    hooks = _plugin_edits(tmp_path, driver)["hooks"]
+    installed = tmp_path / "data" / "bin" / "flexgpu-cdi-hooks"
+    assert [h["path"] for h in hooks] == [str(installed)]
+    assert installed.read_bytes() == (tools / "flexgpu-cdi-hooks").read_bytes()
+    ran = [json.loads(arg)[0] for arg in hooks[0]["args"][1:]]
+    assert {"create-symlinks", "update-ldcache"} <= set(ran), ran
+
+
+def test_an_admins_own_hook_keeps_nvidias_separate_hooks(
+    tmp_path: Path, tools: Path, driver: Path
+) -> None:
+    """With --nvidia-cdi-hook (a host path) there is no flexgpu-cdi-hooks beside it."""
+    own = Path("/usr/bin/nvidia-cdi-hook")
+    hooks = _plugin_edits(tmp_path, driver, nvidia_cdi_hook=own)["hooks"]
+    assert len(hooks) > 1 and {h["path"] for h in hooks} == {str(own)}
+    assert not (tmp_path / "data" / "bin" / "flexgpu-cdi-hooks").exists()
