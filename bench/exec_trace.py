@@ -38,6 +38,7 @@ _CN_IDX_PROC = 1
 _CN_VAL_PROC = 1
 _LISTEN, _IGNORE = 1, 2
 _NLMSG_DONE = 3
+_PROC_EVENT_FORK = 0x00000001
 _PROC_EVENT_EXEC = 0x00000002
 _PROC_EVENT_EXIT = 0x80000000
 _NLMSGHDR = struct.Struct("=IHHII")
@@ -57,6 +58,8 @@ class Run:
     argv: tuple[str, ...]
     start_ns: int
     end_ns: int
+    # Parent, grandparent, ... as far as forks were seen while tracing.
+    ancestors: tuple[int, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -94,7 +97,8 @@ class ExecTrace:
         self.runs: list[Run] = []
         self.lost = 0
         self.unnamed = 0
-        self._open: dict[int, tuple[tuple[str, ...], int]] = {}
+        self._open: dict[int, tuple[tuple[str, ...], int, tuple[int, ...]]] = {}
+        self._parent: dict[int, int] = {}  # process -> the process that forked it
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -160,10 +164,16 @@ class ExecTrace:
             if length < _NLMSGHDR.size:
                 return
             event = offset + _NLMSGHDR.size + _CN_MSG.size
-            if event + _EVENT.size + _IDS.size <= offset + length:
+            if event + _EVENT.size + 2 * _IDS.size <= offset + length:
                 what, _cpu, stamp = _EVENT.unpack_from(data, event)
                 pid, tgid = _IDS.unpack_from(data, event + _EVENT.size)
-                self._event(what, stamp, pid, tgid)
+                if what == _PROC_EVENT_FORK:
+                    # parent (pid, tgid), then child (pid, tgid)
+                    child, child_tgid = _IDS.unpack_from(data, event + _EVENT.size + _IDS.size)
+                    if child == child_tgid:  # a process, not a thread
+                        self._parent[child_tgid] = tgid
+                else:
+                    self._event(what, stamp, pid, tgid)
             offset += (length + 3) & ~3
 
     def _event(self, what: int, stamp: int, pid: int, tgid: int) -> None:
@@ -173,14 +183,22 @@ class ExecTrace:
             if not argv:
                 self.unnamed += 1
             elif self._keep(argv):
-                self._open[tgid] = (argv, stamp)
+                self._open[tgid] = (argv, stamp, self._ancestors(tgid))
         elif what == _PROC_EVENT_EXIT and pid == tgid:  # the process, not one of its threads
             self._close(tgid, stamp)
+            self._parent.pop(tgid, None)
+
+    def _ancestors(self, tgid: int) -> tuple[int, ...]:
+        chain: list[int] = []
+        while (parent := self._parent.get(tgid)) is not None and len(chain) < 16:
+            chain.append(parent)
+            tgid = parent
+        return tuple(chain)
 
     def _close(self, tgid: int, stamp: int) -> None:
         started = self._open.pop(tgid, None)
         if started is not None:
-            self.runs.append(Run(tgid, started[0], started[1], stamp))
+            self.runs.append(Run(tgid, started[0], started[1], stamp, started[2]))
 
 
 def keep_programs(names: Sequence[str]) -> Callable[[tuple[str, ...]], bool]:
@@ -219,7 +237,8 @@ class TraceProcess:
             raise ExecTraceUnavailable(f"the trace process failed: {err.strip()[-2000:]}")
         summary = json.loads(out)
         runs = [
-            Run(r["pid"], tuple(r["argv"]), r["start_ns"], r["end_ns"]) for r in summary["runs"]
+            Run(r["pid"], tuple(r["argv"]), r["start_ns"], r["end_ns"], tuple(r["ancestors"]))
+            for r in summary["runs"]
         ]
         return Trace(runs, summary["lost"], summary["unnamed"])
 

@@ -42,12 +42,11 @@ PHASES = (
 TRACED = ("runc", "nvidia-cdi-hook", "flexgpu-cdi-hooks", "ldconfig", "ldconfig.real")
 
 _LINE = re.compile(r'time="(?P<time>[^"]+)".*?msg="(?P<msg>(?:[^"\\]|\\.)*)"')
-# containerd spells the first "RunPodsandbox" in some releases.
-_SANDBOX_ASKED = re.compile(r"^RunPod[Ss]andbox for &PodSandboxMetadata\{Name:(?P<pod>[^,]+),")
-_SANDBOX_DONE = re.compile(
-    r"^RunPodSandbox for &PodSandboxMetadata\{Name:(?P<pod>[^,]+),.*returns sandbox id "
-    r'"(?P<sandbox>\w+)"'
-)
+# The pod's metadata as containerd prints it: protobuf text (2.x: name:"p"  uid:...) or a Go
+# struct (&PodSandboxMetadata{Name:p,...}); some releases spell the first "RunPodsandbox".
+_POD = r'(?:&PodSandboxMetadata\{Name:(?P<pod>[^,]+),|name:"(?P<pod_>[^"]+)")'
+_SANDBOX_ASKED = re.compile(rf"^RunPod[Ss]andbox for {_POD}")
+_SANDBOX_DONE = re.compile(rf'^RunPodSandbox for {_POD}.*returns sandbox id "(?P<sandbox>\w+)"')
 _CREATE_ASKED = re.compile(r'^CreateContainer within sandbox "(?P<sandbox>\w+)" for container ')
 _CREATE_DONE = re.compile(
     r'^CreateContainer within sandbox "(?P<sandbox>\w+)" for .* returns container id '
@@ -119,12 +118,14 @@ def read_containerd_log(path: Path, pods: Mapping[str, PodTimes]) -> dict[str, s
         return containers
     for at, message in _messages(lines):
         if match := _SANDBOX_DONE.match(message):
-            if match["pod"] in pods:
-                pods[match["pod"]].sandbox_done = at
-                owner[match["sandbox"]] = match["pod"]
+            pod = match["pod"] or match["pod_"]
+            if pod in pods:
+                pods[pod].sandbox_done = at
+                owner[match["sandbox"]] = pod
         elif match := _SANDBOX_ASKED.match(message):
-            if match["pod"] in pods:
-                pods[match["pod"]].sandbox_asked = at
+            pod = match["pod"] or match["pod_"]
+            if pod in pods:
+                pods[pod].sandbox_asked = at
         elif match := _CREATE_DONE.match(message):
             if match["sandbox"] in owner:
                 pods[owner[match["sandbox"]]].create_done = at
@@ -168,13 +169,26 @@ def _runc_call(argv: Sequence[str]) -> str | None:
     return None
 
 
-def program_times(runs: Iterable[Run], containers: Mapping[str, str]) -> ProgramTimes:
+def program_times(
+    runs: Iterable[Run], containers: Mapping[str, str], hook_root: str = "/"
+) -> ProgramTimes:
     """Groups runs: ``runc create``/``runc start`` of the pods' containers (ids in
     ``containers``; sandboxes and other calls left out), each CDI hook by its subcommand
-    (``flexgpu-cdi-hooks`` as one), ldconfig."""
+    (``flexgpu-cdi-hooks`` as one), ldconfig. Other nodes on the machine run hooks too: only
+    hooks whose program lies under ``hook_root`` count, and ldconfig only as their child."""
     times = ProgramTimes()
+    runs = list(runs)
+    hooks = {
+        r.pid
+        for r in runs
+        if r.argv
+        and os.path.basename(r.argv[0]) in {"nvidia-cdi-hook", "flexgpu-cdi-hooks"}
+        and r.argv[0].startswith(hook_root)
+    }
     for run in runs:
         program = os.path.basename(run.argv[0]) if run.argv else ""
+        if program != "runc" and run.pid not in hooks and not hooks & set(run.ancestors):
+            continue
         if program == "runc":
             call = _runc_call(run.argv)
             if call in {"create", "start"} and run.argv[-1] in containers:

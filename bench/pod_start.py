@@ -60,6 +60,12 @@ MIG_GPUS = "4,5"
 # Helm splits --set values at commas: the list's own are escaped.
 MIG_GPUS_SET = MIG_GPUS.replace(",", "\\,")
 MIG_CLASS = "mig.flexgpu.dev"
+# The topology starts GPUs 6 and 7 in MIG mode, which flexgpu publishes as MIG devices only
+# (a GpuNodePolicy could say otherwise, but its admission webhook needs the controller, which
+# the real node does not run): as dynamic-MIG GPUs they are published whole too, so that 8
+# pods can each get a whole GPU at once, as the reference driver's 8 devices can. A pod given
+# GPU 6 or 7 waits for MIG mode to be switched off at prepare.
+WHOLE_GPUS = ("--set-string", "kubeletPlugin.dynamicMigGpus=6\\,7")
 SMALL_MIG = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
 POD_TIMEOUT_S = 180.0
 VARIANTS = ("flexgpu", "separate-hooks", "no-driver", "example")
@@ -228,6 +234,7 @@ def measure(
     kubelet_state: Path,
     selector: str | None = None,
     containerd_log: Path | None = None,
+    hook_root: str = "/",
 ) -> Starts:
     """Times ``pods`` pod starts one at a time and as many 8 at a time. With
     ``containerd_log`` (the node's), each pod's phases are read from it afterwards, and the
@@ -263,7 +270,8 @@ def measure(
     if containerd_log is not None:
         containers = read_containerd_log(containerd_log, starts.times)
         if recorded is not None:
-            starts.programs = program_times(recorded.runs, containers)
+            # The hooks of this node's specs live under its root (the plugin's data dir).
+            starts.programs = program_times(recorded.runs, containers, hook_root)
             starts.untraced = recorded.lost + recorded.unnamed
     return starts
 
@@ -345,10 +353,10 @@ def _variant_values(node: RealNode, variant: str) -> tuple[str, ...]:
         # The copy the plugin installed on its first start: named, it is used as is and
         # flexgpu-cdi-hooks is not (driver_edits.py).
         hook = node.layout.kubelet_dir / "plugins" / "gpu.flexgpu.dev" / "bin" / "nvidia-cdi-hook"
-        return ("--set-string", f"kubeletPlugin.nvidiaCdiHookPath={hook}")
+        return (*WHOLE_GPUS, "--set-string", f"kubeletPlugin.nvidiaCdiHookPath={hook}")
     if variant == "no-driver":
-        return ("--set-string", "kubeletPlugin.nvidiaDriverRoot=")
-    return ()
+        return (*WHOLE_GPUS, "--set-string", "kubeletPlugin.nvidiaDriverRoot=")
+    return WHOLE_GPUS
 
 
 def main() -> int:
@@ -387,7 +395,7 @@ def main() -> int:
                 extra=(
                     ("--set-string", f"kubeletPlugin.dynamicMigGpus={MIG_GPUS_SET}")
                     if args.mig
-                    else ()
+                    else WHOLE_GPUS
                 ),
             )
             chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=flexgpu_image)
@@ -397,6 +405,7 @@ def main() -> int:
                 "pods": args.pods,
                 "kubelet_state": state,
                 "containerd_log": node.layout.logs / "containerd.log",
+                "hook_root": str(node.layout.root),
             }
             if args.mig:
                 mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)

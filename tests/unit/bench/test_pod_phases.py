@@ -63,18 +63,21 @@ def test_a_phase_not_seen_is_left_out_of_the_medians() -> None:
 
 
 def test_runs_are_grouped_by_what_they_are() -> None:
-    def run(*argv: str, ms: float) -> Run:
-        return Run(1, argv, 0, int(ms * 1e6))
+    def run(*argv: str, ms: float, pid: int = 1, ancestors: tuple[int, ...] = ()) -> Run:
+        return Run(pid, argv, 0, int(ms * 1e6), ancestors)
 
     runs = [
         run("runc", "--root", "/r", "create", "--bundle", "/b", CONTAINER, ms=80),
         run("runc", "--root", "/r", "create", "--bundle", "/b", SANDBOX, ms=50),
         run("runc", "--root", "/r", "start", CONTAINER, ms=10),
-        run("/var/lib/bin/nvidia-cdi-hook", "update-ldcache", "--folder", "/x", ms=30),
-        run("/var/lib/bin/flexgpu-cdi-hooks", '["create-symlinks"]', '["update-ldcache"]', ms=40),
-        run("/sbin/ldconfig", "-r", "/", ms=5),
+        run("/node/bin/nvidia-cdi-hook", "update-ldcache", "--folder", "/x", ms=30, pid=7),
+        run("/node/bin/flexgpu-cdi-hooks", '["create-symlinks"]', '["update-ldcache"]', ms=40),
+        run("/sbin/ldconfig", "-r", "/", ms=5, pid=9, ancestors=(8, 7)),
+        # Another node's hook, and an ldconfig no hook of this node started: not counted.
+        run("/other/bin/nvidia-cdi-hook", "update-ldcache", ms=99, pid=20),
+        run("/sbin/ldconfig", ms=99, pid=21, ancestors=(20,)),
     ]
-    grouped = program_times(runs, {CONTAINER: "fg-s0"}).seconds
+    grouped = program_times(runs, {CONTAINER: "fg-s0"}, hook_root="/node/").seconds
     assert grouped == {
         "runc create": [0.08],  # the sandbox's is not a container's start
         "runc start": [0.01],
