@@ -21,7 +21,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -170,28 +170,35 @@ def _runc_call(argv: Sequence[str]) -> str | None:
 
 
 def program_times(
-    runs: Iterable[Run], containers: Mapping[str, str], hook_root: str = "/"
+    runs: Iterable[Run], containers: Mapping[str, str], pods: Collection[str] | None = None
 ) -> ProgramTimes:
-    """Groups runs: ``runc create``/``runc start`` of the pods' containers (ids in
-    ``containers``; sandboxes and other calls left out), each CDI hook by its subcommand
-    (``flexgpu-cdi-hooks`` as one), ldconfig. Other nodes on the machine run hooks too: only
-    hooks whose program lies under ``hook_root`` count, and ldconfig only as their child."""
-    times = ProgramTimes()
+    """Groups the runs that belong to the pods' containers (ids in ``containers``; of
+    ``pods`` alone when given): ``runc create``/``runc start`` of those containers, and what
+    those runc calls started (each CDI hook by its subcommand, ``flexgpu-cdi-hooks`` as one,
+    ldconfig). Sandboxes, and the containers of other nodes on the machine, are left out."""
     runs = list(runs)
-    hooks = {
-        r.pid
-        for r in runs
-        if r.argv
-        and os.path.basename(r.argv[0]) in {"nvidia-cdi-hook", "flexgpu-cdi-hooks"}
-        and r.argv[0].startswith(hook_root)
-    }
+    owner: dict[int, str] = {}  # pid of a runc create/start of a pod's container -> the pod
     for run in runs:
-        program = os.path.basename(run.argv[0]) if run.argv else ""
-        if program != "runc" and run.pid not in hooks and not hooks & set(run.ancestors):
+        ours = run.argv and run.argv[-1] in containers
+        if (
+            ours
+            and os.path.basename(run.argv[0]) == "runc"
+            and _runc_call(run.argv)
+            in {
+                "create",
+                "start",
+            }
+        ):
+            owner[run.pid] = containers[run.argv[-1]]
+    times = ProgramTimes()
+    for run in runs:
+        pod = owner.get(run.pid) or next((owner[a] for a in run.ancestors if a in owner), None)
+        if pod is None or (pods is not None and pod not in pods):
             continue
+        program = os.path.basename(run.argv[0]) if run.argv else ""
         if program == "runc":
             call = _runc_call(run.argv)
-            if call in {"create", "start"} and run.argv[-1] in containers:
+            if run.pid in owner:
                 times.add(f"runc {call}", run.seconds)
         elif program == "nvidia-cdi-hook":
             name = next((a for a in run.argv[1:] if not a.startswith("-")), "?")

@@ -79,7 +79,10 @@ class Starts:
     times: dict[str, PodTimes] = field(default_factory=dict)
     sequential: list[str] = field(default_factory=list)
     concurrent: list[str] = field(default_factory=list)
+    # Run times of runc, the CDI hooks and ldconfig, one at a time (the warm-up pod's too) and
+    # 8 at once.
     programs: ProgramTimes | None = None
+    programs_concurrent: ProgramTimes | None = None
     # Process events the trace lost or could not name (runs possibly missing from programs).
     untraced: int = 0
 
@@ -234,7 +237,6 @@ def measure(
     kubelet_state: Path,
     selector: str | None = None,
     containerd_log: Path | None = None,
-    hook_root: str = "/",
 ) -> Starts:
     """Times ``pods`` pod starts one at a time and as many 8 at a time. With
     ``containerd_log`` (the node's), each pod's phases are read from it afterwards, and the
@@ -270,8 +272,11 @@ def measure(
     if containerd_log is not None:
         containers = read_containerd_log(containerd_log, starts.times)
         if recorded is not None:
-            # The hooks of this node's specs live under its root (the plugin's data dir).
-            starts.programs = program_times(recorded.runs, containers, hook_root)
+            one_at_a_time = {f"{label}-warm", *starts.sequential}
+            starts.programs = program_times(recorded.runs, containers, one_at_a_time)
+            starts.programs_concurrent = program_times(
+                recorded.runs, containers, set(starts.concurrent)
+            )
             starts.untraced = recorded.lost + recorded.unnamed
     return starts
 
@@ -405,7 +410,6 @@ def main() -> int:
                 "pods": args.pods,
                 "kubelet_state": state,
                 "containerd_log": node.layout.logs / "containerd.log",
-                "hook_root": str(node.layout.root),
             }
             if args.mig:
                 mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)

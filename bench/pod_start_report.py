@@ -22,6 +22,7 @@ class Measured(Protocol):
     sequential: list[str]
     concurrent: list[str]
     programs: ProgramTimes | None
+    programs_concurrent: ProgramTimes | None
     untraced: int
 
 
@@ -63,8 +64,11 @@ def phases(variants: Mapping[str, Measured], concurrent: bool) -> str:
     for name, starts in variants.items():
         names = starts.concurrent if concurrent else starts.sequential
         column = phase_medians(starts.times[n] for n in names if n in starts.times)
-        if starts.programs is not None and not concurrent:
-            column.update(program_medians(starts.programs, len(starts.times)))
+        programs = starts.programs_concurrent if concurrent else starts.programs
+        if programs is not None:
+            # One at a time, the warm-up pod's runs are in too.
+            containers = len(names) + (0 if concurrent else 1)
+            column.update(program_medians(programs, containers))
         columns[name] = column
     return render_phases(columns)
 
@@ -75,8 +79,8 @@ def report(variants: Mapping[str, Measured], reference: str | None) -> str:
         parts.append(render(rows(variants["flexgpu"], variants[reference])))
     parts.append("Every variant:\n\n" + percentiles(variants))
     parts.append(
-        "Where the time went, one at a time (phases: p50 s; programs: p50 ms and runs per "
-        "container, over all pods of the variant):\n\n" + phases(variants, concurrent=False)
+        "Where the time went, one at a time (phases: p50 s; programs: p50 ms, and runs per "
+        "container):\n\n" + phases(variants, concurrent=False)
     )
     parts.append(f"Where the time went, {AT_ONCE} at once:\n\n" + phases(variants, True))
     untraced = {n: s.untraced for n, s in variants.items() if s.untraced}

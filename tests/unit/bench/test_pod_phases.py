@@ -67,17 +67,24 @@ def test_runs_are_grouped_by_what_they_are() -> None:
         return Run(pid, argv, 0, int(ms * 1e6), ancestors)
 
     runs = [
-        run("runc", "--root", "/r", "create", "--bundle", "/b", CONTAINER, ms=80),
-        run("runc", "--root", "/r", "create", "--bundle", "/b", SANDBOX, ms=50),
-        run("runc", "--root", "/r", "start", CONTAINER, ms=10),
-        run("/node/bin/nvidia-cdi-hook", "update-ldcache", "--folder", "/x", ms=30, pid=7),
-        run("/node/bin/flexgpu-cdi-hooks", '["create-symlinks"]', '["update-ldcache"]', ms=40),
-        run("/sbin/ldconfig", "-r", "/", ms=5, pid=9, ancestors=(8, 7)),
-        # Another node's hook, and an ldconfig no hook of this node started: not counted.
-        run("/other/bin/nvidia-cdi-hook", "update-ldcache", ms=99, pid=20),
-        run("/sbin/ldconfig", ms=99, pid=21, ancestors=(20,)),
+        run("runc", "--root", "/r", "create", "--bundle", "/b", CONTAINER, ms=80, pid=5),
+        run("runc", "--root", "/r", "create", "--bundle", "/b", SANDBOX, ms=50, pid=4),
+        run("runc", "--root", "/r", "start", CONTAINER, ms=10, pid=6),
+        run("runc", "init", ms=70, pid=3, ancestors=(5,)),
+        run("nvidia-cdi-hook", "update-ldcache", "--folder", "/x", ms=30, pid=7, ancestors=(3, 5)),
+        run(
+            "flexgpu-cdi-hooks",
+            '["create-symlinks"]',
+            '["update-ldcache"]',
+            ms=40,
+            ancestors=(3, 5),
+        ),
+        run("/sbin/ldconfig", "-r", "/", ms=5, pid=9, ancestors=(8, 7, 3, 5)),
+        # Another node's container (its runc is not this node's pods'): not counted.
+        run("nvidia-cdi-hook", "update-ldcache", ms=99, pid=20, ancestors=(19,)),
+        run("/sbin/ldconfig", ms=99, pid=21, ancestors=(20, 19)),
     ]
-    grouped = program_times(runs, {CONTAINER: "fg-s0"}, hook_root="/node/").seconds
+    grouped = program_times(runs, {CONTAINER: "fg-s0"}).seconds
     assert grouped == {
         "runc create": [0.08],  # the sandbox's is not a container's start
         "runc start": [0.01],
