@@ -40,7 +40,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from bench.compare_table import percentile
-from bench.exec_trace import ExecTraceUnavailable, TraceProcess
+from bench.exec_trace import ExecTraceUnavailable, Trace, TraceProcess
 from bench.plugins import example_binary
 from bench.pod_phases import TRACED, PodTimes, ProgramTimes, program_times, read_containerd_log
 from bench.pod_start_report import AT_ONCE, report, rows, variant_names
@@ -49,7 +49,7 @@ from tools.node import chart
 from tools.node.node import RealNode
 
 # Reused by other benchmarks (the NVIDIA plugin's twin): keep these small and separate.
-__all__ = ["AT_ONCE", "RunningSeen", "Starts", "measure", "rows"]
+__all__ = ["AT_ONCE", "RunningSeen", "Starts", "measure", "measure_side_by_side", "rows"]
 
 NODE = "real-gpu-node"
 TOPOLOGY = "hgx-h100-8"
@@ -238,47 +238,92 @@ def measure(
     selector: str | None = None,
     containerd_log: Path | None = None,
 ) -> Starts:
-    """Times ``pods`` pod starts one at a time and as many 8 at a time. With
-    ``containerd_log`` (the node's), each pod's phases are read from it afterwards, and the
-    runs of runc, the CDI hooks and ldconfig are traced while the pods start."""
+    """Times ``pods`` pod starts one at a time and as many 8 at a time (measure_side_by_side
+    with one driver)."""
+    return measure_side_by_side(
+        api,
+        {label: device_class},
+        image=image,
+        pods=pods,
+        kubelet_state=kubelet_state,
+        selector=selector,
+        containerd_log=containerd_log,
+    )[label]
+
+
+def measure_side_by_side(
+    api: Any,
+    drivers: dict[str, str],
+    *,
+    image: str,
+    pods: int,
+    kubelet_state: Path,
+    selector: str | None = None,
+    containerd_log: Path | None = None,
+) -> dict[str, Starts]:
+    """Times ``pods`` pod starts one at a time and as many 8 at a time for each driver
+    (label -> DeviceClass), taking turns batch by batch, so that a machine whose load drifts
+    weighs on each alike. With ``containerd_log`` (the node's), each pod's phases are read
+    from it afterwards, and the runs of runc, the CDI hooks and ldconfig are traced while the
+    pods start."""
     seen = RunningSeen(api)
-    starts = Starts()
-    where: dict[str, Any] = {
-        "device_class": device_class,
-        "image": image,
-        "kubelet_state": kubelet_state,
-        "selector": selector,
-    }
+    starts = {label: Starts() for label in drivers}
+
+    def where(label: str) -> dict[str, Any]:
+        return {
+            "device_class": drivers[label],
+            "image": image,
+            "kubelet_state": kubelet_state,
+            "selector": selector,
+        }
+
     trace = _start_trace() if containerd_log is not None else None
     recorded = None
     try:
-        _batch(api, seen, [f"{label}-warm"], **where)
+        for label in drivers:
+            _batch(api, seen, [f"{label}-warm"], **where(label))
         for i in range(pods):
-            names = [f"{label}-s{i}"]
-            starts.sequential_s += _batch(api, seen, names, **where)
-            starts.sequential += names
+            for label, mine in starts.items():
+                names = [f"{label}-s{i}"]
+                mine.sequential_s += _batch(api, seen, names, **where(label))
+                mine.sequential += names
         for b in range((pods + AT_ONCE - 1) // AT_ONCE):
-            names = [f"{label}-c{b}-{k}" for k in range(AT_ONCE)]
-            starts.concurrent_s += _batch(api, seen, names, **where)
-            starts.concurrent += names
-        print(f"{label}: {len(starts.sequential_s)} + {len(starts.concurrent_s)} pods", flush=True)
+            for label, mine in starts.items():
+                names = [f"{label}-c{b}-{k}" for k in range(AT_ONCE)]
+                mine.concurrent_s += _batch(api, seen, names, **where(label))
+                mine.concurrent += names
+        for label, mine in starts.items():
+            print(f"{label}: {len(mine.sequential_s)} + {len(mine.concurrent_s)} pods", flush=True)
     finally:
         seen.stop()
         if trace is not None:
             recorded = trace.stop()
+    for label, mine in starts.items():
+        _fill(mine, label, seen, containerd_log, recorded)
+    return starts
+
+
+def _fill(
+    starts: Starts,
+    label: str,
+    seen: RunningSeen,
+    containerd_log: Path | None,
+    recorded: Trace | None,
+) -> None:
+    """Each pod's phases from the node's log, and the traced programs of its containers."""
     # The warm-up pod too: the traced runs include its container's.
     every = [f"{label}-warm", *starts.sequential, *starts.concurrent]
     starts.times = {n: seen.times[n] for n in every if n in seen.times}
-    if containerd_log is not None:
-        containers = read_containerd_log(containerd_log, starts.times)
-        if recorded is not None:
-            one_at_a_time = {f"{label}-warm", *starts.sequential}
-            starts.programs = program_times(recorded.runs, containers, one_at_a_time)
-            starts.programs_concurrent = program_times(
-                recorded.runs, containers, set(starts.concurrent)
-            )
-            starts.untraced = recorded.lost + recorded.unnamed
-    return starts
+    if containerd_log is None:
+        return
+    containers = read_containerd_log(containerd_log, starts.times)
+    if recorded is not None:
+        one_at_a_time = {f"{label}-warm", *starts.sequential}
+        starts.programs = program_times(recorded.runs, containers, one_at_a_time)
+        starts.programs_concurrent = program_times(
+            recorded.runs, containers, set(starts.concurrent)
+        )
+        starts.untraced = recorded.lost + recorded.unnamed
 
 
 def _start_trace() -> TraceProcess | None:
@@ -415,10 +460,6 @@ def main() -> int:
                 mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)
                 _print_mig(mig, args.pods, load_before)
                 return 0
-            for variant in [v for v in chosen if v != "example"]:
-                if variant != "flexgpu":
-                    _roll_plugin(node, flexgpu_image, _variant_values(node, variant))
-                measured[variant] = measure(api, variant, device_class="gpu.flexgpu.dev", **common)
             if "example" in chosen:
                 _example_class(api)
                 # Outside the node's folder, which cleanup removes.
@@ -426,7 +467,14 @@ def main() -> int:
                 example = _start_example(node, plane.kubeconfig, example_log)
                 print(f"example plugin log: {example_log}", flush=True)
                 _wait_registered(node, EXAMPLE_DRIVER)
-                measured["example"] = measure(api, "example", device_class=EXAMPLE_DRIVER, **common)
+            for variant in [v for v in chosen if v != "example"]:
+                if variant != "flexgpu":
+                    _roll_plugin(node, flexgpu_image, _variant_values(node, variant))
+                drivers = {variant: "gpu.flexgpu.dev"}
+                if example is not None:
+                    # The reference driver's pods take turns with this variant's.
+                    drivers[f"ex-{variant}"] = EXAMPLE_DRIVER
+                measured.update(measure_side_by_side(api, drivers, **common))
         finally:
             if example is not None:
                 example.terminate()
@@ -442,7 +490,7 @@ def main() -> int:
         "\nPod created -> container running, one whole GPU per pod, real node (kubelet v1.37, "
         "containerd, runc), ratio = flexgpu / example\n"
     )
-    print(report(measured, "example"))
+    print(report(measured, "ex-"))
     print(
         f"\n{args.pods} pods one at a time and {AT_ONCE * ((args.pods + AT_ONCE - 1) // AT_ONCE)}"
         f" {AT_ONCE} at a time per variant, after one warm-up pod. Load average (1 min): "

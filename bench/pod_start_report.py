@@ -73,11 +73,22 @@ def phases(variants: Mapping[str, Measured], concurrent: bool) -> str:
     return render_phases(columns)
 
 
-def report(variants: Mapping[str, Measured], reference: str | None) -> str:
+def report(variants: Mapping[str, Measured], paired: str | None) -> str:
+    """With ``paired`` (the prefix of the reference driver's labels: ``ex-<variant>`` ran
+    taking turns with ``<variant>``), each variant's side-by-side table against the pods that
+    took turns with it, flexgpu as shipped first (the target); then every column's
+    percentiles and where the time went."""
     parts: list[str] = []
-    if reference is not None and "flexgpu" in variants and reference in variants:
-        parts.append(render(rows(variants["flexgpu"], variants[reference])))
-    parts.append("Every variant:\n\n" + percentiles(variants))
+    if paired is not None:
+        for name in [n for n in variants if not n.startswith(paired)]:
+            beside = variants.get(f"{paired}{name}")
+            if beside is not None:
+                title = "flexgpu as shipped" if name == "flexgpu" else f"variant {name}"
+                parts.append(
+                    f"{title} (flexgpu column) against the reference driver's pods that took "
+                    f"turns with it:\n\n" + render(rows(variants[name], beside))
+                )
+    parts.append("Every column:\n\n" + percentiles(variants))
     parts.append(
         "Where the time went, one at a time (phases: p50 s; programs: p50 ms, and runs per "
         "container):\n\n" + phases(variants, concurrent=False)
