@@ -197,8 +197,9 @@ def program_times(
             continue
         program = os.path.basename(run.argv[0]) if run.argv else ""
         if program == "runc":
+            # Only the create/start calls themselves (a reused pid could name another call).
             call = _runc_call(run.argv)
-            if run.pid in owner:
+            if run.pid in owner and call in {"create", "start"}:
                 times.add(f"runc {call}", run.seconds)
         elif program == "nvidia-cdi-hook":
             name = next((a for a in run.argv[1:] if not a.startswith("-")), "?")
