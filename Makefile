@@ -124,6 +124,7 @@ bench: setup
 	@$(PY) -m bench.nvidia_prepare
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
+	@$(PY) -m bench.pod_start --mig
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache
