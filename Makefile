@@ -55,7 +55,7 @@ nvidia-driver:
 	@bash tools/nvidia-driver/build.sh >/dev/null
 
 nvidia-ctk:
-	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common, flexgpu-cdi-hooks (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvidia-ctk/build.sh >/dev/null
 
 # The real test node: upstream kubelet, containerd, runc and CNI plugins (tools/node/build.sh;
@@ -142,6 +142,7 @@ bench: setup
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
 	@$(PY) -m bench.nvidia_pod_start
+	@$(PY) -m bench.pod_start --mig
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

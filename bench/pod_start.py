@@ -3,7 +3,7 @@ the real node (upstream kubelet + containerd + runc, tools/node), flexgpu's plug
 DaemonSet) against the reference driver's (sigs.k8s.io/dra-example-driver, run on the host
 against the same kubelet).
 
-    python -m bench.pod_start [--pods 30] [--mig]
+    python -m bench.pod_start [--pods 30] [--variants ...] [--mig]
 
 For each driver: `--pods` pods one after another, then the same number 8 at a time. Each pod
 has its own ResourceClaim for one device of the driver's DeviceClass and runs the node's
@@ -12,11 +12,21 @@ the container running (the scheduler's allocation, the kubelet's prepare, the sa
 the container start are all in it). Pods and claims are deleted between batches. Nothing is
 asserted: the table shows each figure, the ratio and the target. With --mig, flexgpu alone:
 pods whose claim asks for a 1g.10gb MIG partition, created on demand on GPUs 4 and 5.
+
+Variants of flexgpu's plugin run one after another on the same node (the chart upgraded
+between them), so that a reader sees what part of a gap is the CUDA payload a container
+gets and what part is overhead: ``flexgpu`` as shipped (driver files; the CDI hooks in one
+flexgpu-cdi-hooks call), ``separate-hooks`` (NVIDIA's hooks as five nvidia-cdi-hook calls),
+``no-driver`` (no driver root: device nodes only, near the reference driver's env-only
+spec) and ``example``, the reference driver. Each phase of a pod's start
+(bench/pod_phases.py) is printed per variant, with the run times of runc, each CDI hook and
+ldconfig from the kernel's process events (bench/exec_trace.py; needs root).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -29,39 +39,63 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from bench.compare_table import Row, percentile, ratio_at_most, render
+from bench.compare_table import percentile
+from bench.exec_trace import ExecTraceUnavailable, Trace, TraceProcess
 from bench.plugins import example_binary
+from bench.pod_phases import TRACED, PodTimes, ProgramTimes, program_times, read_containerd_log
+from bench.pod_start_report import AT_ONCE, report, rows, variant_names
 from tools.cluster import ControlPlane
 from tools.node import chart
 from tools.node.node import RealNode
+
+# Reused by other benchmarks (the NVIDIA plugin's twin): keep these small and separate.
+__all__ = ["AT_ONCE", "RunningSeen", "Starts", "measure", "measure_side_by_side", "rows"]
 
 NODE = "real-gpu-node"
 TOPOLOGY = "hgx-h100-8"
 NAMESPACE = "podstart"
 PLUGIN_NAMESPACE = "flexgpu-system"
 EXAMPLE_DRIVER = "gpu.example.com"
-AT_ONCE = 8
 MIG_GPUS = "4,5"
 # Helm splits --set values at commas: the list's own are escaped.
 MIG_GPUS_SET = MIG_GPUS.replace(",", "\\,")
 MIG_CLASS = "mig.flexgpu.dev"
+# The topology starts GPUs 6 and 7 in MIG mode, which flexgpu publishes as MIG devices only
+# (a GpuNodePolicy could say otherwise, but its admission webhook needs the controller, which
+# the real node does not run): as dynamic-MIG GPUs they are published whole too, so that 8
+# pods can each get a whole GPU at once, as the reference driver's 8 devices can. A pod given
+# GPU 6 or 7 waits for MIG mode to be switched off at prepare.
+WHOLE_GPUS = ("--set-string", "kubeletPlugin.dynamicMigGpus=6\\,7")
 SMALL_MIG = 'device.attributes["gpu.flexgpu.dev"].profile == "1g.10gb"'
 POD_TIMEOUT_S = 180.0
+VARIANTS = ("flexgpu", "separate-hooks", "no-driver", "example")
 
 
 @dataclass
 class Starts:
     sequential_s: list[float] = field(default_factory=list)
     concurrent_s: list[float] = field(default_factory=list)
+    # Per pod (by name): wall-clock marks of its start, from the watch and the node's log.
+    times: dict[str, PodTimes] = field(default_factory=dict)
+    sequential: list[str] = field(default_factory=list)
+    concurrent: list[str] = field(default_factory=list)
+    # Run times of runc, the CDI hooks and ldconfig, one at a time (the warm-up pod's too) and
+    # 8 at once.
+    programs: ProgramTimes | None = None
+    programs_concurrent: ProgramTimes | None = None
+    # Process events the trace lost or could not name (runs possibly missing from programs).
+    untraced: int = 0
 
 
 class RunningSeen:
-    """Watches the namespace's pods; notes when each first shows a running container."""
+    """Watches the namespace's pods; notes when each first shows a running container, and
+    (wall clock, in ``times``) when it was bound to the node and seen running."""
 
     def __init__(self, api: Any) -> None:
         self._core: Any = client.CoreV1Api(api)
         self._watch = watch.Watch()
         self.at: dict[str, float] = {}
+        self.times: dict[str, PodTimes] = {}
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -75,10 +109,16 @@ class RunningSeen:
     def _follow(self) -> None:
         for event in self._watch.stream(self._core.list_namespaced_pod, NAMESPACE):
             pod = event["object"]
+            now, wall = time.monotonic(), time.time()
+            times = self.times.setdefault(pod.metadata.name, PodTimes())
+            if pod.spec.node_name and math.isnan(times.bound):
+                times.bound = wall
             statuses = pod.status.container_statuses or []
             if any(s.state and s.state.running for s in statuses):
                 with self._changed:
-                    self.at.setdefault(pod.metadata.name, time.monotonic())
+                    if pod.metadata.name not in self.at:
+                        self.at[pod.metadata.name] = now
+                        times.running = wall
                     self._changed.notify_all()
 
     def wait(self, names: list[str], timeout_s: float) -> None:
@@ -148,6 +188,7 @@ def _batch(
     def create(name: str) -> None:
         core.create_namespaced_pod(NAMESPACE, _pod(name, name, image))
         created[name] = time.monotonic()
+        seen.times.setdefault(name, PodTimes()).created = time.time()
 
     threads = [threading.Thread(target=create, args=(n,)) for n in names]
     for t in threads:
@@ -195,26 +236,70 @@ def measure(
     pods: int,
     kubelet_state: Path,
     selector: str | None = None,
+    containerd_log: Path | None = None,
 ) -> Starts:
+    """Times ``pods`` pod starts one at a time and as many 8 at a time (measure_side_by_side
+    with one driver)."""
+    return measure_side_by_side(
+        api,
+        {label: device_class},
+        image=image,
+        pods=pods,
+        kubelet_state=kubelet_state,
+        selector=selector,
+        containerd_log=containerd_log,
+    )[label]
+
+
+def measure_side_by_side(
+    api: Any,
+    drivers: dict[str, str],
+    *,
+    image: str,
+    pods: int,
+    kubelet_state: Path,
+    selector: str | None = None,
+    containerd_log: Path | None = None,
+) -> dict[str, Starts]:
+    """Times ``pods`` pod starts one at a time and as many 8 at a time for each driver
+    (label -> DeviceClass), taking turns batch by batch, so that a machine whose load drifts
+    weighs on each alike. With ``containerd_log`` (the node's), each pod's phases are read
+    from it afterwards, and the runs of runc, the CDI hooks and ldconfig are traced while the
+    pods start."""
     seen = RunningSeen(api)
-    starts = Starts()
-    where: dict[str, Any] = {
-        "device_class": device_class,
-        "image": image,
-        "kubelet_state": kubelet_state,
-        "selector": selector,
-    }
+    starts = {label: Starts() for label in drivers}
+
+    def where(label: str) -> dict[str, Any]:
+        return {
+            "device_class": drivers[label],
+            "image": image,
+            "kubelet_state": kubelet_state,
+            "selector": selector,
+        }
+
+    trace = _start_trace() if containerd_log is not None else None
+    recorded = None
     try:
-        _batch(api, seen, [f"{label}-warm"], **where)
+        for label in drivers:
+            _batch(api, seen, [f"{label}-warm"], **where(label))
         for i in range(pods):
-            names = [f"{label}-s{i}"]
-            starts.sequential_s += _batch(api, seen, names, **where)
+            for label, mine in starts.items():
+                names = [f"{label}-s{i}"]
+                mine.sequential_s += _batch(api, seen, names, **where(label))
+                mine.sequential += names
         for b in range((pods + AT_ONCE - 1) // AT_ONCE):
-            names = [f"{label}-c{b}-{k}" for k in range(AT_ONCE)]
-            starts.concurrent_s += _batch(api, seen, names, **where)
-        print(f"{label}: {len(starts.sequential_s)} + {len(starts.concurrent_s)} pods", flush=True)
+            for label, mine in starts.items():
+                names = [f"{label}-c{b}-{k}" for k in range(AT_ONCE)]
+                mine.concurrent_s += _batch(api, seen, names, **where(label))
+                mine.concurrent += names
+        for label, mine in starts.items():
+            print(f"{label}: {len(mine.sequential_s)} + {len(mine.concurrent_s)} pods", flush=True)
     finally:
         seen.stop()
+        if trace is not None:
+            recorded = trace.stop()
+    for label, mine in starts.items():
+        _fill(mine, label, seen, containerd_log, recorded)
     return starts
 
 
@@ -237,6 +322,37 @@ def one_at_a_time(
     finally:
         seen.stop()
     return took
+
+
+def _fill(
+    starts: Starts,
+    label: str,
+    seen: RunningSeen,
+    containerd_log: Path | None,
+    recorded: Trace | None,
+) -> None:
+    """Each pod's phases from the node's log, and the traced programs of its containers."""
+    # The warm-up pod too: the traced runs include its container's.
+    every = [f"{label}-warm", *starts.sequential, *starts.concurrent]
+    starts.times = {n: seen.times[n] for n in every if n in seen.times}
+    if containerd_log is None:
+        return
+    containers = read_containerd_log(containerd_log, starts.times)
+    if recorded is not None:
+        sequential_names = {f"{label}-warm", *starts.sequential}
+        starts.programs = program_times(recorded.runs, containers, sequential_names)
+        starts.programs_concurrent = program_times(
+            recorded.runs, containers, set(starts.concurrent)
+        )
+        starts.untraced = recorded.lost + recorded.unnamed
+
+
+def _start_trace() -> TraceProcess | None:
+    try:
+        return TraceProcess(TRACED)
+    except ExecTraceUnavailable as err:
+        print(f"no program run times: {err}", flush=True)
+        return None
 
 
 def _example_class(api: Any) -> None:
@@ -280,28 +396,57 @@ def _wait_registered(node: RealNode, driver: str, timeout_s: float = 120) -> Non
         time.sleep(0.5)
 
 
-def rows(flexgpu: Starts, example: Starts) -> list[Row]:
-    def row(pick: Any, pct: float, name: str, target: Any = None) -> Row:
-        return Row(name, percentile(pick(flexgpu), pct), percentile(pick(example), pct), 2, target)
+def _roll_plugin(node: RealNode, image: str, extra: tuple[str, ...]) -> None:
+    """Upgrades the chart with ``extra`` values and waits until a new plugin pod serves and
+    the one before it is gone."""
+    before = {p.metadata.name for p in chart.plugin_pods(node.api, PLUGIN_NAMESPACE, node.name)}
+    chart.install(
+        node,
+        release="flexgpu",
+        namespace=PLUGIN_NAMESPACE,
+        image=image,
+        topology=TOPOLOGY,
+        extra=extra,
+    )
+    deadline = time.monotonic() + POD_TIMEOUT_S
+    while {p.metadata.name for p in chart.plugin_pods(node.api, PLUGIN_NAMESPACE, node.name)} & (
+        before
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"plugin pods {sorted(before)} still there after the upgrade")
+        time.sleep(0.5)
+    chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=image)
 
-    return [
-        row(lambda s: s.sequential_s, 50, "pod start p50 s, one at a time", ratio_at_most(1.1)),
-        row(lambda s: s.sequential_s, 99, "pod start p99 s, one at a time", ratio_at_most(1.1)),
-        row(
-            lambda s: s.concurrent_s, 50, f"pod start p50 s, {AT_ONCE} at once", ratio_at_most(1.1)
-        ),
-        row(
-            lambda s: s.concurrent_s, 99, f"pod start p99 s, {AT_ONCE} at once", ratio_at_most(1.1)
-        ),
-    ]
+
+def _variant_values(node: RealNode, variant: str) -> tuple[str, ...]:
+    """The chart values of a flexgpu variant (see the module's docstring)."""
+    if variant == "separate-hooks":
+        # The copy the plugin installed on its first start: named, it is used as is and
+        # flexgpu-cdi-hooks is not (driver_edits.py).
+        hook = node.layout.kubelet_dir / "plugins" / "gpu.flexgpu.dev" / "bin" / "nvidia-cdi-hook"
+        return (*WHOLE_GPUS, "--set-string", f"kubeletPlugin.nvidiaCdiHookPath={hook}")
+    if variant == "no-driver":
+        return (*WHOLE_GPUS, "--set-string", "kubeletPlugin.nvidiaDriverRoot=")
+    return WHOLE_GPUS
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=30, help="pods per driver and mode")
     parser.add_argument("--mig", action="store_true", help="flexgpu alone, on-demand MIG pods")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        help=f"what to measure, in this order: {', '.join(VARIANTS)} (default: all)",
+    )
     args = parser.parse_args()
+    try:
+        chosen = variant_names(args.variants, VARIANTS)
+    except ValueError as err:
+        parser.error(str(err))
     load_before = os.getloadavg()[0]
+    measured: dict[str, Starts] = {}
     with ControlPlane() as plane:
         node = RealNode(plane, NODE, gpus=8, labels={"flexgpu.dev/topology": TOPOLOGY})
         node.start()
@@ -321,24 +466,36 @@ def main() -> int:
                 extra=(
                     ("--set-string", f"kubeletPlugin.dynamicMigGpus={MIG_GPUS_SET}")
                     if args.mig
-                    else ()
+                    else WHOLE_GPUS
                 ),
             )
             chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=flexgpu_image)
             state = node.layout.kubelet_dir / "dra_manager_state"
-            common = {"image": image, "pods": args.pods, "kubelet_state": state}
+            common = {
+                "image": image,
+                "pods": args.pods,
+                "kubelet_state": state,
+                "containerd_log": node.layout.logs / "containerd.log",
+            }
             if args.mig:
                 mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)
                 _print_mig(mig, args.pods, load_before)
                 return 0
-            _example_class(api)
-            # Outside the node's folder, which cleanup removes.
-            example_log = Path(f"/tmp/{NODE}-example-plugin.log")
-            example = _start_example(node, plane.kubeconfig, example_log)
-            print(f"example plugin log: {example_log}", flush=True)
-            _wait_registered(node, EXAMPLE_DRIVER)
-            flexgpu = measure(api, "flexgpu", device_class="gpu.flexgpu.dev", **common)
-            reference = measure(api, "example", device_class=EXAMPLE_DRIVER, **common)
+            if "example" in chosen:
+                _example_class(api)
+                # Outside the node's folder, which cleanup removes.
+                example_log = Path(f"/tmp/{NODE}-example-plugin.log")
+                example = _start_example(node, plane.kubeconfig, example_log)
+                print(f"example plugin log: {example_log}", flush=True)
+                _wait_registered(node, EXAMPLE_DRIVER)
+            for variant in [v for v in chosen if v != "example"]:
+                if variant != "flexgpu":
+                    _roll_plugin(node, flexgpu_image, _variant_values(node, variant))
+                drivers = {variant: "gpu.flexgpu.dev"}
+                if example is not None:
+                    # The reference driver's pods take turns with this variant's.
+                    drivers[f"ex-{variant}"] = EXAMPLE_DRIVER
+                measured.update(measure_side_by_side(api, drivers, **common))
         finally:
             if example is not None:
                 example.terminate()
@@ -354,11 +511,11 @@ def main() -> int:
         "\nPod created -> container running, one whole GPU per pod, real node (kubelet v1.37, "
         "containerd, runc), ratio = flexgpu / example\n"
     )
-    print(render(rows(flexgpu, reference)))
+    print(report(measured, "ex-"))
     print(
-        f"{args.pods} pods one at a time and {len(flexgpu.concurrent_s)} {AT_ONCE} at a time "
-        f"per driver, after one warm-up pod. Load average (1 min): {load_before:.2f} before, "
-        f"{os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs."
+        f"\n{args.pods} pods one at a time and {AT_ONCE * ((args.pods + AT_ONCE - 1) // AT_ONCE)}"
+        f" {AT_ONCE} at a time per variant, after one warm-up pod. Load average (1 min): "
+        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs."
     )
     return 0
 
@@ -376,6 +533,7 @@ def _print_mig(mig: Starts, pods: int, load_before: float) -> None:
             f"{label}: p50 {percentile(values, 50):.2f} s, p99 {percentile(values, 99):.2f} s "
             f"({len(values)} pods)"
         )
+    print("\n" + report({"mig": mig}, None))
     print(
         f"Load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
         f"on {os.cpu_count()} CPUs."

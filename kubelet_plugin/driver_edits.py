@@ -10,6 +10,11 @@ Paths are rewritten from where the plugin sees the driver root to where the host
 since the container runtime applies the spec on the host. The hooks run ``nvidia-cdi-hook`` on
 the host: the plugin installs the image's copy into its data folder, which has the same path on
 the host and in its container, unless a host path is configured.
+
+Those hooks run on every container start, one program start each. ``flexgpu-cdi-hooks``
+(tools/nvidia-ctk, beside ``nvidia-cdi-hook`` in the image) runs the toolkit's same hook code
+for several of them in one process, so consecutive hooks of one stage become one
+(combine_hooks): the container receives exactly what the separate hooks gave it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 
 GENERATOR = "flexgpu-cdi-common"
 HOOK = "nvidia-cdi-hook"
+COMBINED_HOOK = "flexgpu-cdi-hooks"
 _EDIT_KEYS = frozenset({"env", "deviceNodes", "hooks", "mounts", "additionalGids", "intelRdt"})
 
 
@@ -70,12 +76,70 @@ def install_hook(data_dir: Path, source: str = HOOK) -> Path:
             "(NVIDIA Container Toolkit 1.17 or newer installs /usr/bin/nvidia-cdi-hook), or "
             "use the flexgpu image, which ships it"
         )
-    target = data_dir / "bin" / HOOK
-    data = Path(found).read_bytes()
+    return _install(Path(found), data_dir / "bin" / HOOK)
+
+
+def install_combined_hook(data_dir: Path, source: str = COMBINED_HOOK) -> Path | None:
+    """Copies ``flexgpu-cdi-hooks`` (from PATH) to ``<data dir>/bin`` as install_hook does;
+    None where it is not in PATH (the hooks then stay separate, as NVIDIA's generator wrote
+    them)."""
+    found = shutil.which(source)
+    if found is None:
+        log.info("%s is not in PATH: each CDI hook runs as a program of its own", source)
+        return None
+    return _install(Path(found), data_dir / "bin" / COMBINED_HOOK)
+
+
+def _install(source: Path, target: Path) -> Path:
+    data = source.read_bytes()
     if not target.exists() or target.read_bytes() != data:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(target, data, mode=0o755)
     return target
+
+
+def combine_hooks(edits: Mapping[str, Any], hook_path: Path, combined: Path) -> dict[str, Any]:
+    """The edits with each run of two or more consecutive ``nvidia-cdi-hook`` hooks of one
+    stage (same environment, no timeout) replaced by one ``flexgpu-cdi-hooks`` hook that runs
+    them in the same order, each hook's arguments one JSON list. A hook with a timeout, or of
+    another program, stays as it is and ends the run (the order of hooks is kept)."""
+    result = dict(edits)
+    hooks: list[dict[str, Any]] = []
+    run: list[Mapping[str, Any]] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            hooks.append(dict(run[0]))
+        elif run:
+            merged: dict[str, Any] = {
+                "hookName": run[0]["hookName"],
+                "path": os.fspath(combined),
+                "args": [COMBINED_HOOK, *(json.dumps(list(h["args"][1:])) for h in run)],
+            }
+            if run[0].get("env"):
+                merged["env"] = list(run[0]["env"])
+            hooks.append(merged)
+        run.clear()
+
+    for hook in edits.get("hooks") or []:
+        joins = (
+            hook.get("path") == os.fspath(hook_path)
+            and len(hook.get("args") or []) >= 2
+            and hook.get("timeout") is None
+        )
+        if not joins:
+            flush()
+            hooks.append(dict(hook))
+            continue
+        if run and (
+            run[0]["hookName"] != hook.get("hookName") or run[0].get("env") != hook.get("env")
+        ):
+            flush()
+        run.append(hook)
+    flush()
+    if hooks:
+        result["hooks"] = hooks
+    return result
 
 
 def generate(

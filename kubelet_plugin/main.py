@@ -376,7 +376,11 @@ def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
         generator=config.cdi_generator,
     )
     devices.nodes = DeviceNodes(config.driver_root, host_root, with_control_nodes=False)
-    return edits
+    # An admin's own nvidia-cdi-hook (a host path) comes without our program beside it.
+    if config.nvidia_cdi_hook is not None:
+        return edits
+    combined = driver_edits.install_combined_hook(config.data_dir)
+    return edits if combined is None else driver_edits.combine_hooks(edits, hook, combined)
 
 
 def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:

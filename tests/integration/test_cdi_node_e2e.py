@@ -30,7 +30,7 @@ from tests.integration.gpu_workloads import (
     wait_container_output,
     wait_phase,
 )
-from tests.nvidia_ctk import tools_dir
+from tests.nvidia_ctk import cdi_hook_names, tools_dir
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
 from tools.node import driver_root
@@ -156,8 +156,11 @@ def test_containers_get_their_requests_devices_and_the_driver(
         assert mounts["/usr/bin/nvidia-smi"] == f"{root}/usr/bin/nvidia-smi"
         devices = {d["path"] for d in oci["linux"]["devices"]}
         assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= devices
+        # flexgpu-cdi-hooks calls run the toolkit's hooks (driver_edits.combine_hooks): one
+        # per claim's spec (a container with two claims gets each spec's common edits).
         hooks = oci["hooks"]["createContainer"]
-        assert any("update-ldcache" in h["args"] for h in hooks), container
+        assert {os.path.basename(h["path"]) for h in hooks} == {"flexgpu-cdi-hooks"}, container
+        assert {"create-symlinks", "update-ldcache"} <= set(cdi_hook_names(hooks)), container
 
 
 def test_a_mig_partition_comes_with_its_capability_nodes(

@@ -239,7 +239,7 @@ def _project(rootfs: Path) -> None:
 
 
 TOOLKIT_SCRIPT = REPO / "tools" / "nvidia-ctk" / "build.sh"
-TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "flexgpu-cdi-common")
+TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "flexgpu-cdi-common", "flexgpu-cdi-hooks")
 
 
 def _toolkit_dir() -> Path:

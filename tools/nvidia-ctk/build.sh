@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds nvidia-ctk and nvidia-cdi-hook (NVIDIA Container Toolkit, pinned in go.mod) and our
-# flexgpu-cdi-common (the toolkit's generator for the CDI edits every GPU container needs)
-# into a cache folder outside the repo, and prints that folder on the last line of stdout.
-# A warm cache returns at once. The Containerfile builds the same programs into the image.
+# flexgpu-cdi-common (the toolkit's generator for the CDI edits every GPU container needs) and
+# flexgpu-cdi-hooks (the toolkit's hooks, several in one process) into a cache folder outside
+# the repo, and prints that folder on the last line of stdout.
+# A warm cache returns at once. tools/images copies these programs into the image.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -43,13 +44,14 @@ declare -A pkg=(
   [nvidia-ctk]=github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
   [nvidia-cdi-hook]=github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
   [flexgpu-cdi-common]=./cmd/flexgpu-cdi-common
+  [flexgpu-cdi-hooks]=./cmd/flexgpu-cdi-hooks
 )
-for b in nvidia-ctk nvidia-cdi-hook flexgpu-cdi-common; do
+for b in nvidia-ctk nvidia-cdi-hook flexgpu-cdi-common flexgpu-cdi-hooks; do
   start=$(date +%s)
   # cgo: go-nvml loads libnvidia-ml.so.1 with dlopen at run time (nothing links against it).
   ldflags="-s -w"
-  if [ "$b" = nvidia-cdi-hook ]; then
-    # The hook runs on the host, whatever its glibc: linked statically (its subcommands that
+  if [ "$b" = nvidia-cdi-hook ] || [ "$b" = flexgpu-cdi-hooks ]; then
+    # The hooks run on the host, whatever its glibc: linked statically (its subcommands that
     # CDI specs name load no NVML, so the dlopen warning of a static link does not apply).
     ldflags="$ldflags -linkmode external -extldflags -static"
   fi
