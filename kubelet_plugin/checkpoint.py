@@ -29,10 +29,7 @@ daemon that running pods use. Start-up writes the marker whenever the file is mi
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
-import hashlib
-import json
 import logging
 import os
 import re
@@ -44,23 +41,26 @@ from pathlib import Path
 from typing import Any, Final
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
-    model_serializer,
 )
 
 from flexgpu.driver.atomic_file import atomic_write_bytes
+from flexgpu.kubelet_plugin.checkpoint_envelope import (
+    Unusable,
+    open_envelope,
+    seal,
+)
+from flexgpu.kubelet_plugin.checkpoint_records import (
+    SCHEMA_VERSION,
+    Checkpoint,
+    ClaimRecord,
+)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 2
 LEGACY_VERSION: Final = 1
 CLAIMS_FOLDER: Final = "claims"
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
-_CHECKSUM_PREFIX: Final = "sha256:"
 _RECORD_FILE = re.compile(r"^(?P<uid>[0-9A-Za-z-]{1,128})\.json$")
 
 
@@ -78,131 +78,6 @@ def marker_bytes() -> bytes:
 
 def _is_marker(data: dict[str, Any]) -> bool:
     return data.get("version") == SCHEMA_VERSION and data.get("records") == CLAIMS_FOLDER
-
-
-class ClaimState(enum.StrEnum):
-    PREPARE_STARTED = "PrepareStarted"
-    PREPARED = "Prepared"
-
-
-class EarlyStage(enum.StrEnum):
-    """A claim's on-demand MIG partitions made before its pod was bound (binding
-    conditions, early_partitions.py). Such a record keeps state PrepareStarted, so a plugin
-    that does not know this field rolls it back (destroys the partitions) and prepares as
-    before."""
-
-    CREATING = "Creating"  # recorded before creation: may exist, half-made
-    READY = "Ready"  # created; prepare takes them over
-
-
-class _Record(BaseModel):
-    # extra="allow": during a rolling update an older plugin may rewrite a checkpoint that a
-    # newer one extended; unknown fields must survive that round trip instead of failing it.
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class DeviceRecord(_Record):
-    """A device handed out for a claim, as reported to the kubelet."""
-
-    request_names: list[str] = Field(default_factory=list)
-    pool_name: str
-    device_name: str
-    cdi_device_ids: list[str] = Field(default_factory=list)
-    share_id: str | None = None
-    # What the scheduler granted a share of a shared GPU, e.g. {"memory": "16Gi"}.
-    consumed_capacity: dict[str, str] = Field(default_factory=dict)
-    # Admin-access allocations (monitoring) may overlap with ordinary ones.
-    admin_access: bool = False
-
-
-class MigInstanceRecord(_Record):
-    """A MIG partition created for a claim (destroyed again on unprepare). Recorded before it
-    is created, so the ids are unknown until then; parent and placement identify it."""
-
-    parent_uuid: str
-    parent_index: int | None = None
-    profile: str
-    profile_id: int | None = None
-    placement_start: int
-    placement_size: int | None = None
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    uuid: str | None = None
-
-
-class MpsShareRecord(_Record):
-    """The MPS daemon a claim's clients use and the limits they got.
-
-    Whole GPU: the GPU's daemon, shared by every claim on it, stopped with its last claim.
-    MIG (``mig``): a daemon of the claim's own over its MIG devices (``devices``, by name),
-    keyed by the first of their UUIDs (``gpu_uuids``, in UUID order: ordinal ``i`` of
-    ``pinned_memory_limits`` is ``gpu_uuids[i]``). Those UUIDs are recorded once prepare
-    knows them; until then (a partition not created yet) undo finds the daemon through the
-    record's MIG instances."""
-
-    gpu_uuids: list[str]
-    # The GPU whose daemon serves the claim (for MIG, the parent of gpu_uuids[0]).
-    gpu_index: int | None = None
-    pipe_dir: str | None = None
-    active_thread_percentage: int | None = None
-    pinned_memory_limits: dict[str, str] = Field(default_factory=dict)
-    mig: bool = False
-    devices: list[str] = Field(default_factory=list)
-
-    @model_serializer(mode="wrap")
-    def _only_mig_fields_in_use(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # A whole-GPU share is written as plugins before MIG MPS wrote it, so its record
-        # (and checksum) is unchanged and any plugin of this schema reads it as it did.
-        data = handler(self)
-        if isinstance(data, dict) and not self.mig:
-            if not data.get("devices"):
-                data.pop("devices", None)
-            data.pop("mig", None)
-        return data
-
-
-class CreatedResources(_Record):
-    """Everything prepare created on the node, so that unprepare or a restart can undo it."""
-
-    cdi_spec_path: str | None = None
-    mig_instances: list[MigInstanceRecord] = Field(default_factory=list)
-    mps_share: MpsShareRecord | None = None
-    # GPU index (as a string: JSON keys) -> time-slice interval this claim set.
-    time_slices: dict[str, str] = Field(default_factory=dict)
-
-
-class ClaimRecord(_Record):
-    uid: str
-    namespace: str
-    name: str
-    state: ClaimState
-    devices: list[DeviceRecord] = Field(default_factory=list)
-    created: CreatedResources = Field(default_factory=CreatedResources)
-    early: EarlyStage | None = None
-
-    @model_serializer(mode="wrap")
-    def _early_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Records without early partitions are written as before (same bytes, same checksum).
-        data = handler(self)
-        if isinstance(data, dict) and data.get("early") is None:
-            data.pop("early", None)
-        return data
-
-
-class Checkpoint(_Record):
-    """The whole node state. Immutable: use with_claim/without_claim to derive a new one."""
-
-    version: int = SCHEMA_VERSION
-    boot_id: str
-    claims: dict[str, ClaimRecord] = Field(default_factory=dict)
-
-    def with_claim(self, record: ClaimRecord) -> Checkpoint:
-        return self.model_copy(update={"claims": {**self.claims, record.uid: record}})
-
-    def without_claim(self, uid: str) -> Checkpoint:
-        return self.model_copy(
-            update={"claims": {k: v for k, v in self.claims.items() if k != uid}}
-        )
 
 
 class CheckpointError(Exception):
@@ -264,53 +139,9 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     return boot_id
 
 
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def checksum(data: Any) -> str:
-    return _CHECKSUM_PREFIX + hashlib.sha256(canonical_json(data)).hexdigest()
-
-
-def seal(data: dict[str, Any]) -> bytes:
-    """The on-disk envelope of ``data``: the canonical JSON of {"checksum", "data"}, built
-    around the one encoding of ``data`` that the checksum needs (keys sorted: "checksum"
-    comes first)."""
-    body = canonical_json(data)
-    digest = _CHECKSUM_PREFIX + hashlib.sha256(body).hexdigest()
-    return b'{"checksum":' + json.dumps(digest).encode() + b',"data":' + body + b"}"
-
-
 def record_file_uid(file_name: str) -> str | None:
     match = _RECORD_FILE.match(file_name)
     return match["uid"] if match else None
-
-
-class _Unusable(Exception):
-    """A file that cannot be used: corrupt (version None) or of a newer version."""
-
-    def __init__(self, reason: str, version: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.version = version
-
-
-def _open_envelope(raw: bytes, newest: int) -> dict[str, Any]:
-    """The checked "data" of a file. The version is looked at before the checksum: a newer
-    plugin may seal its files differently, and such a file is foreign, not corrupt."""
-    try:
-        document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _Unusable(f"not JSON: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("data"), dict):
-        raise _Unusable("no 'data' object")
-    data: dict[str, Any] = document["data"]
-    version = data.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > newest:
-        raise _Unusable(f"schema version {version}", version)
-    if document.get("checksum") != checksum(data):
-        raise _Unusable("checksum mismatch")
-    return data
 
 
 def _write_record(path: Path, data: bytes) -> None:
@@ -433,11 +264,11 @@ class CheckpointStore:
         self._scan_legacy(result)
         for path in self._record_files():
             try:
-                data = _open_envelope(path.read_bytes(), SCHEMA_VERSION)
+                data = open_envelope(path.read_bytes(), SCHEMA_VERSION)
                 boot_id, record = _parse_record(data, expected_uid=record_file_uid(path.name))
             except FileNotFoundError:
                 continue
-            except _Unusable as err:
+            except Unusable as err:
                 if err.version is not None:
                     result.foreign.append(ForeignFile(path, err.version))
                     with self._guard:
@@ -544,8 +375,8 @@ class CheckpointStore:
             self._legacy_seen = None
             return
         try:
-            data = _open_envelope(raw, SCHEMA_VERSION)
-        except _Unusable as err:
+            data = open_envelope(raw, SCHEMA_VERSION)
+        except Unusable as err:
             if err.version is not None:
                 result.legacy_status = "foreign"
                 result.foreign.append(ForeignFile(self.legacy_path, err.version))
@@ -599,10 +430,10 @@ class CheckpointStore:
         record: ClaimRecord | None = None
         try:
             boot_id, parsed = _parse_record(
-                _open_envelope(raw, SCHEMA_VERSION), record_file_uid(name)
+                open_envelope(raw, SCHEMA_VERSION), record_file_uid(name)
             )
             record = parsed if boot_id == self.boot_id else None
-        except _Unusable as err:
+        except Unusable as err:
             log.warning("ignoring checkpoint file %s: %s", path, err.reason)
         with self._guard:
             self._cache[name] = (identity, record)
@@ -627,14 +458,14 @@ def _identity(path: str | Path) -> tuple[int, int, int]:
 
 def _parse_record(data: dict[str, Any], expected_uid: str | None) -> tuple[str, ClaimRecord]:
     if data.get("version") != SCHEMA_VERSION:
-        raise _Unusable(f"version {data.get('version')!r} in a version-{SCHEMA_VERSION} file")
+        raise Unusable(f"version {data.get('version')!r} in a version-{SCHEMA_VERSION} file")
     boot_id = data.get("boot_id")
     if not isinstance(boot_id, str) or not boot_id:
-        raise _Unusable("no boot_id")
+        raise Unusable("no boot_id")
     try:
         record = ClaimRecord.model_validate(data.get("claim"))
     except ValidationError as exc:
-        raise _Unusable(f"invalid content: {exc}") from exc
+        raise Unusable(f"invalid content: {exc}") from exc
     if record.uid != expected_uid:
-        raise _Unusable(f"record of claim {record.uid} in the file of {expected_uid}")
+        raise Unusable(f"record of claim {record.uid} in the file of {expected_uid}")
     return boot_id, record

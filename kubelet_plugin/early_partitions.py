@@ -29,8 +29,8 @@ from flexgpu.driver.names import (
     PARTITION_FAILED_CONDITION,
     PARTITION_READY_CONDITION,
 )
-from flexgpu.kubelet_plugin.checkpoint import (
-    CheckpointWriteError,
+from flexgpu.kubelet_plugin.checkpoint import CheckpointWriteError
+from flexgpu.kubelet_plugin.checkpoint_records import (
     ClaimRecord,
     ClaimState,
     CreatedResources,

@@ -20,7 +20,7 @@ from typing import Any
 
 from flexgpu.driver.backend import GpuBackend
 from flexgpu.kubelet_plugin import metrics
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
 from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
 from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
 from flexgpu.kubelet_plugin.metrics_settings import (

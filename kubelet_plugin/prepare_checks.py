@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.quantity import QuantityError, parse_quantity
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, DeviceRecord
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.sharing import SharingPlan
 

@@ -11,7 +11,7 @@ from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.gpu_model import MigDevice, MpsDaemon
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.names import DRIVER_NAME, PARTITION_READY_CONDITION
-from flexgpu.kubelet_plugin.checkpoint import (
+from flexgpu.kubelet_plugin.checkpoint_records import (
     ClaimRecord,
     CreatedResources,
     DeviceRecord,

@@ -29,10 +29,9 @@ from flexgpu.driver.claim_results import AllocatedDevice, ClaimResultError
 from flexgpu.driver.gpu_model import MigDevice
 from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.kubelet_plugin.checkpoint import (
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, CheckpointWriteError
+from flexgpu.kubelet_plugin.checkpoint_records import (
     Checkpoint,
-    CheckpointStore,
-    CheckpointWriteError,
     ClaimRecord,
     ClaimState,
     EarlyStage,

@@ -10,7 +10,7 @@ from flexgpu.driver.cdi import CdiDevice
 from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.mps_limits import PinnedLimitError
-from flexgpu.kubelet_plugin.checkpoint import MpsShareRecord
+from flexgpu.kubelet_plugin.checkpoint_records import MpsShareRecord
 from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.mps_daemons import MpsDaemons
 from flexgpu.kubelet_plugin.node_devices import NodeDevices

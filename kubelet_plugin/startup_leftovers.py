@@ -11,7 +11,7 @@ from pathlib import Path
 
 from flexgpu.driver.cdi import ENV_MPS_PIPE, claim_uid_from_spec_file
 from flexgpu.driver.mps_daemon_spec import serves_mig
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
 from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.spec_facts import spec_facts
 

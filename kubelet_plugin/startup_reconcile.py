@@ -39,10 +39,9 @@ from flexgpu.driver.cdi import (
 from flexgpu.driver.gpu_model import MigDevice
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, serves_mig
 from flexgpu.driver.names import CDI_KIND, DRIVER_NAME
-from flexgpu.kubelet_plugin.checkpoint import (
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, CheckpointWriteError, ScanResult
+from flexgpu.kubelet_plugin.checkpoint_records import (
     SCHEMA_VERSION,
-    CheckpointStore,
-    CheckpointWriteError,
     ClaimRecord,
     ClaimState,
     CreatedResources,
@@ -50,7 +49,6 @@ from flexgpu.kubelet_plugin.checkpoint import (
     EarlyStage,
     MigInstanceRecord,
     MpsShareRecord,
-    ScanResult,
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimSource
 from flexgpu.kubelet_plugin.node_events import NodeEventSink

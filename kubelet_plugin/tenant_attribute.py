@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from flexgpu.kubelet_plugin.checkpoint import Checkpoint
+from flexgpu.kubelet_plugin.checkpoint_records import Checkpoint
 from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     DraDriver,

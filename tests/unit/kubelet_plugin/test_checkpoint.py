@@ -13,19 +13,20 @@ from typing import Any
 import pytest
 
 from flexgpu.kubelet_plugin.checkpoint import (
-    SCHEMA_VERSION,
     CheckpointError,
     CheckpointStore,
     CheckpointWriteError,
+    marker_bytes,
+)
+from flexgpu.kubelet_plugin.checkpoint_envelope import checksum, seal
+from flexgpu.kubelet_plugin.checkpoint_records import (
+    SCHEMA_VERSION,
     ClaimRecord,
     ClaimState,
     CreatedResources,
     DeviceRecord,
     MigInstanceRecord,
     MpsShareRecord,
-    checksum,
-    marker_bytes,
-    seal,
 )
 
 BOOT_A = "3f1c9a52-2b7e-4d0a-9c1e-5e8f7a6b4c3d"

@@ -15,7 +15,8 @@ import pytest
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.names import PARTITION_FAILED_CONDITION, PARTITION_READY_CONDITION
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, ClaimState, EarlyStage
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimState, EarlyStage
 from flexgpu.kubelet_plugin.claim_source import ClaimView, claim_path
 from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
 from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions

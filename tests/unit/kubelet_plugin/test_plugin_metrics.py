@@ -19,7 +19,7 @@ from flexgpu.driver.durations import parse_duration
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.sim_usage import USAGE_FILE_NAME
 from flexgpu.kubelet_plugin import metrics
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult, UnprepareResult
 from flexgpu.kubelet_plugin.metrics_setup import (
     CLAIM_REREAD_S,

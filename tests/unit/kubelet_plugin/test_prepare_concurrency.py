@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint import ClaimState
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimState
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
 from tests.conftest import wait_for

@@ -11,7 +11,8 @@ import pytest
 
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, ClaimState
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimState
 from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, UnprepareResult
 from flexgpu.kubelet_plugin.node_devices import NodeDevices

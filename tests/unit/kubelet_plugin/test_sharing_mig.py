@@ -31,7 +31,8 @@ import pytest
 from flexgpu.driver.gpu_model import ComputeMode, MigDevice, TimeSliceInterval
 from flexgpu.driver.node_policy import GpuMode
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, ClaimState
+from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimState
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock

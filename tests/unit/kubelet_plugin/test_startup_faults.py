@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from flexgpu.driver.gpu_model import TimeSliceInterval
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, canonical_json, checksum, marker_bytes
+from flexgpu.kubelet_plugin.checkpoint import marker_bytes
+from flexgpu.kubelet_plugin.checkpoint_envelope import canonical_json, checksum
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (

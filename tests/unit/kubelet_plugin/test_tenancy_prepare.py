@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint import (
+from flexgpu.kubelet_plugin.checkpoint_records import (
     ClaimRecord,
     ClaimState,
     CreatedResources,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from flexgpu.kubelet_plugin.tenant_attribute import TenantAttribute, TenantTrackingDriver
 from tests.unit.kubelet_plugin.prepare_support import SHARED_GPU, ClaimTable, Node, share

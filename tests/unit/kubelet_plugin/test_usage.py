@@ -15,7 +15,7 @@ from flexgpu.driver.gpu_model import ProcessSample
 from flexgpu.driver.names import mig_device_name
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.sim_usage import USAGE_FILE_NAME
-from flexgpu.kubelet_plugin.checkpoint import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_in
 from flexgpu.kubelet_plugin.usage import UsageSampler
