@@ -26,7 +26,8 @@ from typing import Any
 from kubernetes import client
 
 from bench.compare_table import Row, percentile, render
-from bench.pod_start import NAMESPACE, NODE, PLUGIN_NAMESPACE, TOPOLOGY, one_at_a_time
+from bench.pod_start import one_at_a_time
+from bench.pod_start_node import NAMESPACE, NODE, PLUGIN_NAMESPACE, TOPOLOGY
 from tests.nvidia_ctk import tools_dir
 from tests.nvidia_machine import machine
 from tests.nvml_library import ENV_CONFIG, ENV_STATE
