@@ -88,14 +88,14 @@ lint: venv
 	@echo "==> import contracts (pyproject.toml [tool.importlinter])"
 	@$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: setup test-deps lint
+test: setup test-deps karpenter lint
 	@echo "==> pytest (unit and integration against the real control plane$(if $(K8S), v$(K8S)))"
 	@$(PYTEST)
 
 test-unit: venv test-deps
 	@$(PYTEST) -m "not integration"
 
-test-integration: setup test-deps
+test-integration: setup test-deps karpenter
 	@$(PYTEST) -m integration
 
 # The core end-to-end set (whole GPU, NVLink, dynamic MIG, fractions, node policy, chart
@@ -105,17 +105,18 @@ test-core: setup test-deps
 	@$(PYTEST) -m "integration and core"
 
 # Karpenter with its kwok cloud provider and flexgpu's templates on its GPU instance types
-# (tools/karpenter, Go, sigs.k8s.io/karpenter v1.15; GOTOOLCHAIN=go1.27.3 is fetched). Not part
-# of setup: cold, it is the longest Go build after the control plane (docs/autoscaling.md).
+# (tools/karpenter, Go, sigs.k8s.io/karpenter v1.15; GOTOOLCHAIN=go1.27.3 is fetched). Built by
+# `make test`, not by setup (the demo does not need it): cold, it is the longest Go build after
+# the control plane (docs/autoscaling.md).
 karpenter:
 	@echo "==> Karpenter with the kwok provider (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/karpenter/build.sh karpenter-kwok >/dev/null
 
 # The autoscaling end-to-end test: Karpenter launches flex GPU nodes for pending claims and
-# removes them idle (tests/integration/test_autoscale_e2e.py). Not part of `make test`.
+# removes them idle (tests/integration/test_autoscale_e2e.py); `make test` runs it with the rest.
 test-autoscale: venv control-plane karpenter test-deps
 	@echo "==> pytest (Karpenter end-to-end)"
-	@FLEXGPU_AUTOSCALE_E2E=1 $(PYTEST) -s tests/integration/test_autoscale_e2e.py
+	@$(PYTEST) -s tests/integration/test_autoscale_e2e.py
 
 demo: setup
 	@$(PY) -m demo

@@ -13,13 +13,12 @@ pending, or Karpenter launches more nodes than its first decision. Then the pods
 GPUs go idle, and consolidation removes each node with its slices: first the node whose pods
 finished while the other stays busy, then the last.
 
-Slow and built apart (Karpenter's controller, Go, many minutes cold): runs only with
-FLEXGPU_AUTOSCALE_E2E=1, as ``make test-autoscale`` sets it."""
+Karpenter's controller is a Go build of many minutes cold: ``make test`` builds it first
+(``make karpenter``); run here without it, the test builds it on first use."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,14 +36,7 @@ from tests.integration.gpu_workloads import ensure_device_classes
 from tools.autoscale.karpenter import NODEPOOL_LABEL, GpuInstanceType, Karpenter
 from tools.autoscale.node_agent import NodeAgent
 
-ENV = "FLEXGPU_AUTOSCALE_E2E"
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not os.environ.get(ENV),
-        reason=f"Karpenter end-to-end: runs with {ENV}=1 (make test-autoscale)",
-    ),
-]
+pytestmark = pytest.mark.integration
 
 NODEPOOL = "flexgpu-gpu"
 INSTANCE = GpuInstanceType(
