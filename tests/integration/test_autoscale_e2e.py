@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from flexgpu.controller.cli_node_template import binding_conditions
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.node_template import TemplatePolicy, render_node_template
 from flexgpu.driver.template_check import current_pool, template_differences
@@ -39,11 +40,24 @@ from tools.autoscale.node_agent import NodeAgent
 pytestmark = pytest.mark.integration
 
 NODEPOOL = "flexgpu-gpu"
-INSTANCE = GpuInstanceType(
-    "gpu-h100-8x",
-    "hgx-h100-8",
-    TemplatePolicy(shared=frozenset({4, 5}), dynamic_mig=frozenset({6, 7})),
-)
+INSTANCE_NAME = "gpu-h100-8x"
+
+
+def instance_type(api: Any) -> GpuInstanceType:
+    """The GPU instance type, its template as the plugin publishes it on this cluster's
+    release (on-demand partitions carry binding conditions from 1.36, the plugin's default)."""
+    version = client.VersionApi(api).get_code().git_version
+    return GpuInstanceType(
+        INSTANCE_NAME,
+        "hgx-h100-8",
+        TemplatePolicy(
+            shared=frozenset({4, 5}),
+            dynamic_mig=frozenset({6, 7}),
+            binding_conditions=binding_conditions("auto", version),
+        ),
+    )
+
+
 KARPENTER = "karpenter.sh"
 KWOK = "karpenter.kwok.sh"
 
@@ -96,7 +110,7 @@ def nodepool() -> dict[str, Any]:
                         {
                             "key": "node.kubernetes.io/instance-type",
                             "operator": "In",
-                            "values": [INSTANCE.name],
+                            "values": [INSTANCE_NAME],
                         },
                         {
                             "key": "karpenter.sh/capacity-type",
@@ -172,8 +186,9 @@ def karpenter_world(
 ) -> Iterator[tuple[Karpenter, NodeAgent]]:
     ensure_device_classes(api)
     workdir = tmp_path_factory.mktemp("karpenter")
-    karpenter = Karpenter(cluster.kubeconfig, workdir, [INSTANCE])
-    agent = NodeAgent(cluster.kubeconfig, {INSTANCE.name: INSTANCE}, {NODEPOOL})
+    instance = instance_type(api)
+    karpenter = Karpenter(cluster.kubeconfig, workdir, [instance])
+    agent = NodeAgent(cluster.kubeconfig, {instance.name: instance}, {NODEPOOL})
     karpenter.start(api)
     agent.start()
     objects = custom(api)
@@ -260,7 +275,8 @@ def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_i
     assert not agent.errors(), agent.errors()
 
     # What the plugin published on each node is the template Karpenter simulated.
-    template = render_node_template(load_topology(INSTANCE.topology), INSTANCE.policy)
+    instance = instance_type(api)
+    template = render_node_template(load_topology(instance.topology), instance.policy)
     for node in agent.records:
         differences = template_differences(template, published(api, node), node)
         assert not differences, f"{node}:\n" + "\n".join(differences[:40])
