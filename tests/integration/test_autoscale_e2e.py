@@ -216,11 +216,16 @@ def karpenter_world(
             except client.ApiException as err:
                 if err.status != 404:
                     raise
-        deadline = time.monotonic() + 120
-        while nodeclaims(api) and time.monotonic() < deadline:
-            time.sleep(1)
-        agent.stop()
-        karpenter.stop()
+        try:
+            wait_for(
+                lambda: not nodeclaims(api),
+                timeout_s=120,
+                interval_s=1,
+                what="Karpenter to remove its NodeClaims after the NodePool was deleted",
+            )
+        finally:
+            agent.stop()
+            karpenter.stop()
 
 
 def test_karpenter_launches_flex_gpu_nodes_for_pending_claims_and_removes_them_idle(
