@@ -25,6 +25,11 @@ TENANT_ATTRIBUTE: Final = "tenant"
 # scheduled again when PartitionFailed is set instead.
 PARTITION_READY_CONDITION: Final = "gpu.flexgpu.dev/PartitionReady"
 PARTITION_FAILED_CONDITION: Final = "gpu.flexgpu.dev/PartitionFailed"
+# Binding conditions of a free shared GPU (Kubernetes 1.36+): the plugin gives the GPU to the
+# namespace of the first claim it sees allocated there (TenantReady) and sends a claim of
+# another namespace, allocated in the same instant, back to be scheduled (TenantTaken).
+TENANT_READY_CONDITION: Final = "gpu.flexgpu.dev/TenantReady"
+TENANT_TAKEN_CONDITION: Final = "gpu.flexgpu.dev/TenantTaken"
 # NoSchedule taint on a GPU's partitions after creating one failed, for a cool-down.
 PARTITION_FAILED_TAINT: Final = "gpu.flexgpu.dev/partition-create-failed"
 

@@ -35,7 +35,6 @@ from flexgpu.driver.mig_layout import LayoutError, validate_layout
 from flexgpu.driver.names import (
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
-    TENANT_ATTRIBUTE,
     gpu_device_name,
 )
 from flexgpu.driver.node_policy import GpuMode, GpuNodePolicy, gpu_modes
@@ -44,6 +43,7 @@ from flexgpu.driver.resource_slice import (
     shared_gpu_device,
     slice_specs,
     whole_gpu_device,
+    with_tenant,
 )
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.topology import NodeTopology
@@ -82,7 +82,8 @@ class TemplatePolicy:
     dynamic_mig: frozenset[int] = frozenset()
     policy: GpuNodePolicy | None = None
     mig_switch_needs_reset: bool = False
-    # On-demand partitions carry binding conditions (the plugin's default on 1.36+).
+    # On-demand partitions and free shared GPUs carry binding conditions (the plugin's
+    # default on 1.36+).
     binding_conditions: bool = False
     # The plugin's --shared-gpu-tenants: with "namespace" a shared GPU carries its tenant,
     # "" on a new node (the value a running node publishes varies; template_check.py).
@@ -170,7 +171,7 @@ def _render_gpu(
     if plan.mode == GpuMode.SHARED:
         device = shared_gpu_device(gpu)
         if policy.shared_gpu_tenants == "namespace":
-            device["attributes"][TENANT_ATTRIBUTE] = {"string": ""}
+            device = with_tenant(device, "", binding_conditions=policy.binding_conditions)
         return [device], None
     # Whole, and MIG modes on a GPU without MIG: the plugin publishes those whole.
     return [whole_gpu_device(gpu)], None

@@ -16,6 +16,9 @@ from flexgpu.driver.names import (
     NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
+    TENANT_ATTRIBUTE,
+    TENANT_READY_CONDITION,
+    TENANT_TAKEN_CONDITION,
     gpu_device_name,
 )
 
@@ -87,6 +90,23 @@ def whole_gpu_device(gpu: GpuInfo) -> SliceDevice:
 # Shares are enforced with MPS pinned-memory limits; below 1 GiB a CUDA context alone does
 # not fit, so smaller requests are rounded up to it.
 MIN_SHARE_MEMORY = "1Gi"
+
+
+def with_tenant(device: SliceDevice, tenant: str, *, binding_conditions: bool) -> SliceDevice:
+    """A shared GPU as published with the namespace it serves ("" while free). A free one
+    carries binding conditions where the cluster has them: the selector admission adds cannot
+    keep two namespaces apart on a GPU that no claim holds yet (claims created at the same
+    instant are all allocated before any tenant is published), so the plugin decides which
+    namespace a free GPU goes to before any pod is bound (kubelet_plugin/tenant_binding.py).
+    A held GPU needs none: the selector already keeps other namespaces off it."""
+    out: SliceDevice = {
+        **device,
+        "attributes": {**device["attributes"], TENANT_ATTRIBUTE: _string(tenant)},
+    }
+    if binding_conditions and not tenant:
+        out["bindingConditions"] = [TENANT_READY_CONDITION]
+        out["bindingFailureConditions"] = [TENANT_TAKEN_CONDITION]
+    return out
 
 
 def shared_gpu_device(gpu: GpuInfo) -> SliceDevice:

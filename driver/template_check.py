@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flexgpu.driver.names import TENANT_ATTRIBUTE
+from flexgpu.driver.names import TENANT_ATTRIBUTE, TENANT_READY_CONDITION
 from flexgpu.driver.node_template import NODE_NAME_PLACEHOLDER, NodeTemplate, is_placeholder
 
 _TENANT_PATH = f".attributes.{TENANT_ATTRIBUTE}"
@@ -75,6 +75,23 @@ def _compare(template: Any, real: Any, path: str, bindings: _Bindings) -> list[s
     return [] if template == real else [f"{path}: template {template!r}, node {real!r}"]
 
 
+def _as_free(template: Mapping[str, Any], real: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A shared GPU that serves a namespace now, as it is published while free: a held GPU
+    drops the tenant binding conditions a free one carries (resource_slice.with_tenant)."""
+    tenant = (real.get("attributes") or {}).get(TENANT_ATTRIBUTE) or {}
+    held = bool(tenant.get("string"))
+    if not held or TENANT_READY_CONDITION not in (template.get("bindingConditions") or []):
+        return real
+    conditions = ("bindingConditions", "bindingFailureConditions")
+    return {**real, **{key: template[key] for key in conditions if key in template}}
+
+
+def _free_devices(template: Mapping[str, Any], real: Mapping[str, Any]) -> Mapping[str, Any]:
+    mine = {d.get("name"): d for d in template.get("devices") or []}
+    devices = [_as_free(mine.get(d.get("name")) or {}, d) for d in real.get("devices") or []]
+    return {**real, "devices": devices} if "devices" in real else real
+
+
 def template_differences(
     template: NodeTemplate, published: Sequence[Mapping[str, Any]], node_name: str
 ) -> list[str]:
@@ -91,5 +108,6 @@ def template_differences(
     found: list[str] = []
     for i, (spec, node_spec) in enumerate(zip(template.specs, published, strict=True)):
         pool = {**node_spec.get("pool", {}), "generation": spec["pool"]["generation"]}
-        found += _compare(spec, {**node_spec, "pool": pool}, f"slice[{i}]", bindings)
+        real = _free_devices(spec, {**node_spec, "pool": pool})
+        found += _compare(spec, real, f"slice[{i}]", bindings)
     return found

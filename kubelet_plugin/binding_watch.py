@@ -1,7 +1,9 @@
-"""Binding conditions for on-demand MIG (KEP-5007): finds the claims whose partitions on this
-node wait for ``PartitionReady``, has them created (early_partitions.py) and reports the
-outcome on the claim, and taints a GPU where creating one failed so that the pod, sent back by
-the scheduler, goes elsewhere.
+"""Binding conditions (KEP-5007): finds the claims whose partitions on this node wait for
+``PartitionReady``, has them created (early_partitions.py) and reports the outcome on the
+claim, and taints a GPU where creating one failed so that the pod, sent back by the
+scheduler, goes elsewhere; and gives each free shared GPU to the namespace of the first claim
+allocated there (``TenantReady``), sending back the claims of other namespaces allocated in
+the same instant (``TenantTaken``; tenant_binding.py).
 
 One watch of ResourceClaims (no field selector reaches into a claim's allocation, so the
 watch covers the cluster and keeps only claims with a waiting device of this node's pool),
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from flexgpu.driver.claim_results import ClaimResultError
@@ -23,11 +25,13 @@ from flexgpu.driver.names import (
     PARTITION_FAILED_CONDITION,
     PARTITION_READY_CONDITION,
 )
+from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
 from flexgpu.kubelet_plugin.claim_source import ClaimView, parse_claim
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
+from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
 from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
 from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.tenant_binding import TenantBinding
 from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
@@ -51,9 +55,17 @@ class BindingWatch:
         devices: NodeDevices,
         republish: Callable[[], None],
         failure_s: float,
+        records: Callable[[], Iterable[ClaimRecord]] = tuple,
+        tenants_changed: Callable[[], object] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._node = node_name
+        self.tenants = TenantBinding(node_name, devices.shared_gpu_index)
+        self._records = records
+        self._tenants_changed = tenants_changed
+        # Claim UID -> the binding outcomes written for its devices: one claim's write
+        # replaces all of this node's entries, so each write carries every outcome.
+        self._outcomes: dict[str, dict[tuple[str, str, str], DeviceStatus]] = {}
         self._early = early
         self._status = status
         self._devices = devices
@@ -83,14 +95,18 @@ class BindingWatch:
         )
 
     def waits_here(self, claim: Mapping[str, Any]) -> bool:
-        """Whether an allocated claim has a device of this node with our binding condition:
-        the only claims kept (memory: the watch sees every claim of the cluster)."""
+        """Whether an allocated claim has a device of this node with our partition binding
+        condition, or a shared GPU of this node (whose tenant it waits for or holds): the
+        only claims kept (memory: the watch sees every claim of the cluster)."""
         allocation = (claim.get("status") or {}).get("allocation") or {}
         results = (allocation.get("devices") or {}).get("results") or []
         return any(
             r.get("driver") == DRIVER_NAME
             and r.get("pool") == self._node
-            and PARTITION_READY_CONDITION in (r.get("bindingConditions") or [])
+            and (
+                PARTITION_READY_CONDITION in (r.get("bindingConditions") or [])
+                or self._devices.shared_gpu_index(str(r.get("device"))) is not None
+            )
             for r in results
         )
 
@@ -124,7 +140,11 @@ class BindingWatch:
         """Claims are watched only while the node has on-demand MIG GPUs (or partitions made
         before binding): every node watching every claim of the cluster would cost the API
         server a fan-out of each claim change for nothing. Modes change with GpuNodePolicies."""
-        wanted = bool(self._devices.dynamic_gpus()) or bool(self._early.early_records())
+        wanted = (
+            bool(self._devices.dynamic_gpus())
+            or bool(self._early.early_records())
+            or self._devices.tenant_binding()
+        )
         if wanted and not self._watching:
             self.claims = self._new_watch()
             self.claims.start()
@@ -133,7 +153,7 @@ class BindingWatch:
         elif not wanted and self._watching:
             self.claims.stop()
             self._watching = False
-            log.info("binding conditions: no on-demand MIG GPU left; claims no longer watched")
+            log.info("binding conditions: no on-demand MIG or shared GPU left; claims not watched")
 
     # -- the work --------------------------------------------------------------------------
     def process(self) -> None:
@@ -144,6 +164,7 @@ class BindingWatch:
             return  # an early record's claim may just not be listed yet
         claims: dict[str, ClaimView] = {}
         told: dict[str, set[str]] = {}
+        order: list[tuple[str, str, ClaimView]] = []
         for obj in self.claims.items():
             try:
                 view = parse_claim(obj)
@@ -153,6 +174,12 @@ class BindingWatch:
                 continue
             claims[view.uid] = view
             told[view.uid] = self._true_conditions(obj)
+            allocated = ((obj.get("status") or {}).get("allocation") or {}).get(
+                "allocationTimestamp"
+            )
+            order.append((str(allocated or ""), f"{view.namespace}/{view.name}", view))
+        self._outcomes = {uid: o for uid, o in self._outcomes.items() if uid in claims}
+        sent_back = self._decide_tenants([view for *_, view in sorted(order)], told)
         self._early.sweep(claims)
         self._reported_failed = {
             uid: devices
@@ -165,19 +192,20 @@ class BindingWatch:
             if uid in records:
                 # Made, but the status may not have gone out (a crash, an API error).
                 if PARTITION_READY_CONDITION not in told[uid]:
-                    statuses = self._early.ready_statuses(claim, records[uid])
-                    self._status.binding(claim.namespace, claim.name, uid, statuses)
+                    self._write(claim, self._early.ready_statuses(claim, records[uid]))
                 continue
             decided = told[uid] & {PARTITION_READY_CONDITION, PARTITION_FAILED_CONDITION}
-            if decided or uid in self._reported_failed:
+            if decided or uid in self._reported_failed or uid in sent_back:
                 continue  # decided: prepare (or the scheduler) takes it from here
+            if not self._early.waiting(claim):
+                continue  # a claim kept for its shared GPU only
             outcome = self._early.create(claim)
             if outcome is None:
                 continue
             if outcome.busy:
                 self._busy = True
                 continue
-            self._status.binding(claim.namespace, claim.name, uid, outcome.statuses)
+            self._write(claim, outcome.statuses)
             if outcome.failed:
                 self._reported_failed[uid] = _devices(claim)
             if outcome.failed_gpus:
@@ -186,6 +214,36 @@ class BindingWatch:
                     self._failures[index] = (why, until)
                 self._taint()
         self._expire()
+
+    def _decide_tenants(
+        self, claims: Sequence[ClaimView], told: Mapping[str, set[str]]
+    ) -> set[str]:
+        """Gives free shared GPUs to the first namespace allocated there and sends other
+        namespaces' claims back; the UIDs of those sent back. The published tenants follow
+        (``tenants_changed``) before any outcome is written, so the scheduler that reads a
+        TenantTaken already sees the GPU's tenant."""
+        if not self._devices.tenant_binding():
+            return set()
+        decisions = self.tenants.decide(claims, told, self._records())
+        self._tenants_changed()
+        for decision in decisions:
+            claim = decision.claim
+            log.info(
+                "claim %s/%s: shared GPU %s",
+                claim.namespace,
+                claim.name,
+                "taken by another namespace; sent back to the scheduler"
+                if decision.taken
+                else f"serves namespace {claim.namespace}",
+            )
+            self._write(claim, decision.statuses)
+        return {d.claim.uid for d in decisions if d.taken}
+
+    def _write(self, claim: ClaimView, statuses: Sequence[DeviceStatus]) -> None:
+        outcomes = self._outcomes.setdefault(claim.uid, {})
+        for status in statuses:
+            outcomes[(status.pool, status.device, status.share_id or "")] = status
+        self._status.binding(claim.namespace, claim.name, claim.uid, tuple(outcomes.values()))
 
     def _true_conditions(self, claim: Mapping[str, Any]) -> set[str]:
         """The condition types true on this node's status entries of the claim."""

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexgpu.driver.log_format import configure_logging
@@ -26,6 +26,7 @@ from flexgpu.kubelet_plugin.startup_gate import StartupGate
 if TYPE_CHECKING:
     from flexgpu.driver.backend import GpuBackend
     from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+    from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
     from flexgpu.kubelet_plugin.kube_api import KubeApi
     from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
     from flexgpu.kubelet_plugin.node_devices import NodeDevices
@@ -222,6 +223,9 @@ def start_node(
         from flexgpu.kubelet_plugin.binding_watch import BindingWatch
         from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
 
+        def records() -> Iterable[ClaimRecord]:
+            return preparer.load_checkpoint().claims.values()
+
         binding = BindingWatch(
             api,
             config.node_name,
@@ -230,7 +234,10 @@ def start_node(
             devices=devices,
             republish=republish,
             failure_s=config.partition_failure_seconds,
+            records=records,
+            tenants_changed=tenants.update,
         )
+        tenants.held = binding.tenants.holders
         binding.start()
     if mps_pods is not None:
         mps_pods.watch(

@@ -23,9 +23,14 @@ from flexgpu.driver.mig_devices import (
     static_mig_devices,
     with_binding_conditions,
 )
-from flexgpu.driver.names import PARTITION_FAILED_TAINT, TENANT_ATTRIBUTE, gpu_device_name
+from flexgpu.driver.names import PARTITION_FAILED_TAINT, gpu_device_name
 from flexgpu.driver.node_policy import GpuMode
-from flexgpu.driver.resource_slice import SliceDevice, shared_gpu_device, whole_gpu_device
+from flexgpu.driver.resource_slice import (
+    SliceDevice,
+    shared_gpu_device,
+    whole_gpu_device,
+    with_tenant,
+)
 from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
 
 log = logging.getLogger(__name__)
@@ -56,8 +61,9 @@ class NodeDevices:
         publish_tenants: bool = False,
     ) -> None:
         self.backend = backend
-        # On-demand MIG partitions carry binding conditions (Kubernetes 1.36+): the plugin
-        # creates them before the pod is bound (early_partitions.py).
+        # On-demand MIG partitions and free shared GPUs carry binding conditions (Kubernetes
+        # 1.36+): the plugin creates partitions (early_partitions.py) and gives a free GPU to
+        # one namespace (tenant_binding.py) before the pod is bound.
         self.binding_conditions = binding_conditions
         # Shared GPUs carry a `tenant` attribute (the namespace they serve, "" when free)
         # that admission's per-namespace selector matches (tenant_attribute.py); off when
@@ -410,6 +416,21 @@ class NodeDevices:
             self._tenants = {i: ns for i, ns in tenants.items() if ns}
             return self.publish_tenants and self._tenant_values() != before
 
+    def shared_gpu_index(self, device_name: str) -> int | None:
+        """The GPU index of a shared GPU's device (whose tenant is published); None for
+        every other device."""
+        with self._lock:
+            if self._kinds.get(device_name) != "shared":
+                return None
+            gpu = self._gpus.get(device_name)
+            return gpu.index if gpu is not None else None
+
+    def tenant_binding(self) -> bool:
+        """Whether free shared GPUs carry the tenant binding conditions."""
+        with self._lock:
+            shared = any(kind == "shared" for kind in self._kinds.values())
+        return self.binding_conditions and self.publish_tenants and shared
+
     def _tenant_values(self) -> dict[str, str]:
         """Shared device name -> its published tenant ("" when free)."""
         return {
@@ -424,13 +445,9 @@ class NodeDevices:
                 return list(self._devices)
             values = self._tenant_values()
             return [
-                {
-                    **device,
-                    "attributes": {
-                        **device["attributes"],
-                        TENANT_ATTRIBUTE: {"string": values[device["name"]]},
-                    },
-                }
+                with_tenant(
+                    device, values[device["name"]], binding_conditions=self.binding_conditions
+                )
                 if device["name"] in values
                 else device
                 for device in self._devices

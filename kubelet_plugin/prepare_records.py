@@ -10,7 +10,11 @@ from flexgpu.driver.cdi import CdiDevice, cdi_device_id
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.gpu_model import MigDevice, MpsDaemon
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
-from flexgpu.driver.names import DRIVER_NAME, PARTITION_READY_CONDITION
+from flexgpu.driver.names import (
+    DRIVER_NAME,
+    PARTITION_READY_CONDITION,
+    TENANT_READY_CONDITION,
+)
 from flexgpu.kubelet_plugin.checkpoint_records import (
     ClaimRecord,
     CreatedResources,
@@ -23,6 +27,7 @@ from flexgpu.kubelet_plugin.claim_status import PREPARED, Condition, DeviceStatu
 from flexgpu.kubelet_plugin.kubeletplugin import PreparedDevice
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.sharing import SharingPlan
+from flexgpu.kubelet_plugin.tenant_binding import tenant_ready
 
 
 def device_status(
@@ -31,8 +36,11 @@ def device_status(
     cdi_devices: Sequence[CdiDevice],
     plan: SharingPlan,
     record_share: MpsShareRecord | None = None,
+    *,
+    namespace: str = "",
 ) -> list[DeviceStatus]:
-    """What the user sees in the claim's status for each device."""
+    """What the user sees in the claim's status for each device (of a claim of
+    ``namespace``)."""
     result = []
     by_key = {(c.device_name, c.share_id): c for c in cdi_devices}
     for allocated in ours:
@@ -70,6 +78,8 @@ def device_status(
         if PARTITION_READY_CONDITION in allocated.binding_conditions:
             # Kept true once prepared: the scheduler checks it for every pod of the claim.
             conditions += (partition_ready(cdi.uuid),)
+        if TENANT_READY_CONDITION in allocated.binding_conditions and gpu is not None:
+            conditions += (tenant_ready(gpu.index, namespace),)
         result.append(
             DeviceStatus(allocated.pool, allocated.device, allocated.share_id, data, conditions)
         )

@@ -318,7 +318,9 @@ class ClaimPreparerImpl:
             prepared, cdi_devices = self._carry_out(claim, ours, plan, others, ready or {})
         if self._status is not None:
             share = prepared.created.mps_share
-            status = device_status(self.devices, ours, cdi_devices, plan, share)
+            status = device_status(
+                self.devices, ours, cdi_devices, plan, share, namespace=claim.namespace
+            )
             self._status.prepared(claim.namespace, claim.name, claim.uid, status)
         log.info(
             "prepared claim %s/%s: %s",

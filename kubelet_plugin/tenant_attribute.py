@@ -8,7 +8,9 @@ the same records prepare's guard (tenancy.py) reads, after every prepare and unp
 start: a restarted plugin publishes what its records say, and a record rolled back at start
 frees its GPU. Publication traffic stays bounded: a call that leaves every value as it was
 writes nothing, and the slice publisher folds changes that arrive before its next pass into
-one write.
+one write. Where free shared GPUs carry binding conditions (tenant_binding.py), a GPU is also
+held by the namespace of the claims allocated there (``held``), from the moment the plugin
+gives it to them, not only once one is prepared.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class TenantAttribute:
         self._checkpoint = checkpoint
         self._devices = devices
         self._republish = republish
+        # GPU index -> the namespace its allocated claims hold it for (binding_watch.py).
+        self.held: Callable[[], Mapping[int, str]] = dict
         self._lock = threading.Lock()
         self.changes = 0  # published changes, for tests and the log
 
@@ -57,6 +61,8 @@ class TenantAttribute:
         with self._lock:
             records = self._checkpoint().claims.values()
             tenants = tenants_by_gpu(records, gpu_index_of(self._devices))
+            for index, namespace in self.held().items():
+                tenants.setdefault(index, namespace)
             if not self._devices.set_tenants(tenants):
                 return False
             self.changes += 1
