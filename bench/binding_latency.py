@@ -1,7 +1,12 @@
 """What binding conditions add to an on-demand MIG pod's start: pod created -> Running, and
 claim allocated -> PartitionReady, with and without them, side by side in one run.
 
-    python -m bench.binding_latency [--pods 24]
+    python -m bench.binding_latency [--pods 24] [--shared]
+
+``--shared``: the same for a pod asking for a share of a shared GPU, whose free GPU carries
+TenantReady (the plugin gives it to the pod's namespace before binding), then a third series on
+the node with them while another pod of the namespace holds the GPU (no conditions left to
+wait for).
 
 One control plane (the real scheduler), two simulated GPU nodes (kubelet harness, plugin on
 the simulated backend, GPU 0 on-demand MIG): one plugin with --binding-conditions=off
@@ -30,7 +35,16 @@ from tools.cluster.gpu_node import SimulatedGpuNode
 CLASSES = Path(__file__).resolve().parent.parent / "demo" / "deviceclasses.yaml"
 NAMESPACE = "bench-binding"
 READY = "gpu.flexgpu.dev/PartitionReady"
+TENANT_READY = "gpu.flexgpu.dev/TenantReady"
 MODES = {"without": "--binding-conditions=off", "with": "--binding-conditions=auto"}
+
+
+def _share() -> dict[str, Any]:
+    exactly = {
+        "deviceClassName": "shared-gpu.flexgpu.dev",
+        "capacity": {"requests": {"memory": "10Gi"}},
+    }
+    return {"requests": [{"name": "gpu", "exactly": exactly}]}
 
 
 def _claim() -> dict[str, Any]:
@@ -70,13 +84,17 @@ def _pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
-def one_pod(api: Any, name: str, node: str) -> tuple[float, float | None]:
-    """Seconds from pod created to Running, and from claim allocated to PartitionReady seen
-    (None without binding conditions)."""
+def one_pod(
+    api: Any, name: str, node: str, *, shared: bool = False, keep: bool = False
+) -> tuple[float, float | None]:
+    """Seconds from pod created to Running, and from claim allocated to its binding
+    condition seen (None without binding conditions). ``keep``: the pod stays."""
     core: Any = client.CoreV1Api(api)
     resource: Any = client.ResourceV1Api(api)
+    condition = TENANT_READY if shared else READY
+    devices = _share() if shared else _claim()
     resource.create_namespaced_resource_claim(
-        NAMESPACE, {"metadata": {"name": name}, "spec": {"devices": _claim()}}
+        NAMESPACE, {"metadata": {"name": name}, "spec": {"devices": devices}}
     )
     start = time.monotonic()
     core.create_namespaced_pod(NAMESPACE, _pod(name, node))
@@ -91,13 +109,16 @@ def one_pod(api: Any, name: str, node: str) -> tuple[float, float | None]:
             allocated_at = now
         for entry in (claim.status.devices if claim.status else None) or []:
             if ready_at is None and any(
-                c.type == READY and c.status == "True" for c in entry.conditions or []
+                c.type == condition and c.status == "True" for c in entry.conditions or []
             ):
                 ready_at = now
         if core.read_namespaced_pod(name, NAMESPACE).status.phase == "Running":
             running = now - start
             break
         time.sleep(0.05)
+    binding = ready_at - allocated_at if ready_at is not None and allocated_at else None
+    if keep:
+        return running, binding
     core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
     give_up = time.monotonic() + 60
     while _exists(core, name):
@@ -105,7 +126,6 @@ def one_pod(api: Any, name: str, node: str) -> tuple[float, float | None]:
             raise TimeoutError(f"pod {name} not gone after 60 s")
         time.sleep(0.1)
     resource.delete_namespaced_resource_claim(name, NAMESPACE)
-    binding = ready_at - allocated_at if ready_at is not None and allocated_at else None
     return running, binding
 
 
@@ -122,7 +142,14 @@ def _exists(core: Any, name: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=24, help="pods per mode (at least 20)")
+    parser.add_argument(
+        "--shared", action="store_true", help="shares of a shared GPU instead of MIG"
+    )
     args = parser.parse_args()
+    gpu_flag = "--shared-gpus=0" if args.shared else "--dynamic-mig-gpus=0"
+    kind = "shared-GPU" if args.shared else "MIG"
+    condition = "TenantReady" if args.shared else "PartitionReady"
+    held: list[float] = []
     if args.pods < 20:
         parser.error(f"--pods must be at least 20 for a p99, got {args.pods}")
     load_before = os.getloadavg()[0]
@@ -140,7 +167,7 @@ def main() -> int:
                 plane.kubeconfig,
                 f"bench-bind-{mode}",
                 "h200-4",
-                plugin_args=("--dynamic-mig-gpus=0", flag),
+                plugin_args=(gpu_flag, flag),
             )
             for mode, flag in MODES.items()
         }
@@ -149,10 +176,17 @@ def main() -> int:
                 node.start()
             for i in range(args.pods):
                 for mode, node in nodes.items():
-                    running, binding = one_pod(api, f"{mode}-{i}", node.name)
+                    running, binding = one_pod(api, f"{mode}-{i}", node.name, shared=args.shared)
                     starts[mode].append(running)
                     if binding is not None:
                         ready.append(binding)
+            if args.shared:
+                # The namespace holds the GPU through one pod: the next ones find it
+                # published with their tenant and no conditions.
+                with_node = nodes["with"].name
+                one_pod(api, "holder", with_node, shared=True, keep=True)
+                for i in range(args.pods):
+                    held.append(one_pod(api, f"held-{i}", with_node, shared=True)[0])
         finally:
             for node in nodes.values():
                 node.cleanup()
@@ -165,11 +199,21 @@ def main() -> int:
         )
         for p in (50, 99)
     ]
+    if held:
+        rows += [
+            Row(
+                f"pod created -> Running p{p}, s (flexgpu: with, GPU held by the namespace)",
+                percentile(held, p),
+                percentile(starts["without"], p),
+                2,
+            )
+            for p in (50, 99)
+        ]
     print(render(rows, reference="without"))
     print(
-        f"added per MIG pod: p50 {rows[0].flexgpu - rows[0].reference:+.2f} s, "
+        f"added per {kind} pod on a free GPU: p50 {rows[0].flexgpu - rows[0].reference:+.2f} s, "
         f"p99 {rows[1].flexgpu - rows[1].reference:+.2f} s; "
-        f"claim allocated -> PartitionReady seen: p50 {percentile(ready, 50):.2f} s, "
+        f"claim allocated -> {condition} seen: p50 {percentile(ready, 50):.2f} s, "
         f"p99 {percentile(ready, 99):.2f} s ({len(ready)} of {args.pods} pods); "
         f"{args.pods} pods per mode; load average {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
