@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, DeviceRecord
+from flexgpu.kubelet_plugin.claim_source import ClaimView
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.sharing import SharingPlan
+from flexgpu.kubelet_plugin.sharing import SharingPlan, plan_sharing
+from flexgpu.kubelet_plugin.tenancy import SharedGpuTenants, check_one_tenant
 
 __all__ = [
     "ClaimConflictError",
@@ -26,7 +28,12 @@ MIB = 1024 * 1024
 
 
 class ClaimConflictError(ValueError):
-    """The claim's devices are held by other claims; the text names device and claim."""
+    """The claim's devices are held by other claims; the text names device and claim, and
+    ``holders`` the UIDs of the claims whose unprepare would end the conflict."""
+
+    def __init__(self, message: str, holders: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.holders = tuple(sorted(set(holders)))
 
 
 def check_conflicts(others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice]) -> None:
@@ -40,7 +47,8 @@ def check_conflicts(others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevic
             ):
                 raise ClaimConflictError(
                     f"device {device.device_name} is already prepared for claim "
-                    f"{other.namespace}/{other.name} ({other.uid})"
+                    f"{other.namespace}/{other.name} ({other.uid})",
+                    holders=(other.uid,),
                 )
 
 
@@ -52,10 +60,12 @@ def check_share_capacity(
     if not shares:
         return
     held: dict[str, dict[str, int]] = {}
+    holders: dict[str, set[str]] = {}
     for other in others:
         for device in other.devices:
             if device.share_id is not None:
                 _add(held.setdefault(device.device_name, {}), _recorded(device))
+                holders.setdefault(device.device_name, set()).add(other.uid)
     for share in shares:
         gpu = devices.gpu(share.device)
         if gpu is None:
@@ -69,7 +79,8 @@ def check_share_capacity(
                 raise ClaimConflictError(
                     f"share {share.share_id} of {share.device} would take {name} to "
                     f"{_show(name, totals[name])} of {_show(name, limit)}: the device's "
-                    "other shares already hold the rest"
+                    "other shares already hold the rest",
+                    holders=holders.get(share.device, ()),
                 )
 
 
@@ -118,3 +129,22 @@ def _recorded(device: DeviceRecord) -> dict[str, int]:
 
 def _show(name: str, value: int) -> str:
     return f"{value // MIB}Mi" if name == "memory" else f"{value}%"
+
+
+def admit(
+    claim: ClaimView,
+    ours: Sequence[AllocatedDevice],
+    others: Sequence[ClaimRecord],
+    devices: NodeDevices,
+    tenants: SharedGpuTenants,
+) -> SharingPlan:
+    """The claim's sharing plan, once its devices are free of other claims, its shares fit
+    and no other namespace shares its GPUs. Raises ClaimConflictError, SharingError or
+    TenantMixError (the first two name the device, the last the GPU)."""
+    check_conflicts(others, ours)
+    check_share_capacity(others, ours, devices)
+    plan = plan_sharing(claim, ours, devices)
+    check_one_tenant(
+        claim.namespace, shared_gpus(ours, plan, devices), others, gpu_index_of(devices), tenants
+    )
+    return plan

@@ -36,11 +36,11 @@ from flexgpu.kubelet_plugin.checkpoint_records import (
     ClaimState,
     EarlyStage,
     MigInstanceRecord,
-    MpsShareRecord,
 )
 from flexgpu.kubelet_plugin.claim_source import ClaimSource, ClaimView
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
+from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
 from flexgpu.kubelet_plugin.claim_undo import ClaimUndo
+from flexgpu.kubelet_plugin.holder_wait import HolderWait
 from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     PreparedDevice,
@@ -49,13 +49,7 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
 )
 from flexgpu.kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_checks import (
-    ClaimConflictError,
-    check_conflicts,
-    check_share_capacity,
-    gpu_index_of,
-    shared_gpus,
-)
+from flexgpu.kubelet_plugin.prepare_checks import ClaimConflictError, admit
 from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
 from flexgpu.kubelet_plugin.prepare_records import (
     device_records,
@@ -66,18 +60,9 @@ from flexgpu.kubelet_plugin.prepare_records import (
     prepared_devices,
     with_ids,
 )
-from flexgpu.kubelet_plugin.sharing import (
-    SharingError,
-    SharingPlan,
-    plan_sharing,
-)
+from flexgpu.kubelet_plugin.sharing import SharingError, SharingPlan
 from flexgpu.kubelet_plugin.sharing_setup import SharingSetupError, apply_sharing
-from flexgpu.kubelet_plugin.tenancy import (
-    ONE_NAMESPACE,
-    SharedGpuTenants,
-    TenantMixError,
-    check_one_tenant,
-)
+from flexgpu.kubelet_plugin.tenancy import ONE_NAMESPACE, SharedGpuTenants, TenantMixError
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +71,14 @@ MIB = 1024 * 1024
 
 class PrepareError(Exception):
     """A claim cannot be prepared; the message goes to the kubelet (and the pod's events)."""
+
+
+class HeldError(PrepareError):
+    """The claim's devices are held by claims the node still has prepared (``holders``)."""
+
+    def __init__(self, message: str, holders: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.holders = holders
 
 
 class ClaimPreparerImpl:
@@ -126,15 +119,18 @@ class ClaimPreparerImpl:
         self._lock = lock
         self.cdi_dir = cdi_dir
         self._undo = ClaimUndo(devices, lambda: self.mps, self._step)
+        # Holders on their way out are waited for, briefly (holder_wait.py).
+        self.holders = HolderWait(lambda uid: self._store.get(uid) is not None)
 
     # -- DraDriver -------------------------------------------------------------------
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
+        deadline = self.holders.deadline()
         with self._operation():
             for ref in claims:
                 try:
                     with self._lock.claim(ref.uid):
-                        devices = self._prepare_one(ref)
+                        devices = self._prepare_waiting(ref, deadline)
                     results[ref.uid] = PrepareResult(devices=devices)
                 except PrepareError as err:
                     results[ref.uid] = PrepareResult.failed(str(err))
@@ -262,6 +258,22 @@ class ClaimPreparerImpl:
         return record
 
     # -- prepare one claim ---------------------------------------------------------------
+    def _prepare_waiting(self, ref: ClaimRef, deadline: float) -> tuple[PreparedDevice, ...]:
+        """Prepares the claim; while its devices are held by claims that may be on their way
+        out, waits (without the GPU locks) for one to be unprepared and tries again."""
+        while True:
+            try:
+                return self._prepare_one(ref)
+            except HeldError as err:
+                if not self.holders.until_one_leaves(err.holders, deadline):
+                    raise
+                log.info(
+                    "claim %s/%s: a claim holding its devices was unprepared; trying again",
+                    ref.namespace,
+                    ref.name,
+                    extra=claim_fields(ref.namespace, ref.name, ref.uid),
+                )
+
     def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         existing = self._store.get(ref.uid)
         if existing is not None and existing.state == ClaimState.PREPARED:
@@ -296,19 +308,13 @@ class ClaimPreparerImpl:
             # Records of claims on our GPUs cannot change while we hold their locks.
             others = [r for r in self._store.checkpoint().claims.values() if r.uid != claim.uid]
             try:
-                check_conflicts(others, ours)
-                check_share_capacity(others, ours, self.devices)
-                plan = plan_sharing(claim, ours, self.devices)
-                check_one_tenant(
-                    claim.namespace,
-                    shared_gpus(ours, plan, self.devices),
-                    others,
-                    gpu_index_of(self.devices),
-                    self.shared_gpu_tenants,
-                )
+                plan = admit(claim, ours, others, self.devices, self.shared_gpu_tenants)
             except TenantMixError as err:
-                raise PrepareError(f"claim {ref.namespace}/{ref.name}: {err}") from None
-            except (ClaimConflictError, SharingError) as err:
+                message = f"claim {ref.namespace}/{ref.name}: {err}"
+                raise HeldError(message, err.holders) from None
+            except ClaimConflictError as err:
+                raise HeldError(str(err), err.holders) from None
+            except SharingError as err:
                 raise PrepareError(str(err)) from None
             ready = self._takeover(existing, claim)
             if existing is not None and ready is None:
@@ -479,12 +485,3 @@ class ClaimPreparerImpl:
 
     def _live_instance(self, record: MigInstanceRecord) -> MigDevice | None:
         return self._undo.live_instance(record)
-
-    def _device_status(
-        self,
-        ours: Sequence[AllocatedDevice],
-        cdi_devices: Sequence[CdiDevice],
-        plan: SharingPlan,
-        record_share: MpsShareRecord | None = None,
-    ) -> list[DeviceStatus]:
-        return device_status(self.devices, ours, cdi_devices, plan, record_share)

@@ -31,7 +31,12 @@ ONE_NAMESPACE: SharedGpuTenants = "namespace"
 
 
 class TenantMixError(ValueError):
-    """Preparing the claim would let two namespaces share a GPU; the text says which."""
+    """Preparing the claim would let two namespaces share a GPU; the text says which, and
+    ``holders`` the UIDs of the other namespace's claims that hold it."""
+
+    def __init__(self, message: str, holders: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.holders = tuple(sorted(set(holders)))
 
 
 def gpus_shared_by(record: ClaimRecord, gpu_of: Callable[[str], int | None]) -> set[int]:
@@ -66,18 +71,25 @@ def check_one_tenant(
     to). ``others`` are the node's other claim records, read under the GPUs' locks."""
     if tenants == "any" or not gpus:
         return
+    others = list(others)
     for other in others:
         if other.namespace == namespace:
             continue
         met = sorted(gpus & gpus_shared_by(other, gpu_of))
         if met:
             where = ", ".join(f"gpu-{index}" for index in met)
+            holders = [
+                o.uid
+                for o in others
+                if o.namespace != namespace and set(met) & gpus_shared_by(o, gpu_of)
+            ]
             raise TenantMixError(
                 f"{where} is shared by claim {other.namespace}/{other.name} of namespace "
                 f"{other.namespace!r}; a shared GPU serves one namespace at a time, so a claim "
                 f"of namespace {namespace!r} may use it only once that namespace's claims are "
                 "gone, or if the administrator lets namespaces share GPUs "
-                "(kubeletPlugin.sharedGpuTenants: any)"
+                "(kubeletPlugin.sharedGpuTenants: any)",
+                holders=holders,
             )
 
 

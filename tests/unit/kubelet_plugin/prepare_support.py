@@ -101,6 +101,9 @@ class Node:
     boot_id: str = BOOT_A
     writer: Writer | None = None
     lock_timeout: float | None = 20
+    # How long prepare waits for claims that hold its devices (holder_wait.py): 0 refuses at
+    # once, what the tests of refusals check; test_holder_wait.py sets it.
+    holder_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.restart()
@@ -128,3 +131,4 @@ class Node:
             lock=self.lock,
             cdi_dir=self.root / "cdi",
         )
+        self.preparer.holders.wait_s = self.holder_wait_s

@@ -10,6 +10,7 @@ from pathlib import Path
 from flexgpu.driver.gpu_model import MigMode, TimeSliceInterval
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.prepare_records import device_status
 from flexgpu.kubelet_plugin.sharing import SharingPlan
 from tests.unit.kubelet_plugin.prepare_support import (
     DYNAMIC_GPU,
@@ -82,6 +83,6 @@ def test_status_of_a_whole_gpu_names_the_product_not_a_mig_profile(tmp_path: Pat
     resolved = node.devices.resolve(WHOLE)
     assert resolved is not None
     # What the claim's status (and the demo table) shows for the device.
-    (status,) = node.preparer._device_status([device(WHOLE)], [resolved], SharingPlan())
+    (status,) = device_status(node.devices, [device(WHOLE)], [resolved], SharingPlan())
     assert "migProfile" not in status.data
     assert status.data["productName"] == node.devices.gpus_by_index()[DYNAMIC_GPU].product_name

@@ -51,7 +51,7 @@ def table() -> ClaimTable:
 @pytest.fixture
 def preparer(tmp_path: Path, table: ClaimTable) -> ClaimPreparerImpl:
     devices = NodeDevices(SimulatedBackend.from_topology("l4-2-pcie", NODE))
-    return ClaimPreparerImpl(
+    made = ClaimPreparerImpl(
         node_name=NODE,
         claims=table,
         devices=devices,
@@ -59,6 +59,8 @@ def preparer(tmp_path: Path, table: ClaimTable) -> ClaimPreparerImpl:
         lock=PrepareLock(tmp_path / "data" / "lock"),
         cdi_dir=tmp_path / "cdi",
     )
+    made.holders.wait_s = 0  # refusals at once (waiting: test_holder_wait.py)
+    return made
 
 
 def test_prepare_writes_cdi_and_records_prepared(

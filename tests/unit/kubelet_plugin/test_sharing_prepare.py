@@ -71,7 +71,7 @@ def claims() -> Claims:
 
 
 def make_preparer(tmp_path: Path, backend: SimulatedBackend, claims: Claims) -> ClaimPreparerImpl:
-    return ClaimPreparerImpl(
+    made = ClaimPreparerImpl(
         node_name=NODE,
         claims=claims,
         devices=NodeDevices(backend, shared={1}),
@@ -79,6 +79,8 @@ def make_preparer(tmp_path: Path, backend: SimulatedBackend, claims: Claims) -> 
         lock=PrepareLock(tmp_path / "data" / "lock"),
         cdi_dir=tmp_path / "cdi",
     )
+    made.holders.wait_s = 0  # refusals at once (waiting: test_holder_wait.py)
+    return made
 
 
 @pytest.fixture
