@@ -140,6 +140,7 @@ bench: setup
 	@bash tools/example-driver/build.sh >/dev/null
 	@$(PY) -m bench.prepare_latency
 	@$(PY) -m bench.nvidia_prepare
+	@$(PY) -m bench.nvidia_prepare --mig
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
 	@$(PY) -m bench.nvidia_pod_start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,11 @@ def allocated_claims(
     pool: str,
     devices: int,
     per_device: int,
+    device_name: Callable[[int], str] = lambda gpu: f"gpu-{gpu}",
 ) -> list[BenchClaim]:
-    """`devices * per_device` claims; claim i is allocated device `gpu-<i % devices>` of
-    `driver` in `pool` (the node's name), with the node selector the scheduler would set."""
+    """`devices * per_device` claims; claim i is allocated device `device_name(i % devices)`
+    (default `gpu-<i % devices>`) of `driver` in `pool` (the node's name), with the node
+    selector the scheduler would set."""
     resource: Any = client.ResourceV1Api(api)
     claims = []
     for i in range(devices * per_device):
@@ -56,7 +59,7 @@ def allocated_claims(
                             "request": "gpu",
                             "driver": driver,
                             "pool": pool,
-                            "device": f"gpu-{device}",
+                            "device": device_name(device),
                         }
                     ]
                 },

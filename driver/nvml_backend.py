@@ -93,6 +93,8 @@ class NvmlBackend(NvmlMig, NvmlSharing, NvmlHealth, NvmlCalls):
         self._pending_events: deque[HealthEvent] = deque()
         self._unhealthy: set[int] = set()
         self._event_set: Any = None
+        self._event_set_gpus: set[int] = set()
+        self._event_set_stale = False
         self._utilization_seen: dict[int, int] = {}
         self._call("nvmlInit", context="initialise NVML")
 
@@ -111,6 +113,7 @@ class NvmlBackend(NvmlMig, NvmlSharing, NvmlHealth, NvmlCalls):
                     self._note_lost(index)
             # A GPU back on the bus is reported again if it is lost again.
             self._reported_lost -= {gpu.uuid for gpu in raw}
+            self._answering_gpus_changed({gpu.index for gpu in raw})
             uuid_by_bus = {gpu.bus_id: gpu.uuid for gpu in raw}
             links = {
                 gpu.uuid: {

@@ -54,6 +54,8 @@ class NvmlCalls(GpuBackend):
     _pending_events: deque[HealthEvent]
     _unhealthy: set[int]
     _event_set: Any
+    _event_set_gpus: set[int]  # GPUs the event set was built over (registered or unable to)
+    _event_set_stale: bool  # those GPUs no longer answer as they did: build it again
     _utilization_seen: dict[int, int]
     _run_command: CommandRunner
     _nvidia_smi: str

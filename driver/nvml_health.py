@@ -8,6 +8,7 @@ from typing import Any
 import pynvml
 
 from flexgpu.driver.backend_errors import (
+    GpuBackendError,
     GpuLostError,
     NotSupportedError,
 )
@@ -21,12 +22,34 @@ from flexgpu.driver.nvml_errors import translate_nvml_error
 from flexgpu.driver.usage import GpuUsage, usage_from_processes
 from flexgpu.driver.xid import xid_marks_unhealthy
 
+# Events a set about to be freed may still hold; more than NVML queues per set is not expected.
+_DRAIN_LIMIT = 1024
+
 
 class NvmlHealth(NvmlCalls):
-    def _ensure_event_set(self) -> Any:
-        if self._event_set is not None:
+    def _current_event_set(self) -> Any:
+        """The event set to wait on, built anew when the GPUs it watches are no longer the
+        GPUs that answer (one lost, one back): NVML answers every wait on a set holding a lost
+        GPU with GPU_IS_LOST at once, so a set that kept it would never block again."""
+        if self._event_set is not None and not self._event_set_stale:
             return self._event_set
+        old = self._event_set
+        if old is not None:
+            self._drain(old)
         event_set = self._call("nvmlEventSetCreate")
+        try:
+            watched = self._register(event_set)
+        except GpuBackendError:
+            self._optional("nvmlEventSetFree", event_set)
+            raise
+        self._event_set, self._event_set_gpus, self._event_set_stale = event_set, watched, False
+        if old is not None:
+            self._optional("nvmlEventSetFree", old)
+        return event_set
+
+    def _register(self, event_set: Any) -> set[int]:
+        """Registers every GPU that answers for its Xid events; the GPUs it went over."""
+        watched: set[int] = set()
         for index in range(int(self._call("nvmlDeviceGetCount"))):
             try:
                 handle = self._handle(index)
@@ -37,37 +60,69 @@ class NvmlHealth(NvmlCalls):
                 mask = int(supported or 0) & pynvml.nvmlEventTypeXidCriticalError
                 if mask:
                     self._call("nvmlDeviceRegisterEvents", handle, mask, event_set)
-            except (GpuLostError, NotSupportedError):
+                watched.add(index)
+            except GpuLostError:
                 self._note_lost(index)
-        self._event_set = event_set
-        return event_set
+            except NotSupportedError:
+                self._note_lost(index)
+                watched.add(index)  # it answers, only not to this: building again won't help
+        return watched
+
+    def _drain(self, event_set: Any) -> None:
+        """Keeps the events a set still holds before it is freed with its queue (an Xid of
+        another GPU raised just before the one that was lost)."""
+        for _ in range(_DRAIN_LIMIT):
+            try:
+                data = self._nvml.nvmlEventSetWait(event_set, 0)
+            except pynvml.NVMLError:
+                return  # empty (TIMEOUT), or GPU_IS_LOST, which NVML answers once it is empty
+            try:
+                event = self._event_from(data)
+            except GpuLostError:
+                continue  # its GPU is gone: reported by the enumeration instead
+            if event is not None:
+                self._pending_events.append(event)
+
+    def _answering_gpus_changed(self, answering: set[int]) -> None:
+        """Called by every enumeration: a set watching other GPUs than those that answer now
+        is built again before the next wait (by the waiting thread, which alone may free it)."""
+        if self._event_set is not None and answering != self._event_set_gpus:
+            self._event_set_stale = True
 
     def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
         with self._lock:
             if self._pending_events:
                 return self._pending_events.popleft()
-            event_set = self._ensure_event_set()
+            event_set = self._current_event_set()
+            if self._pending_events:  # drained from the set it replaced
+                return self._pending_events.popleft()
         try:
             data = self._nvml.nvmlEventSetWait(event_set, max(int(timeout_s * 1000), 0))
         except pynvml.NVMLError as exc:
             if exc.value == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                # Some GPU of the set is gone; a fresh enumeration finds which.
-                with self._lock:
-                    self.list_gpus()
-                    return self._pending_events.popleft() if self._pending_events else None
+                return self._find_lost_gpu()
             raise translate_nvml_error(exc, "wait for GPU events") from None
+        with self._lock:
+            try:
+                return self._event_from(data)
+            except GpuLostError:
+                # Its GPU fell off the bus after raising it (Xid 79 comes so): reported lost.
+                return self._find_lost_gpu()
+
+    def _event_from(self, data: Any) -> HealthEvent | None:
+        """The health event for NVML's event data; None for other event types and GPUs this
+        backend never enumerated. GpuLostError when the event's GPU no longer answers."""
         if not int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
             return None
-        with self._lock:
-            uuid = nvml_text(self._call("nvmlDeviceGetUUID", data.device))
-            index = self._index_of(uuid)
-            if index is None:
-                return None  # a GPU this backend never enumerated; nothing to attribute it to
-            xid = int(data.eventData)
-            if xid_marks_unhealthy(xid):
-                self._unhealthy.add(index)
+        uuid = nvml_text(self._call("nvmlDeviceGetUUID", data.device))
+        index = self._index_of(uuid)
+        if index is None:
+            return None
+        xid = int(data.eventData)
+        if xid_marks_unhealthy(xid):
+            self._unhealthy.add(index)
         return HealthEvent(
             kind=HealthEventKind.XID,
             gpu_index=index,
@@ -75,6 +130,26 @@ class NvmlHealth(NvmlCalls):
             xid=xid,
             gpu_instance_id=instance_id(data.gpuInstanceId),
             compute_instance_id=instance_id(data.computeInstanceId),
+        )
+
+    def _find_lost_gpu(self) -> HealthEvent | None:
+        """NVML says a GPU of the event set is lost, not which: a fresh enumeration finds it
+        (reported once, as a GPU_LOST event), and the set is built again without it at once,
+        so events raised from here on are caught and the next wait blocks again."""
+        with self._lock:
+            self.list_gpus()
+            rebuilt = self._event_set_stale
+            if rebuilt:
+                self._current_event_set()
+            if self._pending_events:
+                return self._pending_events.popleft()
+            if rebuilt:
+                return None  # the lost GPU was reported before; the new set leaves it out
+        # Every GPU the set watches still answers: a set built again would answer the same at
+        # once. A failed wait instead, so the caller backs off and, if it lasts, treats NVML
+        # as unavailable.
+        raise GpuLostError(
+            "NVML's event wait answers GPU_IS_LOST, yet every GPU of the node answers"
         )
 
     def _index_of(self, uuid: str) -> int | None:

@@ -2,13 +2,15 @@
 the NVML mock library (tools/nvml-mock, NVIDIA's mock NVML servers behind NVML's C interface):
 whole GPUs, an NVLink pair, a MIG partition created on demand at the placement the scheduler
 allocated and destroyed on release, a restart that adopts the instance it made before, and a
-GPU taken out of service by an injected Xid. The library's state file is the hardware."""
+GPU taken out of service by an injected Xid, and a GPU lost from under the plugin. The
+library's state file is the hardware."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from bench.procstat import cpu_seconds
 from flexgpu.controller import cli
-from tests.conftest import target_minor, wait_for
+from tests.conftest import holds_for, target_minor, wait_for
 from tests.integration.gpu_workloads import (
     DRIVER,
     allocated,
@@ -306,3 +309,53 @@ def test_a_running_pods_status_shows_its_gpu_unhealthy_then_healthy_again(
         what="gpu-0 Healthy again after the healthy period",
     )
     release(api, namespace, "watched")
+
+
+def test_a_lost_gpu_is_taken_out_at_once_and_the_other_gpus_stay_watched(
+    api: Any, node: SimulatedGpuNode, machine: MockMachine
+) -> None:
+    quiet = [f"gpu-{i}" for i in (0, 1, 3)]
+    wait_for(
+        lambda: all(taints(api).get(name) == [] for name in quiet),
+        timeout_s=4 * RECOVERY_S,
+        what="the earlier tests' taints cleared",
+    )
+    machine.set_lost(1)
+    # Nothing else reads the GPUs of a quiet node: NVML's event wait answering GPU_IS_LOST
+    # is what finds it.
+    if target_minor() < 36:  # no device taints by default: withdrawn, then back
+        wait_for(lambda: "gpu-1" not in published(api), what="gpu-1 withdrawn once lost")
+        machine.inject_xid(3, 48)
+        wait_for(lambda: "gpu-3" not in published(api), what="gpu-3 withdrawn after Xid 48")
+        machine.set_lost(1, False)
+        wait_for(
+            lambda: {"gpu-1", "gpu-3"} <= published(api),
+            timeout_s=4 * RECOVERY_S,
+            what="gpu-1 and gpu-3 back",
+        )
+        return
+    lost = ("gpu.flexgpu.dev/gpu-lost", "lost", "NoSchedule")
+    wait_for(lambda: taints(api).get("gpu-1") == [lost], what="gpu-1 tainted once lost")
+    assert taints(api)["gpu-0"] == [] and taints(api)["gpu-3"] == []
+    # The health loop blocks in its event wait again (on a set without GPU 1) instead of
+    # asking a set that answers GPU_IS_LOST at once: the plugin stays near idle.
+    assert node.plugin is not None and node.plugin.proc is not None
+    pid, started, used = node.plugin.proc.pid, time.monotonic(), cpu_seconds(node.plugin.proc.pid)
+    holds_for(
+        lambda: cpu_seconds(pid) - used <= 0.5 + 0.3 * (time.monotonic() - started),
+        5.0,
+        "five 1 s event waits of the health loop; a spinning loop takes a whole core",
+    )
+    machine.inject_xid(3, 48)
+    memory = ("gpu.flexgpu.dev/memory-error", "xid-48", "NoSchedule")
+    wait_for(lambda: taints(api).get("gpu-3") == [memory], what="gpu-3 tainted after Xid 48")
+    assert taints(api)["gpu-1"] == [lost]
+    machine.set_lost(1, False)
+    wait_for(
+        lambda: taints(api).get("gpu-1") == [] and taints(api).get("gpu-3") == [],
+        timeout_s=4 * RECOVERY_S,
+        what=f"gpu-1 and gpu-3 clear {RECOVERY_S}s after GPU 1 is back and the last Xid",
+    )
+    # GPU 1 is watched again: its own Xid reaches the plugin.
+    machine.inject_xid(1, 48)
+    wait_for(lambda: taints(api).get("gpu-1") == [memory], what="gpu-1 tainted after Xid 48")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,25 @@ def proc_view(driver_root: Path, out: Path) -> tuple[Path, Path]:
     return driver, devices
 
 
+def with_proc_view(driver_root: Path, out: Path, argv: Sequence[str]) -> list[str]:
+    """``argv`` in a mount namespace of its own where /proc shows ``driver_root``'s MIG
+    capabilities (``proc_view``, written under ``out``); it keeps the same pid."""
+    proc_driver, proc_devices = proc_view(driver_root, out)
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _PROC_VIEW,
+        "nvidia-proc-view",
+        str(proc_driver),
+        str(proc_devices),
+        *argv,
+    ]
+
+
 def start(
     node: RealNode,
     root: Path,
@@ -93,7 +113,6 @@ def start(
     root.mkdir(parents=True, exist_ok=True)
     kubelet = node.layout.kubelet_dir
     driver = node.layout.driver_root
-    proc_driver, proc_devices = proc_view(driver, root)
     argv = [
         str(binary),
         f"--node-name={node.name}",
@@ -108,19 +127,7 @@ def start(
         *([f"--feature-gates={feature_gates}"] if feature_gates else []),
         "-v=4",
     ]
-    own_mounts = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        _PROC_VIEW,
-        "nvidia-proc-view",
-        str(proc_driver),
-        str(proc_devices),
-        *argv,
-    ]
+    own_mounts = with_proc_view(driver, root, argv)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), **machine_env}
     component = Component(
         "nvidia-plugin", namespace.enter_argv(node.holder_pid, own_mounts), root / "plugin.log", env

@@ -82,6 +82,10 @@ func nvmlDeviceRegisterEvents(device C.nvmlDevice_t, types C.ulonglong, set C.nv
 }
 
 // nvmlEventSetWait_v2 polls the shared log, since the events may come from another process.
+// Events waiting for the set are delivered first; once none is left, a GPU registered in the
+// set that has fallen off the bus makes the wait answer GPU_IS_LOST at once, on every call
+// while it stays lost, with data left unset (NVML does not say which GPU): callers find the
+// lost GPU by asking each one, and stop waiting on it by building a set without it.
 //
 //export nvmlEventSetWait_v2
 func nvmlEventSetWait_v2(set C.nvmlEventSet_t, data *C.nvmlEventData_t, timeoutMs C.uint) C.nvmlReturn_t {
@@ -111,6 +115,9 @@ func nvmlEventSetWait_v2(set C.nvmlEventSet_t, data *C.nvmlEventData_t, timeoutM
 				found = true
 				return nvml.SUCCESS
 			}
+			if ss.lostIn(h.set) {
+				return nvml.ERROR_GPU_IS_LOST
+			}
 			return nvml.SUCCESS
 		})
 		if r != C.NVML_SUCCESS || found {
@@ -121,6 +128,16 @@ func nvmlEventSetWait_v2(set C.nvmlEventSet_t, data *C.nvmlEventData_t, timeoutM
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// lostIn reports whether a GPU this process sees, registered in set, is lost.
+func (ss *session) lostIn(set *eventSet) bool {
+	for _, g := range ss.visible() {
+		if _, ok := set.registered[g.uuid]; ok && ss.st(g).Lost {
+			return true
+		}
+	}
+	return false
 }
 
 // -- test controls -------------------------------------------------------------------------

@@ -101,6 +101,15 @@ def t4(uuid: str, bus_id: str) -> FakeGpu:
     )
 
 
+@dataclass
+class FakeEventSet:
+    """One event set: the GPUs registered in it and how far it has read the raised events."""
+
+    read: int
+    registered: set[int] = field(default_factory=set)
+    freed: bool = False
+
+
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
@@ -131,10 +140,12 @@ class FakeNvml:
         self.calls: list[str] = []
         self._objects: dict[int, Any] = {}
         self._keep: list[Any] = []
-        self._events: list[tuple[int, int]] = []
+        self._events: list[tuple[int, int]] = []  # (GPU index, Xid) in the order raised
         self._event_ready = threading.Condition()
-        self._registered: set[int] = set()
-        self._lost_reported: set[int] = set()
+        self._event_sets: list[FakeEventSet] = []
+        # NVML answering an event wait GPU_IS_LOST while every GPU still answers: a state the
+        # library never reaches, for the backend's handling of it.
+        self.wait_answers_lost = False
 
     def __getattr__(self, name: str) -> Any:
         # Constants, structures and error classes come from the real module.
@@ -494,7 +505,18 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> Any:
         self._enter("nvmlEventSetCreate")
-        return self._handle(pynvml.c_nvmlEventSet_t, ("eventset",))
+        with self._event_ready:
+            self._event_sets.append(FakeEventSet(read=len(self._events)))
+            return self._handle(pynvml.c_nvmlEventSet_t, ("eventset", len(self._event_sets) - 1))
+
+    def _event_set(self, handle: Any) -> FakeEventSet:
+        target = self._resolve(handle)
+        if not (isinstance(target, tuple) and target[0] == "eventset"):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        event_set = self._event_sets[target[1]]
+        if event_set.freed:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return event_set
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._gpu("nvmlDeviceGetSupportedEventTypes", handle)
@@ -502,36 +524,48 @@ class FakeNvml:
 
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
         index, _ = self._gpu("nvmlDeviceRegisterEvents", handle)
-        self._resolve(event_set)
-        self._registered.add(index)
+        self._event_set(event_set).registered.add(index)
 
     def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:
+        """As NVML: events raised for the set's GPUs first; then, while a GPU registered in
+        the set is lost, GPU_IS_LOST at once on every call, naming no GPU."""
         self._enter("nvmlEventSetWait")
-        self._resolve(event_set)
+        waited = self._event_set(event_set)
+
+        def lost() -> bool:
+            return self.wait_answers_lost or any(self.gpus[i].lost for i in waited.registered)
+
+        def next_event() -> tuple[int, int] | None:
+            while waited.read < len(self._events):
+                index, xid = self._events[waited.read]
+                waited.read += 1
+                if index in waited.registered:
+                    return index, xid
+            return None
+
         with self._event_ready:
-            self._event_ready.wait_for(
-                lambda: self._events or self._newly_lost(), timeout=timeout_ms / 1000
-            )
-            if self._newly_lost():
-                self._lost_reported |= self._newly_lost()
-                raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
-            if not self._events:
-                raise _error(pynvml.NVML_ERROR_TIMEOUT)
-            index, xid = self._events.pop(0)
+            event: tuple[int, int] | None = None
+
+            def ready() -> bool:
+                nonlocal event
+                event = event or next_event()
+                return event is not None or lost()
+
+            self._event_ready.wait_for(ready, timeout=timeout_ms / 1000)
+            if event is None:
+                raise _error(pynvml.NVML_ERROR_GPU_IS_LOST if lost() else pynvml.NVML_ERROR_TIMEOUT)
         data = pynvml.c_nvmlEventData_t()
-        data.device = self._handle(pynvml.c_nvmlDevice_t, ("gpu", index))
+        data.device = self._handle(pynvml.c_nvmlDevice_t, ("gpu", event[0]))
         data.eventType = pynvml.nvmlEventTypeXidCriticalError
-        data.eventData = xid
+        data.eventData = event[1]
         data.gpuInstanceId = NO_INSTANCE
         data.computeInstanceId = NO_INSTANCE
         return data
 
-    def _newly_lost(self) -> set[int]:
-        return {i for i in self._registered if self.gpus[i].lost} - self._lost_reported
-
     def nvmlEventSetFree(self, event_set: Any) -> None:
         self._enter("nvmlEventSetFree")
-        self._resolve(event_set)
+        with self._event_ready:
+            self._event_set(event_set).freed = True
 
     # -- processes -----------------------------------------------------------------------
 
