@@ -27,6 +27,7 @@ from flexgpu.driver.gpu_model import (
     HealthEvent,
     HealthState,
     MigMode,
+    MigProfile,
 )
 from flexgpu.driver.nvlink import NVSWITCH, nvlink_domains, nvlink_peers
 from flexgpu.driver.nvml_calls import MIB, CommandRunner, NvmlCalls, nvml_text
@@ -96,6 +97,7 @@ class NvmlBackend(NvmlMig, NvmlSharing, NvmlHealth, NvmlCalls):
         self._event_set_gpus: set[int] = set()
         self._event_set_stale = False
         self._utilization_seen: dict[int, int] = {}
+        self._mig_profile_cache: dict[tuple[str, bool], tuple[MigProfile, ...]] = {}
         self._call("nvmlInit", context="initialise NVML")
 
     # -- enumeration ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from flexgpu.driver.backend_errors import (
 from flexgpu.driver.gpu_model import (
     HealthEvent,
     HealthEventKind,
+    MigProfile,
 )
 from flexgpu.driver.nvml_errors import translate_nvml_error
 
@@ -57,6 +58,9 @@ class NvmlCalls(GpuBackend):
     _event_set_gpus: set[int]  # GPUs the event set was built over (registered or unable to)
     _event_set_stale: bool  # those GPUs no longer answer as they did: build it again
     _utilization_seen: dict[int, int]
+    # (GPU UUID, MIG mode current) -> its MIG profiles with their placements: fixed by the
+    # GPU's model and mode, and about 30 NVML calls to read.
+    _mig_profile_cache: dict[tuple[str, bool], tuple[MigProfile, ...]]
     _run_command: CommandRunner
     _nvidia_smi: str
     _mps_root: Path

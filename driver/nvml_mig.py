@@ -98,11 +98,22 @@ class NvmlMig(NvmlCalls):
 
     def _mig_profiles(self, handle: Any, index: int) -> list[MigProfile]:
         # Raises NotSupportedError on GPUs without MIG.
-        self._call("nvmlDeviceGetMigMode", handle, context=f"MIG on GPU {index}")
-        profiles = [self._profile(handle, info) for info in self._profile_infos(handle)]
-        # NVML lists profiles in its enum order; smallest first, as the simulated catalog lists
-        # them, keeps listings and published devices in the same order on either backend.
-        return sorted(profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.name))
+        current, _ = self._call("nvmlDeviceGetMigMode", handle, context=f"MIG on GPU {index}")
+        # Read once per GPU and mode: a GPU's profiles follow from its model and MIG mode, and
+        # reading them costs every prepare that creates a partition about 30 NVML calls.
+        key = (
+            nvml_text(self._call("nvmlDeviceGetUUID", handle)),
+            current == pynvml.NVML_DEVICE_MIG_ENABLE,
+        )
+        cached = self._mig_profile_cache.get(key)
+        if cached is None:
+            profiles = [self._profile(handle, info) for info in self._profile_infos(handle)]
+            # NVML lists profiles in its enum order; smallest first, as the simulated catalog
+            # lists them, keeps listings and published devices in the same order on either
+            # backend.
+            profiles.sort(key=lambda p: (p.memory_slices, p.compute_slices, p.name))
+            cached = self._mig_profile_cache[key] = tuple(profiles)
+        return list(cached)
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
         with self._lock:
@@ -111,8 +122,10 @@ class NvmlMig(NvmlCalls):
     def possible_placements(self, index: int, profile_id: int) -> list[MigPlacement]:
         with self._lock:
             handle = self._handle(index)
-            self._call("nvmlDeviceGetMigMode", handle, context=f"MIG on GPU {index}")
-            return self._placements(handle, profile_id)
+            for profile in self._mig_profiles(handle, index):
+                if profile.profile_id == profile_id:
+                    return list(profile.placements)
+            return self._placements(handle, profile_id)  # NVML says what is wrong with it
 
     def _mig_handles(self, handle: Any) -> dict[int, list[tuple[int, str]]]:
         """GPU instance id -> (compute instance id, MIG UUID) of every MIG device."""
@@ -123,6 +136,16 @@ class NvmlMig(NvmlCalls):
                 (ci_id, nvml_text(self._call("nvmlDeviceGetUUID", mig)))
             )
         return found
+
+    def _mig_uuid(self, handle: Any, gi_id: int, ci_id: int) -> str | None:
+        """The UUID of one MIG device, found without reading every other one's."""
+        for found_gi, mig in self._mig_device_handles(handle):
+            if (
+                found_gi == gi_id
+                and int(self._call("nvmlDeviceGetComputeInstanceId", mig)) == ci_id
+            ):
+                return nvml_text(self._call("nvmlDeviceGetUUID", mig))
+        return None
 
     def create_mig_device(self, index: int, profile_id: int, placement: MigPlacement) -> MigDevice:
         with self._lock:
@@ -171,7 +194,7 @@ class NvmlMig(NvmlCalls):
                     self._call("nvmlGpuInstanceDestroy", gpu_instance)
                 raise
             gi_id, ci_id = int(gi_info.id), int(ci_info.id)
-            uuid = dict(self._mig_handles(handle).get(gi_id, [])).get(ci_id)
+            uuid = self._mig_uuid(handle, gi_id, ci_id)
             return MigDevice(
                 parent_index=index,
                 parent_uuid=nvml_text(self._call("nvmlDeviceGetUUID", handle)),
