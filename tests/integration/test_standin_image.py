@@ -21,8 +21,12 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="chroot and mount namespaces need root"),
 ]
 
-# The command every ubuntu:22.04 container of NVIDIA's quickstart runs, with a short sleep.
-MANIFEST_COMMAND = "nvidia-smi -L; trap 'exit 0' TERM; sleep 0.1 & wait; echo done"
+# The command every ubuntu:22.04 container of NVIDIA's quickstart runs, with a short sleep,
+# and a script run through its #!/bin/sh line.
+MANIFEST_COMMAND = (
+    "nvidia-smi -L; trap 'exit 0' TERM; sleep 0.1 & wait; "
+    "printf '#!/bin/sh\\necho done\\n' > /tmp/s; chmod +x /tmp/s; /tmp/s"
+)
 
 
 def _image(archive: Path, rootfs: Path) -> dict[str, Any]:
@@ -75,6 +79,8 @@ def test_the_standin_answers_to_ubuntu_and_runs_the_manifests_command(tmp_path: 
     # It says what it is to anything that looks inside.
     assert "ID=debian" in (rootfs / "etc" / "os-release").read_text()
     assert not (rootfs / "usr" / "bin" / "nvidia-smi").exists(), "the driver brings nvidia-smi"
+    # Programs written as shell scripts (the simulated driver's nvidia-smi) need /bin/sh.
+    assert (rootfs / "bin" / "sh").readlink() == Path("dash")
 
     env = {"PATH": config["Env"][0].split("=", 1)[1]}
     manifest = subprocess.run(

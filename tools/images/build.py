@@ -60,10 +60,12 @@ BUSYBOX_DEB = "busybox-static"
 UBUNTU_STANDIN = "docker.io/library/ubuntu:22.04"
 # What the manifests' commands (`bash -c "nvidia-smi -L; trap ...; sleep 9999 & wait"`) and the
 # report script need: bash, coreutils (sleep, env, sort, head, stat), sed, grep, hostname,
-# and the libraries they link (listed, not resolved, so the set does not move with apt).
+# and the libraries they link (listed, not resolved, so the set does not move with apt); dash
+# for /bin/sh, which Ubuntu's image has and the simulated driver's programs are scripts for.
 UBUNTU_STANDIN_DEBS = (
     "base-files",
     "bash",
+    "dash",
     "coreutils",
     "sed",
     "grep",
@@ -235,13 +237,14 @@ def _ubuntu_standin_rootfs(rootfs: Path) -> None:
 
 
 def ubuntu_standin_image() -> BuiltImage:
-    """A Debian 12 image named ``docker.io/library/ubuntu:22.04``: bash, coreutils, sed, grep
-    and hostname from Debian's packages, nothing of Ubuntu's. The test world reaches no public
-    registry, and NVIDIA's quickstart manifests run ``bash -c`` in ``ubuntu:22.04``; under this
-    name the node runs them byte for byte. What a DRA driver gives a container (device nodes,
-    driver files and programs such as nvidia-smi, environment) comes from the CDI edits the
-    runtime applies, whatever the image; the image supplies only the shell and its tools, the
-    same one to both drivers' pods. Its label and /etc/os-release say what it is."""
+    """A Debian 12 image named ``docker.io/library/ubuntu:22.04``: bash, dash as /bin/sh,
+    coreutils, sed, grep and hostname from Debian's packages, nothing of Ubuntu's. The test
+    world reaches no public registry, and NVIDIA's quickstart manifests run ``bash -c`` in
+    ``ubuntu:22.04``; under this name the node runs them byte for byte. What a DRA driver
+    gives a container (device nodes, driver files and programs such as nvidia-smi,
+    environment) comes from the CDI edits the runtime applies, whatever the image; the image
+    supplies only the shell and its tools, the same one to both drivers' pods. Its label and
+    /etc/os-release say what it is."""
     layer = _cached_layer(
         "ubuntu-standin-" + _hash([d.encode() for d in UBUNTU_STANDIN_DEBS]),
         _ubuntu_standin_rootfs,
@@ -252,8 +255,9 @@ def ubuntu_standin_image() -> BuiltImage:
         env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
         labels={
             "org.opencontainers.image.description": (
-                "Debian 12 stand-in for ubuntu:22.04 (bash, coreutils, sed, grep, hostname), "
-                "built by flexgpu's tools/images for a test world without a public registry"
+                "Debian 12 stand-in for ubuntu:22.04 (bash, dash, coreutils, sed, grep, "
+                "hostname), built by flexgpu's tools/images for a test world without a "
+                "public registry"
             ),
         },
     )
