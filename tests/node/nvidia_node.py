@@ -10,9 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.nvidia_ctk import tools_dir
-from tests.nvidia_machine import machine
 from tests.nvidia_plugin import nvidia_binary
-from tests.nvml_library import ENV_CONFIG, ENV_STATE
+from tests.nvml_library import ENV_CONFIG, ENV_STATE, MockMachine
 from tools.cluster.process import Component
 from tools.node import report
 from tools.node.node import RealNode
@@ -25,11 +24,10 @@ SHARED_CAPS = {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"}
 
 
 @contextmanager
-def nvidia_plugin(node: RealNode, folder: Path, *, mig_layouts: bool) -> Iterator[Component]:
-    """NVIDIA's plugin (the gates of STATIC_GATES) running on ``node`` over NVIDIA's DGX H100
-    mock (with mig-parted's layouts on GPUs 6 and 7 when ``mig_layouts``), its DeviceClasses
-    created; stopped and its classes and slices removed afterwards."""
-    made = machine(folder, mig_layouts=mig_layouts)
+def nvidia_plugin(node: RealNode, made: MockMachine) -> Iterator[Component]:
+    """NVIDIA's plugin (the gates of STATIC_GATES) running on ``node`` over the NVML mock
+    machine ``made``, its DeviceClasses created; stopped and its classes and slices removed
+    afterwards."""
     component = node_plugin.start(
         node,
         node.layout.root / "nvidia-plugin",

@@ -28,6 +28,7 @@ from tests.node.support import (
     run_pod,
     wait_report,
 )
+from tests.nvidia_machine import machine
 from tools.cluster.process import Component
 from tools.node.node import RealNode
 from tools.nvidia_twin import NVIDIA_DRIVER
@@ -65,7 +66,7 @@ def nvidia_on_node(
     plugin: RealNode, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Component]:
     folder = Path(tmp_path_factory.mktemp("nvtwin-node"))
-    with nvidia_plugin(plugin, folder, mig_layouts=True) as component:
+    with nvidia_plugin(plugin, machine(folder, mig_layouts=True)) as component:
         core: Any = client.CoreV1Api(plugin.api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         yield component
