@@ -70,3 +70,51 @@ def own_copy(source: MockMachine, folder: Path) -> MockMachine:
     if source.state_path.exists():
         shutil.copy2(source.state_path, state)
     return MockMachine(config_path=source.config_path, state_path=state)
+
+
+# NVIDIA's quickstart node after `nvidia-mig-parted apply -c half-balanced` (its
+# mig-parted-config.yaml): a DGX A100 whose MIG GPUs each hold 3g.20gb, 2g.10gb and two
+# 1g.5gb, at the one arrangement an A100 40GB allows (profile, first memory slice).
+A100_MACHINE: dict[str, Any] = {
+    "machine": "dgxa100",
+    "driverVersion": "580.95.05",
+    "cudaDriverVersion": 13000,
+    "gpus": [
+        {"model": "A100-SXM4-40GB", "pciBusId": f"0000:{0x07 + 8 * i:02x}:00.0"}
+        for i in range(GPUS)
+    ],
+    "nvswitch": {"gpus": list(range(GPUS)), "links": 12},
+}
+HALF_BALANCED = (("3g.20gb", 4), ("2g.10gb", 2), ("1g.5gb", 0), ("1g.5gb", 1))
+CREATE_NAMED_LAYOUT = """
+import json, sys
+from flexgpu.driver.nvml_backend import NvmlBackend
+backend = NvmlBackend()
+for gpu, instances in json.loads(sys.argv[1]).items():
+    profiles = {p.name: p for p in backend.mig_profiles(int(gpu))}
+    for name, start in instances:
+        (placement,) = [p for p in profiles[name].placements if p.start == start]
+        backend.create_mig_device(int(gpu), profiles[name].profile_id, placement)
+backend.close()
+"""
+
+
+def a100_half_balanced(folder: Path, mig_gpus: tuple[int, ...]) -> MockMachine:
+    """NVIDIA's DGX A100 mock in ``folder`` with ``mig_gpus`` in MIG mode, each partitioned as
+    HALF_BALANCED before any DRA driver starts."""
+    description = json.loads(json.dumps(A100_MACHINE))
+    for gpu in mig_gpus:
+        description["gpus"][gpu]["migEnabled"] = True
+    made = MockMachine.write(folder, description)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CREATE_NAMED_LAYOUT,
+            json.dumps(dict.fromkeys(mig_gpus, HALF_BALANCED)),
+        ],
+        env={**made.env(), "PATH": "/usr/bin:/bin"},
+        check=True,
+        timeout=120,
+    )
+    return made

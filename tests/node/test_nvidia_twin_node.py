@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.node.nvidia_node import differences, documented, nvidia_plugin, reduce
 from tests.node.support import (
     create_claim,
     delete_pods,
@@ -27,28 +28,20 @@ from tests.node.support import (
     run_pod,
     wait_report,
 )
-from tests.nvidia_ctk import tools_dir
 from tests.nvidia_machine import machine
-from tests.nvidia_plugin import nvidia_binary
-from tests.nvml_library import ENV_CONFIG, ENV_STATE
 from tools.cluster.process import Component
-from tools.node import report
 from tools.node.node import RealNode
-from tools.nvidia_twin import NVIDIA_DRIVER, STATIC_GATES, node_plugin
+from tools.nvidia_twin import NVIDIA_DRIVER
 
 pytestmark = pytest.mark.integration
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "nvidia-differential.md"
 START, END = "<!-- nvidia-node:start -->", "<!-- nvidia-node:end -->"
-ABSENT = "(absent)"
 NAMESPACE = "nvtwin-node"
 FLEXGPU = "gpu.flexgpu.dev"
 # Each driver's names: DeviceClass prefix-free domain, opaque config apiVersion.
 API_VERSIONS = {NVIDIA_DRIVER: "resource.nvidia.com/v1beta1", FLEXGPU: "gpu.flexgpu.dev/v1alpha1"}
 CLAIMS = ("gpu", "mig", "time-slicing")
 LABELS = ("nvidia", "flexgpu")
-# The MIG capability files every container may get (config, monitor): not a partition's own.
-SHARED_CAPS = {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"}
 
 
 def claim_devices(claim: str, driver: str) -> dict[str, Any]:
@@ -72,68 +65,11 @@ def claim_devices(claim: str, driver: str) -> dict[str, Any]:
 def nvidia_on_node(
     plugin: RealNode, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Component]:
-    node = plugin
-    root = node.layout.root / "nvidia-plugin"
-    made = machine(Path(tmp_path_factory.mktemp("nvtwin-node")), mig_layouts=True)
-    component = node_plugin.start(
-        node,
-        root,
-        binary=nvidia_binary(),
-        cdi_hook=tools_dir() / "nvidia-cdi-hook",
-        machine_env={k: v for k, v in made.env().items() if k in (ENV_CONFIG, ENV_STATE)},
-        feature_gates=STATIC_GATES,
-    )
-    node_plugin.create_device_classes(node.api)
-    core: Any = client.CoreV1Api(node.api)
-    core.create_namespace({"metadata": {"name": NAMESPACE}})
-    try:
+    folder = Path(tmp_path_factory.mktemp("nvtwin-node"))
+    with nvidia_plugin(plugin, machine(folder, mig_layouts=True)) as component:
+        core: Any = client.CoreV1Api(plugin.api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
         yield component
-    finally:
-        component.stop()
-        node_plugin.remove(node.api, node)
-
-
-def _reduce(rep: report.Report, claim: str) -> dict[str, str]:
-    """The report with what differs by pod replaced: the GPU's (or MIG device's) UUID and
-    /dev/nvidiaN, a partition's own capability nodes, device names, the claim's name and uid;
-    the pod's own name (HOSTNAME) is left out."""
-    uuids = rep.visible_devices
-    gpu_nodes = [p for p in rep.devices if re.fullmatch(r"/dev/nvidia\d+", p)]
-    caps = sorted(
-        (p for p in rep.devices if p.startswith("/dev/nvidia-caps/") and p not in SHARED_CAPS),
-        key=lambda p: int(re.sub(r"\D", "", p) or 0),
-    )
-    cap_names = dict(zip(caps, ("<gi-cap>", "<ci-cap>", "<cap3>", "<cap4>"), strict=False))
-
-    def template(text: str) -> str:
-        for uuid in uuids:
-            text = text.replace(uuid, "<uuid>")
-        # Other UUIDs (a MIG device's parent) by kind.
-        text = re.sub(r"\bGPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "<gpu-uuid>", text)
-        for path in gpu_nodes:
-            text = re.sub(rf"{re.escape(path)}\b", "/dev/nvidia<N>", text)
-        for path, name in cap_names.items():
-            text = re.sub(rf"{re.escape(path)}\b", f"/dev/nvidia-caps/{name}", text)
-        text = re.sub(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "<uid>", text)
-        # Variable names spell a uid in capitals with underscores.
-        text = re.sub(r"[0-9A-F]{8}(_[0-9A-F]{4}){3}_[0-9A-F]{12}", "<UID>", text)
-        # Which GPU and placement the scheduler picked is not the driver's doing.
-        text = re.sub(r"\bgpu-\d+-mig-[0-9a-z]+-\d+\b", "gpu-<N>-mig-<profile>-<start>", text)
-        text = re.sub(r"_GPU_\d+_MIG_[0-9A-Z]+_\d+\b", "_GPU_<N>_MIG_<PROFILE>_<START>", text)
-        text = re.sub(r"_GPU_\d+\b", "_GPU_<N>", re.sub(r"\bgpu-\d+\b", "gpu-<N>", text))
-        return text.replace(f"{NAMESPACE}/{claim}", f"{NAMESPACE}/<claim>")
-
-    out: dict[str, str] = {}
-    for name, value in rep.env.items():
-        if name != "HOSTNAME":
-            out[f"env {template(name)}"] = template(value)
-    for path, device in rep.devices.items():
-        out[f"device {template(path)}"] = "opens" if device.cgroup_allows else "denied"
-    for path in rep.files:
-        out[f"file {template(path)}"] = "present"
-    for mount in rep.mounts:
-        out[f"mount {template(mount)}"] = "present"
-    return out
 
 
 Reports = dict[str, dict[str, dict[str, str]]]
@@ -154,7 +90,7 @@ def reports(plugin: RealNode, nvidia_on_node: Component) -> Iterator[Reports]:
                 except BaseException:
                     print(nvidia_on_node.log_tail(60))
                     raise
-                got[claim][label] = _reduce(wait_report(plugin, NAMESPACE, name), name)
+                got[claim][label] = reduce(wait_report(plugin, NAMESPACE, name))
         yield got
     finally:
         # The session's other tests count on the node's GPUs: give them back (each plugin
@@ -165,22 +101,6 @@ def reports(plugin: RealNode, nvidia_on_node: Component) -> Iterator[Reports]:
 
 def _pods(api: Any) -> list[Any]:
     return list(client.CoreV1Api(api).list_namespaced_pod(NAMESPACE).items)
-
-
-Row = tuple[str, str, str, str]
-
-
-def _documented() -> dict[Row, str]:
-    text = DOC.read_text(encoding="utf-8")
-    table = text[text.index(START) + len(START) : text.index(END)]
-    rows: dict[Row, str] = {}
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 5 or cells[0] in ("Claim", "") or set(cells[0]) <= {"-"}:
-            continue
-        claim, seen, theirs, ours, why = (c.strip("`") for c in cells)
-        rows[(claim, seen, theirs, ours)] = why
-    return rows
 
 
 def _gpu_nodes(seen: dict[str, str]) -> list[str]:
@@ -211,15 +131,11 @@ def test_mig_containers_get_their_partition_only(reports: Reports) -> None:
 
 
 def test_containers_differ_only_where_documented(reports: Reports) -> None:
-    measured: set[Row] = set()
+    measured: set[tuple[str, ...]] = set()
     for claim, by_driver in reports.items():
-        theirs, ours = by_driver["nvidia"], by_driver["flexgpu"]
-        measured |= {
-            (claim, k, theirs.get(k, ABSENT), ours.get(k, ABSENT))
-            for k in theirs.keys() | ours.keys()
-            if theirs.get(k, ABSENT) != ours.get(k, ABSENT)
-        }
-    listed = _documented()
+        found = differences(by_driver["nvidia"], by_driver["flexgpu"])
+        measured |= {(claim, *row) for row in found}
+    listed = documented(START, END, cells=5)
     unlisted = sorted(measured - listed.keys())
     stale = sorted(listed.keys() - measured)
     table = "\n".join(f"| {c} | {k} | `{a}` | `{b}` | |" for c, k, a, b in unlisted)

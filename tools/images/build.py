@@ -4,16 +4,18 @@
   3.11 runtime (its .deb packages), flexgpu's dependencies as installed in this environment,
   NVIDIA's CDI tools (tools/nvidia-ctk) and the project's own packages from the source tree;
 - for the real test node: the sandbox (pause) image, a small static program of our own, and
-  the GPU workload image, busybox and a script that reports what the container received.
+  the GPU workload image, busybox and a script that reports what the container received;
+- a Debian stand-in for ``ubuntu:22.04``, the image NVIDIA's quickstart manifests name, so the
+  node runs those manifests unchanged without reaching Docker Hub (see ``ubuntu_standin_image``).
 
 Reproducible: layers are tars with sorted entries, owned by root and dated at the epoch, and
 the image config has no build time, so the same inputs give the same digest (docs/releasing.md
 lists the inputs; ``--inputs`` prints them). Each layer is cached under a key of its inputs,
 so a warm build only re-tars what changed (the flexgpu packages).
 
-    python -m tools.images.build [pause|workload|flexgpu ...] [--inputs]
+    python -m tools.images.build [pause|workload|ubuntu|flexgpu ...] [--inputs]
 
-prints ``role, name, archive`` per image (all three by default).
+prints ``role, name, archive`` per image (all of them by default).
 """
 
 from __future__ import annotations
@@ -53,6 +55,30 @@ PYTHON_DEBS = (
     "media-types",
 )
 BUSYBOX_DEB = "busybox-static"
+# The stand-in answers to the reference NVIDIA's quickstart manifests write (`ubuntu:22.04`),
+# spelled out as containerd normalises it.
+UBUNTU_STANDIN = "docker.io/library/ubuntu:22.04"
+# What the manifests' commands (`bash -c "nvidia-smi -L; trap ...; sleep 9999 & wait"`) and the
+# report script need: bash, coreutils (sleep, env, sort, head, stat), sed, grep, hostname,
+# and the libraries they link (listed, not resolved, so the set does not move with apt); dash
+# for /bin/sh, which Ubuntu's image has and the simulated driver's programs are scripts for.
+UBUNTU_STANDIN_DEBS = (
+    "base-files",
+    "bash",
+    "dash",
+    "coreutils",
+    "sed",
+    "grep",
+    "hostname",
+    "libc6",
+    "libgcc-s1",
+    "libtinfo6",
+    "libacl1",
+    "libattr1",
+    "libgmp10",
+    "libselinux1",
+    "libpcre2-8-0",
+)
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 IMAGE_PYTHON = (3, 11)
 
@@ -198,6 +224,46 @@ def workload_image() -> BuiltImage:
     return BuiltImage(name, _archive(name, "gpu-workload", [base, top], config))
 
 
+def _ubuntu_standin_rootfs(rootfs: Path) -> None:
+    debs.unpack(debs.fetch(UBUNTU_STANDIN_DEBS, cache_root() / "debs"), rootfs)
+    shutil.rmtree(rootfs / "usr" / "share" / "doc", ignore_errors=True)
+    shutil.rmtree(rootfs / "usr" / "share" / "man", ignore_errors=True)
+    shutil.rmtree(rootfs / "usr" / "share" / "info", ignore_errors=True)
+    _base_files(rootfs)
+    (rootfs / "etc" / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n"
+    )
+    (rootfs / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+
+
+def ubuntu_standin_image() -> BuiltImage:
+    """A Debian 12 image named ``docker.io/library/ubuntu:22.04``: bash, dash as /bin/sh,
+    coreutils, sed, grep and hostname from Debian's packages, nothing of Ubuntu's. The test
+    world reaches no public registry, and NVIDIA's quickstart manifests run ``bash -c`` in
+    ``ubuntu:22.04``; under this name the node runs them byte for byte. What a DRA driver
+    gives a container (device nodes, driver files and programs such as nvidia-smi,
+    environment) comes from the CDI edits the runtime applies, whatever the image; the image
+    supplies only the shell and its tools, the same one to both drivers' pods. Its label and
+    /etc/os-release say what it is."""
+    layer = _cached_layer(
+        "ubuntu-standin-" + _hash([d.encode() for d in UBUNTU_STANDIN_DEBS]),
+        _ubuntu_standin_rootfs,
+    )
+    # Ubuntu's image config: a PATH and bash as the command.
+    config = oci.ImageConfig(
+        cmd=("/bin/bash",),
+        env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+        labels={
+            "org.opencontainers.image.description": (
+                "Debian 12 stand-in for ubuntu:22.04 (bash, dash, coreutils, sed, grep, "
+                "hostname), built by flexgpu's tools/images for a test world without a "
+                "public registry"
+            ),
+        },
+    )
+    return BuiltImage(UBUNTU_STANDIN, _archive(UBUNTU_STANDIN, "ubuntu-standin", [layer], config))
+
+
 def _python_base(rootfs: Path) -> None:
     _busybox_rootfs(rootfs)
     debs.unpack(debs.fetch(PYTHON_DEBS, cache_root() / "debs"), rootfs)
@@ -329,6 +395,7 @@ def inputs() -> list[str]:
 BUILDERS: dict[str, Callable[[], BuiltImage]] = {
     "pause": pause_image,
     "workload": workload_image,
+    "ubuntu": ubuntu_standin_image,
     "flexgpu": flexgpu_image,
 }
 

@@ -245,7 +245,13 @@ class RealNode:
             *args,
         ]
         proc = subprocess.run(
-            self._in_node(argv), capture_output=True, text=True, timeout=timeout_s, check=False
+            self._in_node(argv),
+            # `ctr tasks exec` hands its stdin to the process: give it none.
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
         )
         if proc.returncode != 0:
             component = self.containerd
