@@ -235,12 +235,15 @@ class NvmlMig(NvmlCalls):
             parent_uuid = nvml_text(self._call("nvmlDeviceGetUUID", handle))
             mig_handles = self._mig_handles(handle)
             devices: list[MigDevice] = []
-            for info in self._profile_infos(handle):
-                capacity = int(info.instanceCount)
-                array = (pynvml.c_nvmlGpuInstance_t * capacity)()
+            for profile in self._mig_profiles(handle, index):
+                array = (pynvml.c_nvmlGpuInstance_t * profile.max_instances)()
                 count = ctypes.c_uint(0)
                 self._call(
-                    "nvmlDeviceGetGpuInstances", handle, int(info.id), array, ctypes.byref(count)
+                    "nvmlDeviceGetGpuInstances",
+                    handle,
+                    profile.profile_id,
+                    array,
+                    ctypes.byref(count),
                 )
                 for slot in range(count.value):
                     gi_info = self._call("nvmlGpuInstanceGetInfo", array[slot])
@@ -250,8 +253,8 @@ class NvmlMig(NvmlCalls):
                         MigDevice(
                             parent_index=index,
                             parent_uuid=parent_uuid,
-                            profile_id=int(info.id),
-                            profile_name=nvml_text(info.name).removeprefix("MIG "),
+                            profile_id=profile.profile_id,
+                            profile_name=profile.name,
                             placement=MigPlacement(
                                 start=int(gi_info.placement.start),
                                 size=int(gi_info.placement.size),
