@@ -138,8 +138,9 @@ class BindingWatch:
 
     def ensure_watch(self) -> None:
         """Claims are watched only while the node has on-demand MIG GPUs (or partitions made
-        before binding): every node watching every claim of the cluster would cost the API
-        server a fan-out of each claim change for nothing. Modes change with GpuNodePolicies."""
+        before binding) or shared GPUs with tenant conditions: every node watching every
+        claim of the cluster would cost the API server a fan-out of each claim change for
+        nothing. Modes change with GpuNodePolicies."""
         wanted = (
             bool(self._devices.dynamic_gpus())
             or bool(self._early.early_records())
@@ -219,9 +220,9 @@ class BindingWatch:
         self, claims: Sequence[ClaimView], told: Mapping[str, set[str]]
     ) -> set[str]:
         """Gives free shared GPUs to the first namespace allocated there and sends other
-        namespaces' claims back; the UIDs of those sent back. The published tenants follow
-        (``tenants_changed``) before any outcome is written, so the scheduler that reads a
-        TenantTaken already sees the GPU's tenant."""
+        namespaces' claims back; the UIDs of the claims sent back (in this pass or before).
+        The new tenants go to the slice publisher (``tenants_changed``) before any outcome
+        is written, so the GPU's tenant is on its way when the scheduler reads TenantTaken."""
         if not self._devices.tenant_binding():
             return set()
         decisions = self.tenants.decide(claims, told, self._records())
@@ -237,7 +238,7 @@ class BindingWatch:
                 else f"serves namespace {claim.namespace}",
             )
             self._write(claim, decision.statuses)
-        return {d.claim.uid for d in decisions if d.taken}
+        return {c.uid for c in claims if self.tenants.sent_back(c.uid)}
 
     def _write(self, claim: ClaimView, statuses: Sequence[DeviceStatus]) -> None:
         outcomes = self._outcomes.setdefault(claim.uid, {})

@@ -97,6 +97,10 @@ class TenantBinding:
             if (found := [d for d in devices if TENANT_READY_CONDITION in d.binding_conditions])
         }
 
+    def sent_back(self, uid: str) -> bool:
+        """Whether the claim was sent back (TenantTaken) and keeps that allocation."""
+        return uid in self._taken
+
     def holders(self) -> dict[int, str]:
         """GPU index -> the namespace its allocated claims hold it for (the first by name if
         several do), for the published tenant; records are added by the caller."""
