@@ -8,121 +8,33 @@ arrays and ``byref`` counts filled in place, opaque ctypes handles) and raises t
 ``pynvml.NVMLError`` subclasses with NVML's codes, so ``NvmlBackend`` runs unchanged against it.
 Figures are what NVML reports on the products modelled (A100-SXM4-80GB with driver 580, T4).
 Anything not defined here falls through to the real module (constants, structures, errors).
+The simulated hardware is in fake_gpus.py, the MIG functions in fake_nvml_mig.py.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+from fake_gpus import (
+    MIB,
+    NO_INSTANCE,
+    FakeEventSet,
+    FakeGpu,
+    FakeProfile,
+    _error,
+    a100_80gb,
+    t4,
+)
+from fake_nvml_mig import FakeNvmlMig
 
-NO_INSTANCE = 0xFFFFFFFF
-MIB = 1024 * 1024
-
-
-@dataclass
-class FakeProfile:
-    enum: int
-    id: int
-    name: str
-    slices: int
-    instances: int
-    sms: int
-    ce: int
-    dec: int
-    jpeg: int
-    ofa: int
-    memory_mb: int
-    starts: tuple[int, ...]
-    size: int
+__all__ = ["FakeGpu", "FakeNvml", "FakeProfile", "a100_80gb", "t4"]
 
 
-# `nvidia-smi mig -lgip` / `-lgipp` of an A100-SXM4-80GB.
-A100_80GB_PROFILES = [
-    FakeProfile(0, 19, "MIG 1g.10gb", 1, 7, 14, 1, 0, 0, 0, 9728, (0, 1, 2, 3, 4, 5, 6), 1),
-    FakeProfile(7, 20, "MIG 1g.10gb+me", 1, 1, 14, 1, 1, 1, 1, 9728, (0, 1, 2, 3, 4, 5, 6), 1),
-    FakeProfile(9, 15, "MIG 1g.20gb", 1, 4, 14, 1, 1, 0, 0, 19968, (0, 2, 4, 6), 2),
-    FakeProfile(1, 14, "MIG 2g.20gb", 2, 3, 28, 2, 1, 0, 0, 19968, (0, 2, 4), 2),
-    FakeProfile(2, 9, "MIG 3g.40gb", 3, 2, 42, 3, 2, 0, 0, 40192, (0, 4), 4),
-    FakeProfile(3, 5, "MIG 4g.40gb", 4, 1, 56, 4, 2, 0, 0, 40192, (0,), 4),
-    FakeProfile(4, 0, "MIG 7g.80gb", 7, 1, 98, 7, 5, 1, 1, 80896, (0,), 8),
-]
-# NVML compute instance profile enum -> id for the full-size compute instance.
-CI_PROFILE_IDS = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}
-
-
-@dataclass
-class FakeGpu:
-    name: str
-    uuid: str
-    bus_id: str  # as NVML prints it, 8-digit domain
-    memory_mib: int
-    arch: int
-    cc: tuple[int, int]
-    brand: int = pynvml.NVML_BRAND_NVIDIA
-    profiles: list[FakeProfile] | None = None  # None: no MIG support
-    mig_enabled: bool = False
-    mig_pending: bool = False
-    nvlink: list[str] | None = None  # per link: remote bus id, or "switch"; None: no NVLink
-    compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
-    lost: bool = False
-    processes: list[SimpleNamespace] = field(default_factory=list)
-    # gpu instance id -> (profile, start, size, compute instance ids)
-    instances: dict[int, tuple[FakeProfile, int, int, list[int]]] = field(default_factory=dict)
-
-
-def a100_80gb(uuid: str, bus_id: str, mig_enabled: bool = True) -> FakeGpu:
-    return FakeGpu(
-        name="NVIDIA A100-SXM4-80GB",
-        uuid=uuid,
-        bus_id=bus_id,
-        memory_mib=81920,
-        arch=pynvml.NVML_DEVICE_ARCH_AMPERE,
-        cc=(8, 0),
-        profiles=A100_80GB_PROFILES,
-        mig_enabled=mig_enabled,
-        mig_pending=mig_enabled,
-        nvlink=["none"] * 12,
-    )
-
-
-def t4(uuid: str, bus_id: str) -> FakeGpu:
-    return FakeGpu(
-        name="Tesla T4",
-        uuid=uuid,
-        bus_id=bus_id,
-        memory_mib=15360,
-        arch=pynvml.NVML_DEVICE_ARCH_TURING,
-        cc=(7, 5),
-    )
-
-
-@dataclass
-class FakeEventSet:
-    """One event set: the GPUs registered in it and how far it has read the raised events."""
-
-    read: int
-    registered: set[int] = field(default_factory=set)
-    freed: bool = False
-
-
-def _error(code: int) -> pynvml.NVMLError:
-    return pynvml.NVMLError(code)
-
-
-def _gpu_instance_id(start: int, size: int) -> int:
-    return {8: 0, 4: 1, 2: 3, 1: 7}[size] + start // size
-
-
-def _deref(ref: Any) -> Any:
-    return ref._obj if hasattr(ref, "_obj") else ref.contents
-
-
-class FakeNvml:
+class FakeNvml(FakeNvmlMig):
     """Module-like object: ``NvmlBackend(nvml=FakeNvml([...]))``."""
 
     def __init__(
@@ -318,180 +230,6 @@ class FakeNvml:
         info = pynvml.nvmlPciInfo_t()
         info.busId = b"" if target in ("none", "switch") else target.encode()
         return info
-
-    # -- MIG -----------------------------------------------------------------------------
-
-    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
-        gpu = self._mig_gpu("nvmlDeviceGetMigMode", handle)[1]
-        return [int(gpu.mig_enabled), int(gpu.mig_pending)]
-
-    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
-        gpu = self._mig_gpu("nvmlDeviceSetMigMode", handle)[1]
-        wanted = mode == pynvml.NVML_DEVICE_MIG_ENABLE
-        if gpu.instances and wanted != gpu.mig_enabled:
-            raise _error(pynvml.NVML_ERROR_IN_USE)
-        gpu.mig_pending = wanted
-        if gpu.processes:
-            # The reset that activates the mode fails while processes hold the GPU.
-            return pynvml.NVML_ERROR_IN_USE
-        gpu.mig_enabled = wanted
-        return pynvml.NVML_SUCCESS
-
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int) -> Any:
-        gpu = self._mig_gpu("nvmlDeviceGetGpuInstanceProfileInfo", handle)[1]
-        for p in gpu.profiles or []:
-            if p.enum == profile:
-                info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
-                info.id, info.sliceCount, info.instanceCount = p.id, p.slices, p.instances
-                info.multiprocessorCount, info.copyEngineCount = p.sms, p.ce
-                info.decoderCount, info.encoderCount, info.jpegCount = p.dec, 0, p.jpeg
-                info.ofaCount, info.memorySizeMB, info.name = p.ofa, p.memory_mb, p.name.encode()
-                return info
-        if 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-
-    def nvmlDeviceGetGpuInstancePossiblePlacements(
-        self, handle: Any, profile_id: int, placements: Any, count_ref: Any
-    ) -> int:
-        gpu = self._mig_gpu("nvmlDeviceGetGpuInstancePossiblePlacements", handle)[1]
-        profile = self._profile_by_id(gpu, profile_id)
-        count = _deref(count_ref)
-        if placements is not None:
-            if len(placements) < len(profile.starts):
-                raise _error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-            for i, start in enumerate(profile.starts):
-                placements[i].start, placements[i].size = start, profile.size
-        count.value = len(profile.starts)
-        return pynvml.NVML_SUCCESS
-
-    def nvmlDeviceCreateGpuInstanceWithPlacement(
-        self, handle: Any, profile_id: int, placement_ref: Any
-    ) -> Any:
-        index, gpu = self._mig_gpu("nvmlDeviceCreateGpuInstanceWithPlacement", handle)
-        if not gpu.mig_enabled:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        profile = self._profile_by_id(gpu, profile_id)
-        placement = _deref(placement_ref)
-        start, size = placement.start, placement.size
-        if start not in profile.starts or size != profile.size:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        same = [i for i in gpu.instances.values() if i[0].id == profile_id]
-        if len(same) >= profile.instances:
-            raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        for _, other_start, other_size, _ in gpu.instances.values():
-            if start < other_start + other_size and other_start < start + size:
-                raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        if sum(i[0].slices for i in gpu.instances.values()) + profile.slices > 7:
-            raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        gi_id = _gpu_instance_id(start, size)
-        gpu.instances[gi_id] = (profile, start, size, [])
-        return self._handle(pynvml.c_nvmlGpuInstance_t, ("gi", index, gi_id))
-
-    def nvmlGpuInstanceGetInfo(self, gi_handle: Any) -> Any:
-        _, gpu, gi_id = self._gi("nvmlGpuInstanceGetInfo", gi_handle)
-        profile, start, size, _ = gpu.instances[gi_id]
-        info = pynvml.c_nvmlGpuInstanceInfo_t()
-        info.id, info.profileId = gi_id, profile.id
-        info.placement.start, info.placement.size = start, size
-        return info
-
-    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
-        self, gi_handle: Any, profile: int, engine_profile: int
-    ) -> Any:
-        _, gpu, gi_id = self._gi("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi_handle)
-        slices = gpu.instances[gi_id][0].slices
-        slices_by_enum = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
-        if engine_profile != 0 or slices_by_enum.get(profile, 99) > slices:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
-        info.id, info.sliceCount = CI_PROFILE_IDS[profile], slices_by_enum[profile]
-        info.instanceCount = slices // slices_by_enum[profile]
-        return info
-
-    def nvmlGpuInstanceCreateComputeInstance(self, gi_handle: Any, ci_profile_id: int) -> Any:
-        index, gpu, gi_id = self._gi("nvmlGpuInstanceCreateComputeInstance", gi_handle)
-        compute = gpu.instances[gi_id][3]
-        if compute:
-            raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        compute.append(0)
-        return self._handle(pynvml.c_nvmlComputeInstance_t, ("ci", index, gi_id, 0))
-
-    def nvmlComputeInstanceGetInfo(self, ci_handle: Any) -> Any:
-        self._enter("nvmlComputeInstanceGetInfo")
-        _, _, _, ci_id = self._resolve(ci_handle)
-        info = pynvml.c_nvmlComputeInstanceInfo_t()
-        info.id = ci_id
-        return info
-
-    def _mig_uuid(self, index: int, gi_id: int) -> str:
-        return f"MIG-{self.gpus[index].uuid[4:12]}-0000-4000-8000-{gi_id:012x}"
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
-        self._mig_gpu("nvmlDeviceGetMaxMigDeviceCount", handle)
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, slot: int) -> Any:
-        index, gpu = self._mig_gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle)
-        devices = [(gi, ci) for gi, inst in sorted(gpu.instances.items()) for ci in inst[3]]
-        if slot >= len(devices):
-            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
-        gi_id, ci_id = devices[slot]
-        target = ("mig", index, gi_id, ci_id, self._mig_uuid(index, gi_id))
-        return self._handle(pynvml.c_nvmlDevice_t, target)
-
-    def nvmlDeviceGetGpuInstanceId(self, mig_handle: Any) -> int:
-        self._enter("nvmlDeviceGetGpuInstanceId")
-        return int(self._resolve(mig_handle)[2])
-
-    def nvmlDeviceGetComputeInstanceId(self, mig_handle: Any) -> int:
-        self._enter("nvmlDeviceGetComputeInstanceId")
-        return int(self._resolve(mig_handle)[3])
-
-    def nvmlDeviceGetGpuInstances(
-        self, handle: Any, profile_id: int, array: Any, count_ref: Any
-    ) -> int:
-        index, gpu = self._mig_gpu("nvmlDeviceGetGpuInstances", handle)
-        if not gpu.mig_enabled:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        profile = self._profile_by_id(gpu, profile_id)
-        matching = [gi for gi, inst in sorted(gpu.instances.items()) if inst[0].id == profile_id]
-        if len(array) < profile.instances:
-            raise _error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        for slot, gi_id in enumerate(matching):
-            array[slot] = self._handle(pynvml.c_nvmlGpuInstance_t, ("gi", index, gi_id))
-        _deref(count_ref).value = len(matching)
-        return pynvml.NVML_SUCCESS
-
-    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: int) -> Any:
-        index, gpu = self._mig_gpu("nvmlDeviceGetGpuInstanceById", handle)
-        if not gpu.mig_enabled:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if gi_id not in gpu.instances:
-            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
-        return self._handle(pynvml.c_nvmlGpuInstance_t, ("gi", index, gi_id))
-
-    def nvmlGpuInstanceGetComputeInstanceById(self, gi_handle: Any, ci_id: int) -> Any:
-        index, gpu, gi_id = self._gi("nvmlGpuInstanceGetComputeInstanceById", gi_handle)
-        if ci_id not in gpu.instances[gi_id][3]:
-            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
-        return self._handle(pynvml.c_nvmlComputeInstance_t, ("ci", index, gi_id, ci_id))
-
-    def nvmlComputeInstanceDestroy(self, ci_handle: Any) -> int:
-        self._enter("nvmlComputeInstanceDestroy")
-        _, index, gi_id, ci_id = self._resolve(ci_handle)
-        gpu = self.gpus[index]
-        if any(p.gpuInstanceId == gi_id for p in gpu.processes):
-            raise _error(pynvml.NVML_ERROR_IN_USE)
-        gpu.instances[gi_id][3].remove(ci_id)
-        return pynvml.NVML_SUCCESS
-
-    def nvmlGpuInstanceDestroy(self, gi_handle: Any) -> int:
-        _, gpu, gi_id = self._gi("nvmlGpuInstanceDestroy", gi_handle)
-        if gpu.instances[gi_id][3] or any(p.gpuInstanceId == gi_id for p in gpu.processes):
-            raise _error(pynvml.NVML_ERROR_IN_USE)
-        del gpu.instances[gi_id]
-        return pynvml.NVML_SUCCESS
 
     # -- compute mode --------------------------------------------------------------------
 
