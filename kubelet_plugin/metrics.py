@@ -89,7 +89,10 @@ ERROR_REASONS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("starting", re.compile(r"still starting|failed to start")),
     ("claim_not_found", re.compile(r" not found\b|deleted and re-created")),
     ("not_allocated", re.compile(r"is not allocated|not published by node|out of date")),
-    ("conflict", re.compile(r"changed meanwhile|already prepared for claim|would take")),
+    (
+        "conflict",
+        re.compile(r"changed meanwhile|already prepared for claim|would take|another namespace"),
+    ),
     ("config", re.compile(r"sharing|config|MPS sharing|strategy|not supported on", re.I)),
     ("mig", re.compile(r"\bMIG\b")),
     ("mps", re.compile(r"\bMPS\b")),

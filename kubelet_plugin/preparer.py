@@ -266,6 +266,13 @@ class ClaimPreparerImpl:
                 return self._prepare_one(ref)
             except HeldError as err:
                 if not self.holders.until_one_leaves(err.holders, deadline):
+                    log.info(
+                        "claim %s/%s refused: its devices are held by claims %s",
+                        ref.namespace,
+                        ref.name,
+                        ", ".join(self._named(uid) for uid in err.holders),
+                        extra=claim_fields(ref.namespace, ref.name, ref.uid),
+                    )
                     raise
                 log.info(
                     "claim %s/%s: a claim holding its devices was unprepared; trying again",
@@ -273,6 +280,10 @@ class ClaimPreparerImpl:
                     ref.name,
                     extra=claim_fields(ref.namespace, ref.name, ref.uid),
                 )
+
+    def _named(self, uid: str) -> str:
+        record = self._store.get(uid)
+        return f"{record.namespace}/{record.name} ({uid})" if record else uid
 
     def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         existing = self._store.get(ref.uid)

@@ -68,7 +68,8 @@ def check_one_tenant(
 ) -> None:
     """Raises ``TenantMixError`` when a claim of ``namespace`` that shares ``gpus`` would
     meet, on one of them, a claim of another namespace that the node has prepared (or begun
-    to). ``others`` are the node's other claim records, read under the GPUs' locks."""
+    to); its ``holders`` are those claims' UIDs. ``others`` are the node's other claim
+    records, read under the GPUs' locks."""
     if tenants == "any" or not gpus:
         return
     others = list(others)
@@ -83,12 +84,13 @@ def check_one_tenant(
                 for o in others
                 if o.namespace != namespace and set(met) & gpus_shared_by(o, gpu_of)
             ]
+            # The message reaches the refused claim's namespace (its pod's Events): it names
+            # no claim or namespace of the other tenant; the plugin's log does (preparer).
             raise TenantMixError(
-                f"{where} is shared by claim {other.namespace}/{other.name} of namespace "
-                f"{other.namespace!r}; a shared GPU serves one namespace at a time, so a claim "
-                f"of namespace {namespace!r} may use it only once that namespace's claims are "
-                "gone, or if the administrator lets namespaces share GPUs "
-                "(kubeletPlugin.sharedGpuTenants: any)",
+                f"{where} serves the claims of another namespace; a shared GPU serves one "
+                f"namespace at a time, so a claim of namespace {namespace!r} may use it only "
+                "once those claims are gone, or if the administrator lets namespaces share "
+                "GPUs (kubeletPlugin.sharedGpuTenants: any)",
                 holders=holders,
             )
 

@@ -58,6 +58,11 @@ class FakePreparer:
         ("claim team/a not found", "claim_not_found"),
         ("claim team/a is not allocated", "not_allocated"),
         ("claim team/a changed meanwhile; retry", "conflict"),
+        (
+            "claim team/a: gpu-2 serves the claims of another namespace; a shared GPU serves "
+            "one namespace at a time",
+            "conflict",
+        ),
         ("MIG instance for gpu-0-mig-1g10gb-0 has no UUID", "mig"),
         ("the plugin is still starting (GPU discovery ...); retry", "starting"),
         ("preparing claim team/a: [Errno 28] No space left on device", "node_state"),

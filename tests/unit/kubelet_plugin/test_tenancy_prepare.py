@@ -57,7 +57,8 @@ def test_a_second_namespace_is_refused_on_a_shared_gpu_and_gets_nothing(node: No
     (daemon,) = node.backend.mps_daemons()
 
     error = _prepare(node, other)
-    assert error.startswith("claim team-b/b: gpu-2 is shared by claim team-a/")
+    assert error.startswith("claim team-b/b: gpu-2 serves the claims of another namespace")
+    assert "team-a" not in error, "the other tenant is not named to this one"
     assert "serves one namespace at a time" in error
     assert "kubeletPlugin.sharedGpuTenants: any" in error
     # Nothing of the refused claim: no record, no spec; the first tenant's daemon unchanged.
@@ -96,7 +97,7 @@ def test_a_half_prepared_claim_of_another_namespace_also_holds_the_gpu(node: Nod
         )
     )
     other = node.table.add("b", share(GPU, "s1", "8Gi"), namespace="team-b")
-    assert "shared by claim team-a/torn" in _prepare(node, other)
+    assert "gpu-2 serves the claims of another namespace" in _prepare(node, other)
 
 
 def test_racing_claims_of_four_namespaces_never_share_the_gpu(node: Node) -> None:
@@ -159,7 +160,8 @@ def test_whole_gpu_mps_counts_its_gpu_and_a_mig_daemon_counts_none() -> None:
     own, so a claim on the same parent GPU meets nobody there."""
     whole = _record("team-a", mps_share=MpsShareRecord(gpu_uuids=["GPU-1"], gpu_index=3))
     mig = _record("team-a", mps_share=MpsShareRecord(gpu_uuids=["MIG-1"], gpu_index=4, mig=True))
-    with pytest.raises(TenantMixError, match="gpu-3 is shared by claim team-a/c"):
+    with pytest.raises(TenantMixError, match="gpu-3 serves the claims of another") as mixed:
         check_one_tenant("team-b", {3}, [whole], lambda name: None)
+    assert mixed.value.holders == (whole.uid,)
     check_one_tenant("team-b", {4}, [mig], lambda name: None)
     check_one_tenant("team-a", {3}, [whole], lambda name: None)  # its own namespace
