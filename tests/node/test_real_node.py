@@ -394,7 +394,9 @@ def test_a_tenant_reaches_no_other_namespaces_mps_pipe_or_shm(
 
         message = wait_for(refused, timeout_s=90, what="the mixed fraction refused")
         assert "serves the claims of another namespace" in message
-        assert namespace not in message and "frac-a" not in message
+        # The other tenant (whose namespace name is a prefix of this one's) is not named.
+        assert f"'{namespace}'" not in message and f"{namespace}/" not in message
+        assert "frac-a" not in message
         assert core.read_namespaced_pod("tenant-b-share", other).status.phase == "Pending"
     finally:
         with contextlib.suppress(client.ApiException):
