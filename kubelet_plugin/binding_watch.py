@@ -225,8 +225,10 @@ class BindingWatch:
         is written, so the GPU's tenant is on its way when the scheduler reads TenantTaken."""
         if not self._devices.tenant_binding():
             return set()
-        decisions = self.tenants.decide(claims, told, self._records())
-        self._tenants_changed()
+        before = self.tenants.holders()
+        decisions = self.tenants.decide(claims, told, self._records)
+        if decisions or self.tenants.holders() != before:
+            self._tenants_changed()  # reads the records again: only when holders changed
         for decision in decisions:
             claim = decision.claim
             log.info(

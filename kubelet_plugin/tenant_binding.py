@@ -110,15 +110,15 @@ class TenantBinding:
         self,
         claims: Sequence[ClaimView],
         told: Mapping[str, Set[str]],
-        records: Iterable[ClaimRecord],
+        records: Callable[[], Iterable[ClaimRecord]],
     ) -> list[TenantDecision]:
         """Decides every claim that waits for a tenant, in the order given (oldest allocation
         first). ``claims``: this node's allocated claims with a shared device; ``told``: the
-        condition types already true on each claim's entries of this node; ``records``: the
-        node's claim records."""
+        condition types already true on each claim's entries of this node; ``records``: reads
+        the node's claim records, only when a claim is left to decide (the watch runs this
+        on every change of a kept claim)."""
         by_uid = {c.uid: c for c in claims}
         self._forget(by_uid)
-        held = self._held_by_records(records)
         # Built aside and swapped in at the end: holders() is read from other threads.
         holders: dict[int, set[str]] = {}
         for claim in claims:
@@ -128,17 +128,21 @@ class TenantBinding:
             for index in self.shared_devices(claim):
                 if index not in pending or claim.uid in self._ready:
                     holders.setdefault(index, set()).add(claim.namespace)
-        for index, names in holders.items():
-            held.setdefault(index, set()).update(names)
-
-        decisions = []
+        undecided = []
         for claim in claims:
-            pending = self.waiting(claim)
-            if not pending or claim.uid in self._ready or claim.uid in self._taken:
+            if not self.waiting(claim) or claim.uid in self._ready or claim.uid in self._taken:
                 continue
             if TENANT_TAKEN_CONDITION in told.get(claim.uid, set()):
                 self._taken[claim.uid] = _devices(claim)
                 continue
+            undecided.append(claim)
+        held = self._held_by_records(records()) if undecided else {}
+        for index, names in holders.items():
+            held.setdefault(index, set()).update(names)
+
+        decisions = []
+        for claim in undecided:
+            pending = self.waiting(claim)
             others = sorted(
                 index
                 for index in pending

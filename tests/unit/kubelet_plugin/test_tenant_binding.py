@@ -20,6 +20,7 @@ from flexgpu.driver.names import (
     TENANT_READY_CONDITION,
     TENANT_TAKEN_CONDITION,
 )
+from flexgpu.driver.node_policy import GpuMode
 from flexgpu.kubelet_plugin.binding_watch import CLAIMS, BindingWatch
 from flexgpu.kubelet_plugin.claim_source import claim_path
 from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
@@ -84,6 +85,7 @@ class World:
         self.writer = ClaimStatusWriter(self.api, NODE)
         self.published: list[list[dict[str, Any]]] = []
         self._events: Any = None
+        self.record_reads = 0
         self.attribute = TenantAttribute(
             self.node.preparer.load_checkpoint, self.node.devices, self._republish
         )
@@ -103,6 +105,7 @@ class World:
         assert self.watch.claims.wait_synced(5)
 
     def _records(self) -> Any:
+        self.record_reads += 1
         return self.node.preparer.load_checkpoint().claims.values()
 
     def _republish(self) -> None:
@@ -191,10 +194,12 @@ def test_the_oldest_allocation_gets_a_free_gpu_and_other_namespaces_are_sent_bac
         assert "bindingConditions" not in device
         assert world.published[-1] == world.node.devices.slice_devices()
 
-        # Decided: another pass writes nothing more.
-        writes = world.writer.writes
+        # Decided: another pass writes nothing more, and reads no records (it runs on every
+        # change of a kept claim).
+        writes, reads, published = world.writer.writes, world.record_reads, len(world.published)
         world.pass_once()
         assert world.writer.writes == writes
+        assert world.record_reads == reads and len(world.published) == published
     finally:
         world.stop()
 
@@ -331,14 +336,28 @@ def test_prepare_keeps_tenant_ready_true_for_the_claims_next_pods(tmp_path: Path
 def test_claims_are_watched_for_shared_gpus_only_where_the_conditions_are_published(
     tmp_path: Path,
 ) -> None:
-    node = Node(tmp_path, ClaimTable())
-    node.devices.refresh()
-    node.devices.publish_tenants = True
-    assert not node.devices.tenant_binding()
-    node.devices.binding_conditions = True
-    assert node.devices.tenant_binding()
-    node.devices.publish_tenants = False  # namespaces may share: nothing to decide
-    assert not node.devices.tenant_binding()
-    node.devices.publish_tenants = True
-    node.devices.set_modes({})  # the shared GPU made whole: no shared GPU left
-    assert not node.devices.tenant_binding()
+    """A node whose only reason to watch is a shared GPU watches claims while free shared
+    GPUs carry the conditions, and stops once namespaces may share or the GPU is whole."""
+    world = World(tmp_path, [shared_claim("a", "team-a", "2026-12-02T10:00:00Z")])
+    devices = world.node.devices
+    try:
+        devices.set_modes({SHARED_GPU: GpuMode.SHARED})  # no on-demand MIG GPU left
+        world.watch.ensure_watch()
+        assert devices.tenant_binding() and world.watch.claims.synced
+        assert [o["metadata"]["name"] for o in world.watch.claims.items()] == ["a"]
+
+        devices.publish_tenants = False  # namespaces may share: nothing to decide
+        world.watch.ensure_watch()
+        lists = world.api.count("GET")
+        world.watch.process()
+        assert world.api.count("GET") == lists, "no watch, no reads"
+        assert world.conditions("team-a", "a") == [], "nothing decided"
+
+        devices.publish_tenants = True
+        devices.binding_conditions = False  # a release without binding conditions
+        assert not devices.tenant_binding()
+        devices.binding_conditions = True
+        devices.set_modes({})  # the shared GPU made whole: no shared GPU left
+        assert not devices.tenant_binding()
+    finally:
+        world.stop()
