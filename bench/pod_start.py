@@ -1,9 +1,14 @@
 """What users wait for: pod created -> container running, for a pod with one whole GPU, on
 the real node (upstream kubelet + containerd + runc, tools/node), flexgpu's plugin (the chart's
-DaemonSet) against the reference driver's (sigs.k8s.io/dra-example-driver, run on the host
-against the same kubelet).
+DaemonSet) against the reference driver's (sigs.k8s.io/dra-example-driver, deployed by its
+own upstream Helm chart as a DaemonSet pod on the same node: tools/node/example_chart.py).
 
-    python -m bench.pod_start [--pods 30] [--variants ...] [--mig]
+    python -m bench.pod_start [--pods 30] [--variants ...] [--mig] [--example-on-host]
+
+With --example-on-host the reference plugin runs as a plain process on the host instead (as
+this benchmark ran it before): on a cgroup-v1 node that process competes for CPU as a task of
+its own, while every pod (flexgpu's plugin, each container's runc init) shares the node's pod
+cgroup; one run with each shows what that difference is worth.
 
 For each driver: `--pods` pods one after another, then the same number 8 at a time. Each pod
 has its own ResourceClaim for one device of the driver's DeviceClass and runs the node's
@@ -61,7 +66,7 @@ from bench.pod_start_node import (
 )
 from bench.pod_start_report import AT_ONCE, report, rows, variant_names
 from tools.cluster import ControlPlane
-from tools.node import chart
+from tools.node import chart, example_chart
 from tools.node.node import RealNode
 
 # Reused by other benchmarks (the NVIDIA plugin's twin): keep these small and separate.
@@ -365,6 +370,11 @@ def main() -> int:
         default=list(VARIANTS),
         help=f"what to measure, in this order: {', '.join(VARIANTS)} (default: all)",
     )
+    parser.add_argument(
+        "--example-on-host",
+        action="store_true",
+        help="run the reference plugin as a host process, not as its chart's DaemonSet pod",
+    )
     args = parser.parse_args()
     try:
         chosen = variant_names(args.variants, VARIANTS)
@@ -406,18 +416,24 @@ def main() -> int:
                 mig = measure(api, "mig", device_class=MIG_CLASS, selector=SMALL_MIG, **common)
                 _print_mig(mig, args.pods, load_before)
                 return 0
-            if "example" in chosen:
+            if "example" in chosen and args.example_on_host:
                 example_class(api)
                 # Outside the node's folder, which cleanup removes.
                 example_log = Path(f"/tmp/{NODE}-example-plugin.log")
                 example = start_example(node, plane.kubeconfig, example_log)
                 print(f"example plugin log: {example_log}", flush=True)
                 wait_registered(node, EXAMPLE_DRIVER)
+            elif "example" in chosen:
+                # The chart makes the DeviceClass gpu.example.com itself.
+                example_chart.install(node)
+                pod = example_chart.wait_serving(node)
+                print(f"example plugin pod: {example_chart.NAMESPACE}/{pod.metadata.name}")
+                wait_registered(node, EXAMPLE_DRIVER)
             for variant in [v for v in chosen if v != "example"]:
                 if variant != "flexgpu":
                     roll_plugin(node, flexgpu_image, variant_values(node, variant))
                 drivers = {variant: "gpu.flexgpu.dev"}
-                if example is not None:
+                if "example" in chosen:
                     # The reference driver's pods take turns with this variant's.
                     drivers[f"ex-{variant}"] = EXAMPLE_DRIVER
                 measured.update(measure_side_by_side(api, drivers, **common))
@@ -436,7 +452,10 @@ def main() -> int:
         "\nPod created -> container running, one whole GPU per pod, real node (kubelet v1.37, "
         "containerd, runc), ratio = flexgpu / example\n"
     )
+    where = "a host process" if args.example_on_host else "its chart's DaemonSet pod"
     print(report(measured, "ex-"))
+    if "example" in chosen:
+        print(f"\nThe reference plugin ran as {where}.")
     print(
         f"\n{args.pods} pods one at a time and {AT_ONCE * ((args.pods + AT_ONCE - 1) // AT_ONCE)}"
         f" {AT_ONCE} at a time per variant, after one warm-up pod. Load average (1 min): "

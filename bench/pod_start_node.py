@@ -1,5 +1,6 @@
 """The real node as bench.pod_start sets it up: names, the chart values of each flexgpu
-variant, the reference driver started on the host, and plugin roll-outs between variants."""
+variant, the reference driver started on the host (--example-on-host; by default its chart
+deploys it: tools/node/example_chart.py), and plugin roll-outs between variants."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ POD_TIMEOUT_S = 180.0
 
 
 def example_class(api: Any) -> None:
+    """The reference driver's DeviceClass, for the host process (its chart makes its own)."""
     resource: Any = client.ResourceV1Api(api)
     selector = f"device.driver == '{EXAMPLE_DRIVER}'"
     resource.create_device_class(
