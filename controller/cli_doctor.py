@@ -128,6 +128,7 @@ def _run_node(args: argparse.Namespace) -> int:
         cdi_dir=args.cdi_dir,
         hook_path=args.hook_path or None,
         image_hook=Path(found) if (found := shutil.which("nvidia-cdi-hook")) else None,
+        image_combined_hook=(Path(found) if (found := shutil.which("flexgpu-cdi-hooks")) else None),
     )
     checks = node_checks(facts, _read_inventory(driver_root, args.topology))
     code = _report(checks, args.output)

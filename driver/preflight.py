@@ -60,9 +60,11 @@ class NodeFacts:
     host_root: Path | None
     kubelet_dir: str = "/var/lib/kubelet"
     cdi_dir: str = "/var/run/cdi"
-    # The hook the chart names (a host path), or None: the image's copy, ``image_hook``.
+    # The hook the chart names (a host path), or None: the image's copy, ``image_hook``, and
+    # ``image_combined_hook`` (flexgpu-cdi-hooks), which runs the hooks of a spec in one call.
     hook_path: str | None = None
     image_hook: Path | None = None
+    image_combined_hook: Path | None = None
 
 
 def find_nvml(driver_root: Path) -> Path | None:
@@ -234,14 +236,20 @@ def hook_check(facts: NodeFacts) -> Check:
                 "the host",
             )
         return Check("cdi-hook", Status.OK, f"the host's {facts.hook_path}")
-    if facts.image_hook is not None and is_static_elf(facts.image_hook):
+    # Containers run both programs on the host: each must run there.
+    programs = [p for p in (facts.image_hook, facts.image_combined_hook) if p is not None]
+    if programs and all(is_static_elf(p) for p in programs):
+        what = "hook is" if len(programs) == 1 else "hooks are"
+        them = "it" if len(programs) == 1 else "them"
         return Check(
-            "cdi-hook", Status.OK, "the image's hook is statically linked: any host runs it"
+            "cdi-hook", Status.OK, f"the image's {what} statically linked: any host runs {them}"
         )
     glibc = host_glibc(facts.host_root)
     if glibc is None:
         return Check("cdi-hook", Status.SKIP, "the host's libc.so.6 is not visible")
     if glibc < HOOK_GLIBC:
+        dynamic = [p.name for p in programs if not is_static_elf(p)] or ["nvidia-cdi-hook"]
+        names = " and ".join(dynamic) + (" needs" if len(dynamic) == 1 else " need")
         toolkit = facts.host_root / "usr" / "bin" / "nvidia-cdi-hook"
         hint = (
             "set kubeletPlugin.nvidiaCdiHookPath=/usr/bin/nvidia-cdi-hook (found on the host)"
@@ -252,8 +260,8 @@ def hook_check(facts: NodeFacts) -> Check:
         return Check(
             "cdi-hook",
             Status.FAIL,
-            f"the host's glibc is {glibc[0]}.{glibc[1]}; the image's nvidia-cdi-hook needs "
-            f"{HOOK_GLIBC[0]}.{HOOK_GLIBC[1]}: {hint}",
+            f"the host's glibc is {glibc[0]}.{glibc[1]}; the image's {names} "
+            f"glibc {HOOK_GLIBC[0]}.{HOOK_GLIBC[1]}: {hint}",
         )
     return Check("cdi-hook", Status.OK, f"the image's hook runs on glibc {glibc[0]}.{glibc[1]}")
 

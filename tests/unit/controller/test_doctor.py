@@ -257,3 +257,25 @@ def test_static_image_hook_runs_on_any_host(tmp_path: Path) -> None:
     dynamic = NodeFacts(tmp_path, tmp_path, image_hook=toolkit_dir() / "nvidia-ctk")
     assert hook_check(dynamic).status is Status.FAIL
     assert hook_check(old_host).status is Status.FAIL
+
+
+def test_combined_hook_is_judged_like_the_hook(tmp_path: Path) -> None:
+    """Containers also run the image's flexgpu-cdi-hooks on the host (the hooks of a spec in
+    one call): both static is fine on any host; a dynamically linked one on a host whose glibc
+    is too old fails, naming that program."""
+    from tests.nvidia_ctk import tools_dir as toolkit_dir
+
+    hook, combined = toolkit_dir() / "nvidia-cdi-hook", toolkit_dir() / "flexgpu-cdi-hooks"
+    _host(tmp_path, {"lib64/libc.so.6": b"GLIBC_2.17\x00GLIBC_2.28"})
+    both = NodeFacts(tmp_path, tmp_path, image_hook=hook, image_combined_hook=combined)
+    assert hook_check(both) == Check(
+        "cdi-hook", Status.OK, "the image's hooks are statically linked: any host runs them"
+    )
+    # nvidia-ctk stands in for a dynamically linked build of the combined program.
+    dynamic = NodeFacts(
+        tmp_path, tmp_path, image_hook=hook, image_combined_hook=toolkit_dir() / "nvidia-ctk"
+    )
+    check = hook_check(dynamic)
+    assert check.status is Status.FAIL
+    assert "the image's nvidia-ctk needs glibc" in check.detail
+    assert "nvidia-cdi-hook needs" not in check.detail
