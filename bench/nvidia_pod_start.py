@@ -1,17 +1,20 @@
 """Pod created -> container running on the real node, flexgpu's plugin (the chart's DaemonSet)
 against NVIDIA's own DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu v0.4.1, its chart's
-gates: none) on the same node: one whole GPU per pod, pods one after another.
+gates: none) on the same node: one whole GPU per pod, pods one after another and 8 at once.
 
-    python -m bench.nvidia_pod_start [--pods 25] [--rounds 2]
+    python -m bench.nvidia_pod_start [--pods 30]
 
-The method is bench.pod_start's (the same pods, claims, watch and clean-up between pods); only
-the competitor differs. NVIDIA's plugin runs inside the node's namespaces as its DaemonSet would
-(tools/nvidia_twin/node_plugin.py), over the NVML mock library serving a DGX H100 (eight whole
-GPUs); flexgpu's serves the node's hgx-h100-8 topology. Both plugins are registered with the
-kubelet through the whole run; each driver's pods ask for its own DeviceClass. Each round runs
-``--pods`` pods per driver, the drivers' order flipping from round to round so that neither
-always meets the machine's load first; the figures pool every round. Nothing is asserted: the
-table shows each figure and the ratio.
+The method is bench.pod_start's (the same pods, claims, watch, clean-up between batches, the
+drivers taking turns batch by batch, each pod's phases from containerd's log and the run times
+of runc, the CDI hooks and ldconfig from the kernel's process events); only the competitor
+differs. Both give containers the driver the same way (NVIDIA's toolkit generates both specs),
+so where the reference driver's containers get no driver at all, this comparison shows what
+the CUDA payload costs under NVIDIA's own driver. NVIDIA's plugin runs inside the node's
+namespaces as its DaemonSet would (tools/nvidia_twin/node_plugin.py), over the NVML mock
+library serving a DGX H100 (eight whole GPUs); flexgpu's serves the node's hgx-h100-8
+topology. Both plugins are registered with the kubelet through the whole run; each driver's
+pods ask for its own DeviceClass. Nothing is
+asserted: the tables show each figure and the ratio.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from typing import Any
 from kubernetes import client
 
 from bench.compare_table import Row, percentile, render
-from bench.pod_start import one_at_a_time
-from bench.pod_start_node import NAMESPACE, NODE, PLUGIN_NAMESPACE, TOPOLOGY
+from bench.pod_start import Starts, measure_side_by_side
+from bench.pod_start_node import NAMESPACE, NODE, PLUGIN_NAMESPACE, TOPOLOGY, WHOLE_GPUS
+from bench.pod_start_report import AT_ONCE, report
 from tests.nvidia_ctk import tools_dir
 from tests.nvidia_machine import machine
 from tests.nvml_library import ENV_CONFIG, ENV_STATE
@@ -57,17 +61,20 @@ def _wait_serving(node: RealNode, plugin: Component, timeout_s: float = 120) -> 
     raise TimeoutError(f"NVIDIA's plugin not serving:\n{plugin.log_tail(40)}")
 
 
-def rows(flexgpu: list[float], nvidia: list[float]) -> list[Row]:
+def rows(flexgpu: Starts, nvidia: Starts) -> list[Row]:
     return [
-        Row(f"pod start p{p} s, one at a time", percentile(flexgpu, p), percentile(nvidia, p), 2)
+        Row(f"pod start p{p} s, {mode}", percentile(mine, p), percentile(theirs, p), 2)
+        for mode, mine, theirs in (
+            ("one at a time", flexgpu.sequential_s, nvidia.sequential_s),
+            (f"{AT_ONCE} at once", flexgpu.concurrent_s, nvidia.concurrent_s),
+        )
         for p in (50, 90, 99)
     ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pods", type=int, default=25, help="pods per driver and round")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds, the order flipping")
+    parser.add_argument("--pods", type=int, default=30, help="pods per driver and mode")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="nvidia-pod-start-"))
@@ -81,7 +88,13 @@ def main() -> int:
             core.create_namespace({"metadata": {"name": NAMESPACE}})
             image = node.flexgpu_image
             chart.install(
-                node, release="flexgpu", namespace=PLUGIN_NAMESPACE, image=image, topology=TOPOLOGY
+                node,
+                release="flexgpu",
+                namespace=PLUGIN_NAMESPACE,
+                image=image,
+                topology=TOPOLOGY,
+                # GPUs 6 and 7 start in MIG mode: published whole too, for 8 whole GPUs at once.
+                extra=WHOLE_GPUS,
             )
             chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=image)
             made = machine(work / "machine", mig_layouts=False)
@@ -96,18 +109,14 @@ def main() -> int:
             print(f"NVIDIA plugin log: {work / 'nvidia-plugin' / 'plugin.log'}", flush=True)
             node_plugin.create_device_classes(api)
             _wait_serving(node, nvidia)
-            common: dict[str, Any] = {
-                "image": node.images["pause"].name,
-                "pods": args.pods,
-                "kubelet_state": node.layout.kubelet_dir / "dra_manager_state",
-            }
-            took: dict[str, list[float]] = {"flexgpu": [], "nvidia": []}
-            classes = {"flexgpu": FLEXGPU_CLASS, "nvidia": NVIDIA_DRIVER}
-            for n in range(args.rounds):
-                for label in ("flexgpu", "nvidia") if n % 2 == 0 else ("nvidia", "flexgpu"):
-                    took[label] += one_at_a_time(
-                        api, f"{label}-r{n}", device_class=classes[label], **common
-                    )
+            measured = measure_side_by_side(
+                api,
+                {"flexgpu": FLEXGPU_CLASS, "nvidia": NVIDIA_DRIVER},
+                image=node.images["pause"].name,
+                pods=args.pods,
+                kubelet_state=node.layout.kubelet_dir / "dra_manager_state",
+                containerd_log=node.layout.logs / "containerd.log",
+            )
         finally:
             if nvidia is not None:
                 nvidia.stop()
@@ -116,10 +125,12 @@ def main() -> int:
         "\nPod created -> container running, one whole GPU per pod, real node (kubelet v1.37, "
         "containerd, runc), ratio = flexgpu / NVIDIA\n"
     )
-    print(render(rows(took["flexgpu"], took["nvidia"]), reference="nvidia"))
+    print(render(rows(measured["flexgpu"], measured["nvidia"]), reference="nvidia"))
+    print("\n" + report(measured, None))
     print(
-        f"{args.rounds} rounds of {args.pods} pods one at a time per driver, each after one "
-        f"warm-up pod. Load average (1 min): {load_before:.2f} before, "
+        f"\n{args.pods} pods one at a time and {AT_ONCE * -(-args.pods // AT_ONCE)} "
+        f"{AT_ONCE} at a time per driver, "
+        f"after one warm-up pod. Load average (1 min): {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs."
     )
     return 0

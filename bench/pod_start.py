@@ -308,27 +308,6 @@ def measure_side_by_side(
     return starts
 
 
-def one_at_a_time(
-    api: Any, label: str, *, device_class: str, image: str, pods: int, kubelet_state: Path
-) -> list[float]:
-    """``measure``'s sequential half alone (one warm-up pod, then ``pods`` pods one after
-    another): for a competitor whose node cannot hold AT_ONCE pods at once."""
-    seen = RunningSeen(api)
-    where: dict[str, Any] = {
-        "device_class": device_class,
-        "image": image,
-        "kubelet_state": kubelet_state,
-    }
-    took: list[float] = []
-    try:
-        _batch(api, seen, [f"{label}-warm"], **where)
-        for i in range(pods):
-            took += _batch(api, seen, [f"{label}-s{i}"], **where)
-    finally:
-        seen.stop()
-    return took
-
-
 def _fill(
     starts: Starts,
     label: str,
