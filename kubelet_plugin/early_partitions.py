@@ -109,7 +109,7 @@ class EarlyPartitions:
                 return None
             others = [r for r in store.checkpoint().claims.values() if r.uid != claim.uid]
             try:
-                check_conflicts(others, ours)
+                check_conflicts(others, ours, claim.namespace)
             except ClaimConflictError as err:
                 # The scheduler freed the device before the kubelet unprepared it: wait.
                 log.info("claim %s/%s waits: %s", claim.namespace, claim.name, err)

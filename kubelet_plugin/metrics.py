@@ -91,7 +91,7 @@ ERROR_REASONS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("not_allocated", re.compile(r"is not allocated|not published by node|out of date")),
     (
         "conflict",
-        re.compile(r"changed meanwhile|already prepared for claim|would take|another namespace"),
+        re.compile(r"changed meanwhile|already prepared for|would take|another namespace"),
     ),
     ("config", re.compile(r"sharing|config|MPS sharing|strategy|not supported on", re.I)),
     ("mig", re.compile(r"\bMIG\b")),

@@ -36,7 +36,12 @@ class ClaimConflictError(ValueError):
         self.holders = tuple(sorted(set(holders)))
 
 
-def check_conflicts(others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice]) -> None:
+def check_conflicts(
+    others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevice], namespace: str
+) -> None:
+    """No device of a claim of ``namespace`` is prepared for another claim. The message
+    reaches the refused claim's namespace (its pod's Events): it names the holding claim only
+    when that is of the same namespace; the plugin's log names it always (preparer)."""
     exclusive = {d.device for d in ours if not d.admin_access and d.share_id is None}
     for other in others:
         for device in other.devices:
@@ -45,9 +50,13 @@ def check_conflicts(others: Iterable[ClaimRecord], ours: Sequence[AllocatedDevic
                 and device.share_id is None
                 and not device.admin_access
             ):
+                holder = (
+                    f"claim {other.namespace}/{other.name} ({other.uid})"
+                    if other.namespace == namespace
+                    else "a claim of another namespace"
+                )
                 raise ClaimConflictError(
-                    f"device {device.device_name} is already prepared for claim "
-                    f"{other.namespace}/{other.name} ({other.uid})",
+                    f"device {device.device_name} is already prepared for {holder}",
                     holders=(other.uid,),
                 )
 
@@ -141,7 +150,7 @@ def admit(
     """The claim's sharing plan, once its devices are free of other claims, its shares fit
     and no other namespace shares its GPUs. Raises ClaimConflictError, SharingError or
     TenantMixError (the first two name the device, the last the GPU)."""
-    check_conflicts(others, ours)
+    check_conflicts(others, ours, claim.namespace)
     check_share_capacity(others, ours, devices)
     plan = plan_sharing(claim, ours, devices)
     check_one_tenant(

@@ -4,6 +4,7 @@ table standing in for the API server (the integration tests use the real one).""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -29,11 +30,16 @@ class ClaimTable:
         self.claims: dict[tuple[str, str], ClaimView] = {}
 
     def add(
-        self, name: str, *devices: AllocatedDevice, uid: str | None = None, allocated: bool = True
+        self,
+        name: str,
+        *devices: AllocatedDevice,
+        uid: str | None = None,
+        allocated: bool = True,
+        namespace: str = "ns",
     ) -> ClaimRef:
-        view = ClaimView(uid or f"uid-{name}", "ns", name, allocated, tuple(devices))
-        self.claims[("ns", name)] = view
-        return ClaimRef("ns", name, view.uid)
+        view = ClaimView(uid or f"uid-{name}", namespace, name, allocated, tuple(devices))
+        self.claims[(namespace, name)] = view
+        return ClaimRef(namespace, name, view.uid)
 
     def get(self, namespace: str, name: str) -> ClaimView | None:
         return self.claims.get((namespace, name))
@@ -158,6 +164,21 @@ def test_device_prepared_for_another_claim_is_refused_unless_admin_access(
     )
     monitor = table.add("monitor", gpu("gpu-0", admin_access=True))
     assert preparer.prepare([monitor])[monitor.uid].error == ""
+
+
+def test_device_conflict_names_no_claim_of_another_namespace(
+    preparer: ClaimPreparerImpl, table: ClaimTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refusal reaches the refused claim's namespace (its pod's Events): a holding claim
+    of another namespace is not named there; the plugin's log names it."""
+    held = table.add("secret-job", gpu("gpu-0"), namespace="team-a")
+    assert preparer.prepare([held])[held.uid].error == ""
+    caplog.set_level(logging.INFO, logger="flexgpu.kubelet_plugin.preparer")
+    other = table.add("mine", gpu("gpu-0"), namespace="team-b")
+    error = preparer.prepare([other])[other.uid].error
+    assert error == "device gpu-0 is already prepared for a claim of another namespace"
+    assert "team-a" not in error and "secret-job" not in error
+    assert "team-a/secret-job (uid-secret-job)" in caplog.text
 
 
 def test_unprepare_works_without_the_claim_and_for_unknown_claims(
