@@ -3,7 +3,13 @@ the real node (upstream kubelet + containerd + runc, tools/node), flexgpu's plug
 DaemonSet) against the reference driver's (sigs.k8s.io/dra-example-driver, deployed by its
 own upstream Helm chart as a DaemonSet pod on the same node: tools/node/example_chart.py).
 
-    python -m bench.pod_start [--pods 30] [--variants ...] [--mig] [--example-on-host]
+    python -m bench.pod_start [--pods 30] [--variants ...] [--mig] [--churn] [--example-on-host]
+
+With --churn a batch starts as soon as the last one's pods (deleted without grace) and claims
+have left the API, without waiting for the kubelet to unprepare them: the scheduler may give a
+GPU to a new claim while the kubelet still has it prepared for the old one, as under pod churn
+(a finished Job's GPU going to the next). flexgpu's prepare waits for that unprepare (up to
+10 s) rather than prepare a GPU for two claims; the reference driver prepares it for both.
 
 With --example-on-host the reference plugin runs as a plain process on the host instead (as
 this benchmark ran it before): on a cgroup-v1 node that process competes for CPU as a task of
@@ -181,7 +187,7 @@ def _batch(
     *,
     device_class: str,
     image: str,
-    kubelet_state: Path,
+    kubelet_state: Path | None,
     selector: str | None = None,
 ) -> list[float]:
     core: Any = client.CoreV1Api(api)
@@ -214,7 +220,9 @@ def _batch(
         resource.delete_namespaced_resource_claim(name, NAMESPACE)
     while time.monotonic() < deadline:
         left = {c.metadata.name for c in resource.list_namespaced_resource_claim(NAMESPACE).items}
-        if not left & set(names) and not _still_prepared(kubelet_state, names):
+        # With no kubelet state (--churn) the next batch does not wait for the unprepare.
+        drained = kubelet_state is None or not _still_prepared(kubelet_state, names)
+        if not left & set(names) and drained:
             break
         time.sleep(0.2)
     return took
@@ -239,7 +247,7 @@ def measure(
     device_class: str,
     image: str,
     pods: int,
-    kubelet_state: Path,
+    kubelet_state: Path | None,
     selector: str | None = None,
     containerd_log: Path | None = None,
 ) -> Starts:
@@ -262,7 +270,7 @@ def measure_side_by_side(
     *,
     image: str,
     pods: int,
-    kubelet_state: Path,
+    kubelet_state: Path | None,
     selector: str | None = None,
     containerd_log: Path | None = None,
 ) -> dict[str, Starts]:
@@ -350,6 +358,12 @@ def main() -> int:
         help=f"what to measure, in this order: {', '.join(VARIANTS)} (default: all)",
     )
     parser.add_argument(
+        "--churn",
+        action="store_true",
+        help="start each batch as soon as the last one's pods and claims left the API, "
+        "without waiting for the kubelet to unprepare them",
+    )
+    parser.add_argument(
         "--example-on-host",
         action="store_true",
         help="run the reference plugin as a host process, not as its chart's DaemonSet pod",
@@ -388,7 +402,7 @@ def main() -> int:
             common = {
                 "image": image,
                 "pods": args.pods,
-                "kubelet_state": state,
+                "kubelet_state": None if args.churn else state,
                 "containerd_log": node.layout.logs / "containerd.log",
             }
             if args.mig:
@@ -435,6 +449,11 @@ def main() -> int:
     print(report(measured, "ex-"))
     if "example" in chosen:
         print(f"\nThe reference plugin ran as {where}.")
+    if args.churn:
+        print(
+            "Churn: each batch started once the last one's pods and claims had left the API, "
+            "not waiting for the kubelet to unprepare them."
+        )
     print(
         f"\n{args.pods} pods one at a time and {AT_ONCE * ((args.pods + AT_ONCE - 1) // AT_ONCE)}"
         f" {AT_ONCE} at a time per variant, after one warm-up pod. Load average (1 min): "
