@@ -55,8 +55,8 @@ PYTHON_DEBS = (
     "media-types",
 )
 BUSYBOX_DEB = "busybox-static"
-# The stand-in answers to the reference NVIDIA's quickstart manifests write (`ubuntu:22.04`),
-# spelled out as containerd normalises it.
+# The image name NVIDIA's quickstart manifests use (`ubuntu:22.04`), as containerd normalises
+# it: the stand-in is imported under that name.
 UBUNTU_STANDIN = "docker.io/library/ubuntu:22.04"
 # What the manifests' commands (`bash -c "nvidia-smi -L; trap ...; sleep 9999 & wait"`) and the
 # report script need: bash, coreutils (sleep, env, sort, head, stat), sed, grep, hostname,
