@@ -141,11 +141,11 @@ def uninstall(node: RealNode, *, release: str, namespace: str) -> None:
     helm(node.cluster.kubeconfig, "uninstall", release, "--namespace", namespace, "--wait")
 
 
-def plugin_pods(api: Any, namespace: str, node: str) -> list[Any]:
+def plugin_pods(api: Any, namespace: str, node: str, labels: str = PLUGIN_LABELS) -> list[Any]:
     pods: list[Any] = (
         client.CoreV1Api(api)
         .list_namespaced_pod(
-            namespace, label_selector=PLUGIN_LABELS, field_selector=f"spec.nodeName={node}"
+            namespace, label_selector=labels, field_selector=f"spec.nodeName={node}"
         )
         .items
     )
@@ -158,10 +158,17 @@ def _ready(pod: Any) -> bool:
 
 
 def wait_plugin_serving(
-    node: RealNode, namespace: str, *, image: str | None = None, timeout_s: float = 180
+    node: RealNode,
+    namespace: str,
+    *,
+    image: str | None = None,
+    timeout_s: float = 180,
+    driver: str = DRIVER,
+    labels: str = PLUGIN_LABELS,
 ) -> Any:
     """Waits until one ready plugin pod (of ``image``, when given) runs on the node, its
-    slices are published and the kubelet registered it. Returns the pod."""
+    slices are published and the kubelet registered it. Returns the pod. ``driver`` and
+    ``labels`` (the pods' selector) name another driver's plugin (the reference driver's)."""
     api = node.api
     deadline = time.monotonic() + timeout_s
     last = "no plugin pod"
@@ -169,18 +176,18 @@ def wait_plugin_serving(
         node.check_running()
         pods = [
             p
-            for p in plugin_pods(api, namespace, node.name)
+            for p in plugin_pods(api, namespace, node.name, labels)
             if _ready(p) and (image is None or p.spec.containers[0].image == image)
         ]
         if pods:
             slices = (
                 client.ResourceV1Api(api)
                 .list_resource_slice(
-                    field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}"
+                    field_selector=f"spec.nodeName={node.name},spec.driver={driver}"
                 )
                 .items
             )
-            registered = node.plugin_registered(DRIVER)
+            registered = node.plugin_registered(driver)
             if slices and registered:
                 return pods[0]
             last = (
@@ -188,7 +195,7 @@ def wait_plugin_serving(
                 f"kubelet registered={registered}"
             )
         else:
-            found = plugin_pods(api, namespace, node.name)
+            found = plugin_pods(api, namespace, node.name, labels)
             last = f"plugin pods {[f'{p.metadata.name}:{p.status.phase}' for p in found]}"
             restarts = max(
                 (s.restart_count for p in found for s in p.status.container_statuses or []),
@@ -200,9 +207,9 @@ def wait_plugin_serving(
         time.sleep(0.5)
     logs = "\n".join(
         f"--- {name}:\n{node.container_log(namespace, name, 'plugin')[-3000:]}"
-        for name in (p.metadata.name for p in plugin_pods(api, namespace, node.name))
+        for name in (p.metadata.name for p in plugin_pods(api, namespace, node.name, labels))
     )
     raise ChartError(
-        f"the plugin is not serving on {node.name} (waited up to {timeout_s:.0f}s: {last})\n"
-        f"{logs}\n{node.log_tails()}"
+        f"{driver}'s plugin is not serving on {node.name} (waited up to {timeout_s:.0f}s: "
+        f"{last})\n{logs}\n{node.log_tails()}"
     )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from kubernetes import client
 from tools.cluster.binaries import helm_tools_dir
 from tools.images.build import BuiltImage
 from tools.images.example_driver import GO_MOD, MODULE, example_driver_image, version
-from tools.node.chart import ChartError, helm
+from tools.node.chart import ChartError, helm, wait_plugin_serving
 from tools.node.node import RealNode
 
 DRIVER = "gpu.example.com"
@@ -32,7 +31,6 @@ RELEASE = "dra-example-driver"
 NAMESPACE = "dra-example-driver"
 PLUGIN_LABELS = "app.kubernetes.io/component=kubeletplugin"
 CHART_CDI_PATH = "/var/run/cdi"
-CRASH_LOOP_RESTARTS = 3
 
 
 def chart_dir() -> Path:
@@ -132,49 +130,9 @@ def uninstall(node: RealNode, objects: list[dict[str, Any]]) -> None:
     )
 
 
-def plugin_pods(api: Any) -> list[Any]:
-    pods: list[Any] = (
-        client.CoreV1Api(api).list_namespaced_pod(NAMESPACE, label_selector=PLUGIN_LABELS).items
-    )
-    return [p for p in pods if p.metadata.deletion_timestamp is None]
-
-
 def wait_serving(node: RealNode, timeout_s: float = 180) -> Any:
-    """Waits until the plugin pod runs, its slices are published and the kubelet registered
-    it. Returns the pod."""
-    deadline = time.monotonic() + timeout_s
-    last = "no plugin pod"
-    resource: Any = client.ResourceV1Api(node.api)
-    while time.monotonic() < deadline:
-        node.check_running()
-        pods = plugin_pods(node.api)
-        running = [p for p in pods if p.status.phase == "Running"]
-        if running:
-            slices = resource.list_resource_slice(
-                field_selector=f"spec.nodeName={node.name},spec.driver={DRIVER}"
-            ).items
-            registered = node.plugin_registered(DRIVER)
-            if slices and registered:
-                return running[0]
-            last = (
-                f"pod {running[0].metadata.name} running; slices={len(slices)}; "
-                f"kubelet registered={registered}"
-            )
-        else:
-            last = f"plugin pods {[f'{p.metadata.name}:{p.status.phase}' for p in pods]}"
-            restarts = max(
-                (s.restart_count for p in pods for s in p.status.container_statuses or []),
-                default=0,
-            )
-            if restarts >= CRASH_LOOP_RESTARTS:
-                last = f"the plugin container restarted {restarts} times"
-                break
-        time.sleep(0.5)
-    logs = "\n".join(
-        f"--- {name}:\n{node.container_log(NAMESPACE, name, 'plugin')[-3000:]}"
-        for name in (p.metadata.name for p in plugin_pods(node.api))
-    )
-    raise ChartError(
-        f"the reference plugin is not serving on {node.name} (waited up to {timeout_s:.0f}s: "
-        f"{last})\n{logs}\n{node.log_tails()}"
+    """Waits until the plugin pod is ready, its slices are published and the kubelet
+    registered it. Returns the pod."""
+    return wait_plugin_serving(
+        node, NAMESPACE, timeout_s=timeout_s, driver=DRIVER, labels=PLUGIN_LABELS
     )
