@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream reference DRA driver's kubelet plugin (the module pinned in go.mod,
 # fetched through the Go module proxy) into a cache folder outside the repo, for the
-# side-by-side benchmark only. Prints the binary's path on the last line of stdout.
+# side-by-side benchmarks and the node test that deploys it by its chart (its image:
+# tools/images/example_driver.py). Prints the binary's path on the last line of stdout.
 # Warm cache: returns at once. Cold: a few minutes on 2 cores.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,7 +22,7 @@ if [ -f "$out/.complete" ]; then
 fi
 
 if ! command -v go >/dev/null 2>&1; then
-  echo "error: the Go toolchain (go 1.26+) is needed to build the reference driver for the benchmark." >&2
+  echo "error: the Go toolchain (go 1.26+) is needed to build the reference driver (benchmarks, node test)." >&2
   exit 2
 fi
 
