@@ -143,6 +143,7 @@ bench: setup
 	@$(PY) -m bench.nvidia_prepare --mig
 	@$(PY) -m bench.mig_scheduling
 	@$(PY) -m bench.pod_start
+	@$(PY) -m bench.pod_start --churn --variants flexgpu example
 	@$(PY) -m bench.nvidia_pod_start
 	@$(PY) -m bench.pod_start --mig
 
