@@ -419,9 +419,9 @@ def main() -> int:
             elif "example" in chosen:
                 # The chart makes the DeviceClass gpu.example.com itself.
                 example_chart.install(node)
+                # Also waits for the kubelet's registration and the plugin's slices.
                 pod = example_chart.wait_serving(node)
                 print(f"example plugin pod: {example_chart.NAMESPACE}/{pod.metadata.name}")
-                wait_registered(node, EXAMPLE_DRIVER)
             for variant in [v for v in chosen if v != "example"]:
                 if variant != "flexgpu":
                     roll_plugin(node, flexgpu_image, variant_values(node, variant))
