@@ -42,6 +42,11 @@ SLICES = path_of("apis", "resource.k8s.io", "v1", "resourceslices")
 TICK_S = 5.0
 # While a claim waits for another claim's unprepare (its device is still prepared).
 BUSY_RETRY_S = 0.5
+# An outcome written but not yet seen on the watch is written again (built from a fresh read)
+# after this long, doubling up to RESEND_MAX_S: a lost write never leaves the scheduler
+# waiting, and a refused one is not sent again on every pass.
+RESEND_FIRST_S = 5.0
+RESEND_MAX_S = 60.0
 
 
 class BindingWatch:
@@ -66,6 +71,8 @@ class BindingWatch:
         # Claim UID -> the binding outcomes written for its devices: one claim's write
         # replaces all of this node's entries, so each write carries every outcome.
         self._outcomes: dict[str, dict[tuple[str, str, str], DeviceStatus]] = {}
+        # Claim UID -> (when its outcomes are written again if still not seen, the interval).
+        self._resend: dict[str, tuple[float, float]] = {}
         self._early = early
         self._status = status
         self._devices = devices
@@ -179,7 +186,13 @@ class BindingWatch:
                 "allocationTimestamp"
             )
             order.append((str(allocated or ""), f"{view.namespace}/{view.name}", view))
-        self._outcomes = {uid: o for uid, o in self._outcomes.items() if uid in claims}
+        # Outcomes of claims that left, and of devices a claim no longer has allocated (sent
+        # back and allocated anew), are dropped: never written again.
+        self._outcomes = {
+            uid: {key: o for key, o in outcomes.items() if key in _keys(claims[uid])}
+            for uid, outcomes in self._outcomes.items()
+            if uid in claims
+        }
         sent_back = self._decide_tenants([view for *_, view in sorted(order)], told)
         self._early.sweep(claims)
         self._reported_failed = {
@@ -192,7 +205,7 @@ class BindingWatch:
         for uid, claim in claims.items():
             if uid in records:
                 # Made, but the status may not have gone out (a crash, an API error).
-                if PARTITION_READY_CONDITION not in told[uid]:
+                if PARTITION_READY_CONDITION not in told[uid] and uid not in self._outcomes:
                     self._write(claim, self._early.ready_statuses(claim, records[uid]))
                 continue
             decided = told[uid] & {PARTITION_READY_CONDITION, PARTITION_FAILED_CONDITION}
@@ -214,7 +227,39 @@ class BindingWatch:
                 for index, why in outcome.failed_gpus.items():
                     self._failures[index] = (why, until)
                 self._taint()
+        self._resend_unseen(claims, told)
         self._expire()
+
+    def _resend_unseen(self, claims: Mapping[str, ClaimView], told: Mapping[str, set[str]]) -> None:
+        """Writes again, paced, the outcomes not yet seen on the watch whose write is no
+        longer queued: lost (the writer gave up, the plugin restarted before it went out) or
+        refused. The writer builds each write from the claim as the server has it now."""
+        now = self._clock()
+        self._resend = {uid: r for uid, r in self._resend.items() if uid in self._outcomes}
+        for uid, outcomes in self._outcomes.items():
+            claim = claims.get(uid)
+            if claim is None or not outcomes:
+                continue
+            wanted = {c.type for o in outcomes.values() for c in o.conditions if c.status == "True"}
+            if wanted <= told.get(uid, set()) or self._status.is_pending(uid):
+                continue
+            due, interval = self._resend.get(uid, (now + RESEND_FIRST_S, RESEND_FIRST_S))
+            if now < due:
+                self._resend.setdefault(uid, (due, interval))
+                continue
+            refusal = self._status.refusal(uid)
+            log.warning(
+                "claim %s/%s: binding outcome %s not seen on the claim after %.0f s%s; "
+                "writing it again",
+                claim.namespace,
+                claim.name,
+                ", ".join(sorted(wanted)),
+                interval,
+                f" (refused: {refusal})" if refusal else "",
+            )
+            self._status.binding(claim.namespace, claim.name, uid, tuple(outcomes.values()))
+            interval = min(interval * 2, RESEND_MAX_S)
+            self._resend[uid] = (now + interval, interval)
 
     def _decide_tenants(
         self, claims: Sequence[ClaimView], told: Mapping[str, set[str]]
@@ -243,9 +288,18 @@ class BindingWatch:
         return {c.uid for c in claims if self.tenants.sent_back(c.uid)}
 
     def _write(self, claim: ClaimView, statuses: Sequence[DeviceStatus]) -> None:
-        outcomes = self._outcomes.setdefault(claim.uid, {})
+        """Writes the claim's outcomes: these, and the earlier ones of devices it still has
+        allocated (a claim sent back and allocated anew keeps none of its first devices)."""
+        allocated = _keys(claim)
+        outcomes = {
+            key: status
+            for key, status in self._outcomes.get(claim.uid, {}).items()
+            if key in allocated
+        }
         for status in statuses:
             outcomes[(status.pool, status.device, status.share_id or "")] = status
+        self._outcomes[claim.uid] = outcomes
+        self._resend.pop(claim.uid, None)
         self._status.binding(claim.namespace, claim.name, claim.uid, tuple(outcomes.values()))
 
     def _true_conditions(self, claim: Mapping[str, Any]) -> set[str]:
@@ -276,6 +330,11 @@ class BindingWatch:
     def failures(self) -> dict[int, str]:
         """GPU index -> why its partitions are tainted now."""
         return {i: why for i, (why, _) in self._failures.items()}
+
+
+def _keys(claim: ClaimView) -> set[tuple[str, str, str]]:
+    """(pool, device, share ID) of each device the claim has allocated now."""
+    return {(d.pool, d.device, d.share_id or "") for d in claim.devices}
 
 
 def _devices(claim: ClaimView) -> tuple[str, ...]:

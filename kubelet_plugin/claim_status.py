@@ -15,7 +15,6 @@ write returned), guarded by its resourceVersion; only a conflict costs a fresh r
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import logging
@@ -30,7 +29,7 @@ from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
 from flexgpu.kubelet_plugin.claim_source import claim_path
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi
+from flexgpu.kubelet_plugin.kube_api import MERGE_PATCH, ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,11 @@ log = logging.getLogger(__name__)
 # the status within a second or so, long enough to fold a quick prepare/unprepare together.
 COALESCE_S = 1.0
 CONFLICT_ATTEMPTS = 5
-# Transient failures (API down, timeouts) are retried with backoff, then given up.
+# Transient failures (API down, timeouts) are retried with backoff, then given up; a binding
+# write (the scheduler holds the pod until it reads it) for about as long as the scheduler
+# waits for binding conditions (600 s by default).
 FAILURE_ATTEMPTS = 6
+BINDING_FAILURE_ATTEMPTS = 25
 MAX_BACKOFF_S = 30.0
 FLUSH_ON_STOP_S = 5.0
 
@@ -74,6 +76,13 @@ class _Pending:
     devices: tuple[DeviceStatus, ...]
     due: float
     failures: int = 0
+    # A binding condition's outcome: the scheduler waits for it, so it is never given up
+    # while the claim exists.
+    binding: bool = False
+
+
+class StillConflicting(Exception):
+    """Every attempt of a write met a newer claim: retried later, like an API failure."""
 
 
 class ClaimStatusWriter:
@@ -99,6 +108,10 @@ class ClaimStatusWriter:
         # When the writer thread wakes up by itself (inf: it waits to be told).
         self._wake_at = float("-inf")
         self.writes = 0  # status writes sent, for tests
+        # Writes the server refused even when built from a fresh read (metrics, tests).
+        self.refused = 0
+        # Claim UID -> why its last write was refused as built from a fresh read.
+        self._refusals: dict[str, str] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,7 +135,7 @@ class ClaimStatusWriter:
     def binding(self, namespace: str, name: str, uid: str, devices: Sequence[DeviceStatus]) -> None:
         """A binding condition's outcome: written at once, since the scheduler holds the pod
         until it reads it."""
-        self._want(namespace, name, uid, tuple(devices), delay_s=0.0)
+        self._want(namespace, name, uid, tuple(devices), delay_s=0.0, binding=True)
 
     def unprepared(self, namespace: str, name: str, uid: str) -> None:
         self._want(namespace, name, uid, ())
@@ -133,13 +146,16 @@ class ClaimStatusWriter:
         name: str,
         uid: str,
         devices: tuple[DeviceStatus, ...],
+        *,
         delay_s: float | None = None,
+        binding: bool = False,
     ) -> None:
         with self._cond:
+            self._refusals.pop(uid, None)
             pending = self._pending.get(uid)
             if pending is None:
                 due = self._clock() + (self._coalesce_s if delay_s is None else delay_s)
-                self._pending[uid] = _Pending(namespace, name, uid, devices, due)
+                self._pending[uid] = _Pending(namespace, name, uid, devices, due, binding=binding)
                 # The writer needs waking only when this window closes before the one it
                 # waits for; under load it waits for an earlier one (each opens coalesce_s
                 # from now), and waking it per prepare cost CPU the prepares then lacked.
@@ -149,6 +165,7 @@ class ClaimStatusWriter:
                 # The window stays where it opened: a claim that keeps changing is still
                 # written promptly, with whatever it wants last.
                 pending.devices = devices
+                pending.binding = pending.binding or binding
                 if delay_s is not None and self._clock() + delay_s < pending.due:
                     pending.due = self._clock() + delay_s
                     self._cond.notify_all()
@@ -201,12 +218,26 @@ class ClaimStatusWriter:
         with self._cond:
             return len(self._pending)
 
+    def is_pending(self, uid: str) -> bool:
+        """Whether a write of the claim is queued (or waits to be retried)."""
+        with self._cond:
+            return uid in self._pending
+
+    def refusal(self, uid: str) -> str | None:
+        """Why the claim's last write was refused (built from a fresh read), if it was."""
+        with self._cond:
+            return self._refusals.get(uid)
+
     def _write_one(self, pending: _Pending) -> None:
         try:
             self.apply(pending)
         except ApiError as err:
-            if err.status in (404, 422):  # gone, or refused as written: nothing to retry
+            if err.status in (404, 422):  # gone, or refused as built from a fresh read
                 self._objects.forget(pending.uid)
+                if err.status == 422:
+                    with self._cond:
+                        self.refused += 1
+                        self._refusals[pending.uid] = err.message
                 # A claim deleted once its pod ended is the normal case, not a problem.
                 level = logging.INFO if err.status == 404 else logging.WARNING
                 log.log(
@@ -224,7 +255,8 @@ class ClaimStatusWriter:
 
     def _retry_later(self, pending: _Pending, err: Exception) -> None:
         pending.failures += 1
-        if pending.failures >= FAILURE_ATTEMPTS:
+        attempts = BINDING_FAILURE_ATTEMPTS if pending.binding else FAILURE_ATTEMPTS
+        if pending.failures >= attempts:
             log.warning(
                 "claim %s/%s status: giving up after %d failures: %s",
                 pending.namespace,
@@ -252,49 +284,81 @@ class ClaimStatusWriter:
             # else: a newer change is queued and will be written in its own window.
 
     def apply(self, pending: _Pending) -> None:
-        """Makes the claim's entries of this node equal to ``pending.devices`` and keeps
-        everyone else's.
+        """Makes the claim's entries of this node equal to ``pending.devices`` (those still
+        allocated) and keeps everyone else's.
 
-        A replace guarded by resourceVersion rather than server-side apply: apply on claims
-        whose allocation carries opaque config parameters is refused by the server (it
-        rebuilds status.allocation without them)."""
-        wanted = self._entries(pending.devices)
+        A JSON merge patch of ``status.devices`` guarded by resourceVersion: server-side apply
+        is refused on claims whose allocation carries opaque config parameters (the server
+        rebuilds status.allocation without them), and a PUT sends the allocation back
+        re-serialised (see the module docstring). Raises ApiError (404: the claim is gone;
+        422: refused even as built from a fresh read) or StillConflicting."""
         claim = self._objects.get(pending.uid)
+        refused_once = False
         for _ in range(CONFLICT_ATTEMPTS):
             if claim is None:
                 claim = self._api.get(claim_path(pending.namespace, pending.name))
             if (claim.get("metadata") or {}).get("uid") != pending.uid:
                 self._objects.forget(pending.uid)
                 return  # re-created under the same name: not ours to describe
+            wanted = self._entries(self._still_allocated(pending, claim))
             devices = (claim.get("status") or {}).get("devices") or []
             keep = [d for d in devices if not self._ours(d)]
             if _same_entries([d for d in devices if self._ours(d)], wanted):
                 self._settled(pending, claim)
                 return  # already so (for example a prepare undone before it was written)
-            body = copy.deepcopy(dict(claim))
-            body.setdefault("status", {})["devices"] = keep + wanted
+            patch = {
+                "metadata": {
+                    "resourceVersion": (claim.get("metadata") or {}).get("resourceVersion")
+                },
+                "status": {"devices": keep + wanted},
+            }
             try:
                 self.writes += 1
                 written = self._api.request(
-                    "PUT",
+                    "PATCH",
                     claim_path(pending.namespace, pending.name, "status"),
                     query={"fieldManager": self._manager},
-                    body=body,
+                    body=patch,
+                    content_type=MERGE_PATCH,
                 )
             except ApiError as err:
-                if err.status != 409:
-                    raise
-                claim = None  # someone else changed it: read it again
-                continue
+                if err.status == 409 or (err.status == 422 and not refused_once):
+                    # Someone else changed it, or our copy no longer matches what the server
+                    # has (a claim allocated anew): build the write again from a fresh read.
+                    refused_once = refused_once or err.status == 422
+                    claim = None
+                    continue
+                raise
             self._settled(pending, written)
             return
-        log.warning(
-            "claim %s/%s status: gave up after %d conflicts",
-            pending.namespace,
-            pending.name,
-            CONFLICT_ATTEMPTS,
-            extra=claim_fields(pending.namespace, pending.name, pending.uid),
+        raise StillConflicting(
+            f"every one of {CONFLICT_ATTEMPTS} writes met a newer version of the claim"
         )
+
+    def _still_allocated(self, pending: _Pending, claim: Mapping[str, Any]) -> list[DeviceStatus]:
+        """The wanted entries whose device (and share) the claim has allocated now: the
+        server refuses an entry of any other device."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        allocated = {
+            (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID") or "")
+            for r in results
+        }
+        kept = [
+            d
+            for d in pending.devices
+            if (DRIVER_NAME, d.pool, d.device, d.share_id or "") in allocated
+        ]
+        if len(kept) != len(pending.devices):
+            log.info(
+                "claim %s/%s status: %d entries left out (their devices are no longer "
+                "allocated to the claim)",
+                pending.namespace,
+                pending.name,
+                len(pending.devices) - len(kept),
+                extra=claim_fields(pending.namespace, pending.name, pending.uid),
+            )
+        return kept
 
     def _settled(self, pending: _Pending, claim: Mapping[str, Any]) -> None:
         if pending.devices:

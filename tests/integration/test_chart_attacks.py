@@ -217,8 +217,13 @@ def _status_attacks(
     ours = _claim(api, namespace, "on-a")
 
     def write(claim: dict[str, Any], **kwargs: Any) -> Any:
-        return plugin.replace_namespaced_resource_claim_status(
-            claim["metadata"]["name"], namespace, claim, **kwargs
+        # As the plugin writes: a merge patch guarded by resourceVersion (it holds no update).
+        return plugin.patch_namespaced_resource_claim_status(
+            claim["metadata"]["name"],
+            namespace,
+            {"metadata": claim["metadata"], "status": claim["status"]},
+            _content_type="application/merge-patch+json",
+            **kwargs,
         )
 
     foreign = _with_devices(theirs, (DRIVER, NODE_B, "gpu-0"))
@@ -282,7 +287,7 @@ def test_plugin_writes_only_its_nodes_claim_status(
     cluster: ControlPlane, api: Any, namespace: str, installed: Path
 ) -> None:
     """On every supported release: 1.36+ by the apiserver's resourceclaims/driver check (the
-    chart grants only associated-node:update for gpu.flexgpu.dev), 1.34/1.35 by the chart's
+    chart grants only associated-node:patch for gpu.flexgpu.dev), 1.34/1.35 by the chart's
     admission policy, which helm renders for the server it installs to."""
     granular = target_minor() >= GRANULAR
     admission: Any = client.AdmissionregistrationV1Api(api)
@@ -294,9 +299,9 @@ def test_plugin_writes_only_its_nodes_claim_status(
         return
     # Node B's claim: A's token would need arbitrary-node, which the chart never grants.
     message = refused["a claim of node B: its device status"]
-    assert "resourceclaims/driver" in message and "cannot arbitrary-node:update" in message
+    assert "resourceclaims/driver" in message and "cannot arbitrary-node:patch" in message
     assert (
-        "cannot associated-node:update" in refused["its own claim: another driver's entry removed"]
+        "cannot associated-node:patch" in refused["its own claim: another driver's entry removed"]
     )
     assert "resourceclaims/binding" in refused["its own claim: deallocated"]
     assert "resourceclaims/binding" in refused["its own claim: reserved for another pod"]
@@ -373,12 +378,12 @@ def test_claim_status_policy_alone_refuses_the_same_writes(
                     {
                         "apiGroups": ["resource.k8s.io"],
                         "resources": ["resourceclaims/driver"],
-                        "verbs": ["arbitrary-node:update", "associated-node:update"],
+                        "verbs": ["arbitrary-node:patch", "associated-node:patch"],
                     },
                     {
                         "apiGroups": ["resource.k8s.io"],
                         "resources": ["resourceclaims/binding"],
-                        "verbs": ["update"],
+                        "verbs": ["patch"],
                     },
                 ],
             }

@@ -128,7 +128,7 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         r
         for rule in role["rules"]
         for r in rule["resources"]
-        if set(rule["verbs"]) & {"create", "update", "delete"}
+        if set(rule["verbs"]) & {"create", "update", "patch", "delete"}
     }
     assert writes == {"resourceslices", "resourceclaims/status"}
     # Events: only in namespace default (where Events about Nodes go), and the admission
@@ -251,7 +251,7 @@ def test_plugin_claim_status_rights_follow_the_server_release(
     docs = render(helm, *values, kube_version=kube_version)
     rules = find(docs, "ClusterRole", "kubelet-plugin")["rules"]
     status = [r for r in rules if r["resources"] == ["resourceclaims/status"]]
-    assert [r["verbs"] for r in status] == [["update"]]
+    assert [r["verbs"] for r in status] == [["patch"]]
     driver = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
     assert driver == (
         [
@@ -259,7 +259,7 @@ def test_plugin_claim_status_rights_follow_the_server_release(
                 "apiGroups": ["resource.k8s.io"],
                 "resources": ["resourceclaims/driver"],
                 "resourceNames": ["gpu.flexgpu.dev"],
-                "verbs": ["associated-node:update"],
+                "verbs": ["associated-node:patch"],
             }
         ]
         if granular

@@ -87,10 +87,17 @@ class FakeKubeApi:
                 raise ApiError(409, "Conflict", "the object has been modified")
             updated = copy.deepcopy(stored)
             updated["status"] = copy.deepcopy(body.get("status"))
+            if path.endswith("/status"):
+                _check_claim_status(stored, updated)
             return self.put_object(target, updated)
         if method == "PATCH":
+            expected = (body.get("metadata") or {}).get("resourceVersion")
+            if expected is not None and expected != stored["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", "the object has been modified")
             updated = copy.deepcopy(stored)
             _merge(updated, body)
+            if path.endswith("/status"):
+                _check_claim_status(stored, updated)
             return self.put_object(target, updated)
         raise AssertionError(f"unexpected {method} {path}")
 
@@ -102,6 +109,33 @@ class FakeKubeApi:
         self.watched_paths[id(events)] = path
         self.watches.put(events)
         return FakeWatch(events)
+
+
+def _check_claim_status(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """What the API server checks of a ResourceClaim status write from a driver: the
+    allocation is unchanged (changing it needs resourceclaims/binding), and every
+    status.devices entry names a device of the claim's current allocation."""
+    old_status, new_status = old.get("status") or {}, new.get("status") or {}
+    if old_status.get("allocation") != new_status.get("allocation"):
+        raise ApiError(
+            422,
+            "Invalid",
+            "status.allocation: Forbidden: changing status.allocation or "
+            "status.reservedFor requires resource=resourceclaims/binding",
+        )
+    results = ((new_status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    allocated = {
+        (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")) for r in results
+    }
+    for i, entry in enumerate(new_status.get("devices") or []):
+        key = (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+        if key not in allocated:
+            raise ApiError(
+                422,
+                "Invalid",
+                f"status.devices[{i}]: Invalid value: {entry.get('device')!r}: must be an "
+                "allocated device in the claim",
+            )
 
 
 def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:

@@ -28,6 +28,13 @@ class Clock:
         return self.now
 
 
+ALLOCATED = [
+    {"request": "nic", "driver": "other.example.com", "pool": NODE, "device": "nic-0"},
+    {"request": "gpu", "driver": DRIVER_NAME, "pool": NODE, "device": "gpu-0"},
+    {"request": "gpu", "driver": DRIVER_NAME, "pool": NODE, "device": "gpu-1"},
+]
+
+
 @pytest.fixture
 def api() -> FakeKubeApi:
     fake = FakeKubeApi()
@@ -36,7 +43,7 @@ def api() -> FakeKubeApi:
         {
             "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
             "status": {
-                "allocation": {"devices": {"results": []}},
+                "allocation": {"devices": {"results": ALLOCATED}},
                 "devices": [{"driver": "other.example.com", "pool": NODE, "device": "nic-0"}],
             },
         },
@@ -80,7 +87,7 @@ def test_prepare_write_uses_the_claim_prepare_read_and_keeps_other_drivers(
     assert writer.write_due() == 0  # the window is still open
     clock.now += 1.0
     assert writer.write_due() == 1
-    assert api.sent == [("GET", PATH), ("PUT", PATH + "/status")]
+    assert api.sent == [("GET", PATH), ("PATCH", PATH + "/status")]
     assert entries(api) == [("other.example.com", "nic-0"), (DRIVER_NAME, "gpu-0")]
     (ours,) = [d for d in api.objects[PATH]["status"]["devices"] if d["driver"] == DRIVER_NAME]
     assert ours["data"] == {"uuid": "GPU-0"}
@@ -98,7 +105,7 @@ def test_unprepare_after_a_written_prepare_needs_no_read(
     clock.now += 1.0
     writer.write_due()
     # The second write builds on what the first returned.
-    assert api.sent == [("GET", PATH), ("PUT", PATH + "/status"), ("PUT", PATH + "/status")]
+    assert api.sent == [("GET", PATH), ("PATCH", PATH + "/status"), ("PATCH", PATH + "/status")]
     assert entries(api) == [("other.example.com", "nic-0")]
     assert objects.get("u1") is None  # nothing left to write for it
 
@@ -126,7 +133,7 @@ def test_changes_within_the_window_become_one_write_of_the_last(
     writer.prepared("ns", "c", "u1", [GPU1])  # does not move the window
     clock.now += 0.5
     writer.write_due()
-    assert api.count("PUT") == 1
+    assert api.count("PATCH") == 1
     assert entries(api) == [("other.example.com", "nic-0"), (DRIVER_NAME, "gpu-1")]
 
 
@@ -137,15 +144,18 @@ def test_conflict_reads_again_and_keeps_the_other_writer_s_change(
     # Someone else changes the claim after prepare read it.
     theirs = api.objects[PATH]
     theirs["status"]["devices"].append({"driver": "net.example.com", "pool": "x", "device": "y"})
+    theirs["status"]["allocation"]["devices"]["results"].append(
+        {"request": "net", "driver": "net.example.com", "pool": "x", "device": "y"}
+    )
     api.put_object(PATH, theirs)
     writer.prepared("ns", "c", "u1", [GPU0])
     clock.now += 1.0
     writer.write_due()
     assert api.sent == [
         ("GET", PATH),
-        ("PUT", PATH + "/status"),  # 409: built on the older copy
+        ("PATCH", PATH + "/status"),  # 409: built on the older copy
         ("GET", PATH),
-        ("PUT", PATH + "/status"),
+        ("PATCH", PATH + "/status"),
     ]
     assert entries(api) == [
         ("other.example.com", "nic-0"),
@@ -160,7 +170,7 @@ def test_without_a_copy_the_claim_is_read_first(
     writer.prepared("ns", "c", "u1", [GPU0])
     clock.now += 1.0
     writer.write_due()
-    assert api.sent == [("GET", PATH), ("PUT", PATH + "/status")]
+    assert api.sent == [("GET", PATH), ("PATCH", PATH + "/status")]
     assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
 
 
@@ -174,7 +184,7 @@ def test_already_written_entries_are_not_written_again(
     writer.prepared("ns", "c", "u1", [GPU0])
     clock.now += 1.0
     writer.write_due()
-    assert api.count("PUT") == 1
+    assert api.count("PATCH") == 1
 
 
 def test_a_recreated_claim_is_not_described(
@@ -183,7 +193,7 @@ def test_a_recreated_claim_is_not_described(
     writer.prepared("ns", "c", "u-old", [GPU0])
     clock.now += 1.0
     writer.write_due()
-    assert api.count("PUT") == 0
+    assert api.count("PATCH") == 0
     assert entries(api) == [("other.example.com", "nic-0")]
 
 
@@ -194,7 +204,7 @@ def test_transient_failure_is_retried_later_and_a_missing_claim_dropped(
     writer.prepared("ns", "c", "u1", [GPU0])
     clock.now += 1.0
     writer.write_due()
-    assert writer.pending() == 1 and api.count("PUT") == 0
+    assert writer.pending() == 1 and api.count("PATCH") == 0
     clock.now += 2.0
     writer.write_due()
     assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")

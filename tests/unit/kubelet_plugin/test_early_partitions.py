@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 
 from flexgpu.driver.claim_results import AllocatedDevice
-from flexgpu.driver.names import PARTITION_FAILED_CONDITION, PARTITION_READY_CONDITION
+from flexgpu.driver.names import (
+    DRIVER_NAME,
+    PARTITION_FAILED_CONDITION,
+    PARTITION_READY_CONDITION,
+)
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
 from flexgpu.kubelet_plugin.checkpoint_records import ClaimState, EarlyStage
@@ -115,7 +119,14 @@ def test_a_prepared_devices_status_keeps_the_binding_condition_true(tmp_path: Pa
     ref = node.table.add("c", waiting(PART))
     api = FakeKubeApi()
     path = claim_path("ns", "c")
-    api.put_object(path, {"metadata": {"uid": ref.uid, "namespace": "ns", "name": "c"}})
+    result = {"request": "mig", "driver": DRIVER_NAME, "pool": NODE, "device": PART}
+    api.put_object(
+        path,
+        {
+            "metadata": {"uid": ref.uid, "namespace": "ns", "name": "c"},
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        },
+    )
     writer = ClaimStatusWriter(api, NODE)
     preparer = ClaimPreparerImpl(
         node_name=NODE,
