@@ -37,6 +37,8 @@ class FakeKubeApi:
         self.objects: dict[str, dict[str, Any]] = {}
         self.sent: list[tuple[str, str]] = []
         self.fail_next: list[Exception] = []
+        # Raised by the next writes (PUT, PATCH) only, reads going through.
+        self.fail_writes: list[Exception] = []
         self.version = 100
         self.watches: queue.Queue[queue.Queue[Any]] = queue.Queue()
         self.watched_paths: dict[int, str] = {}  # id of a watch's queue -> its path
@@ -82,6 +84,8 @@ class FakeKubeApi:
         stored = self.objects[target]
         if method == "GET":
             return copy.deepcopy(stored)
+        if method in ("PUT", "PATCH") and self.fail_writes:
+            raise self.fail_writes.pop(0)
         if method == "PUT":
             if body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict", "the object has been modified")

@@ -104,6 +104,8 @@ class Node:
     # How long prepare waits for claims that hold its devices (holder_wait.py): 0 refuses at
     # once, what the tests of refusals check; test_holder_wait.py sets it.
     holder_wait_s: float = 0.0
+    # The GPUs shared as fractions.
+    shared: frozenset[int] = frozenset({SHARED_GPU})
 
     def __post_init__(self) -> None:
         self.restart()
@@ -120,7 +122,7 @@ class Node:
         self.backend = SimulatedBackend.from_topology(
             "hgx-h100-8", NODE, state_path=self.data_dir / "simulated-gpus.json"
         )
-        self.devices = NodeDevices(self.backend, shared={SHARED_GPU}, dynamic_mig={DYNAMIC_GPU})
+        self.devices = NodeDevices(self.backend, shared=set(self.shared), dynamic_mig={DYNAMIC_GPU})
         self.store = CheckpointStore(self.data_dir / "checkpoint.json", boot_file, self.writer)
         self.lock = PrepareLock(self.data_dir / "prepare.lock", timeout=self.lock_timeout)
         self.preparer = ClaimPreparerImpl(

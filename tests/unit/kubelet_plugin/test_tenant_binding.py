@@ -21,10 +21,11 @@ from flexgpu.driver.names import (
     TENANT_TAKEN_CONDITION,
 )
 from flexgpu.driver.node_policy import GpuMode
-from flexgpu.kubelet_plugin.binding_watch import CLAIMS, BindingWatch
+from flexgpu.kubelet_plugin.binding_watch import CLAIMS, RESEND_FIRST_S, BindingWatch
 from flexgpu.kubelet_plugin.claim_source import claim_path
 from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
 from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
+from flexgpu.kubelet_plugin.kube_api import ApiError
 from flexgpu.kubelet_plugin.tenant_attribute import TenantAttribute
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
@@ -38,6 +39,9 @@ from tests.unit.kubelet_plugin.prepare_support import (
 )
 
 GPU = f"gpu-{SHARED_GPU}"
+# A second shared GPU, for the tests of claims allocated anew.
+OTHER_SHARED = SHARED_GPU + 1
+OTHER_GPU = f"gpu-{OTHER_SHARED}"
 PART = f"gpu-{DYNAMIC_GPU}-mig-1g10gb-3"
 
 
@@ -57,12 +61,18 @@ def result(device: str, share_id: str | None, conditions: list[str]) -> dict[str
 
 
 def shared_claim(
-    name: str, namespace: str, at: str, *, waits: bool = True, extra: Any = ()
+    name: str,
+    namespace: str,
+    at: str,
+    *,
+    waits: bool = True,
+    extra: Any = (),
+    gpu: str = GPU,
 ) -> dict[str, Any]:
     """A claim allocated a share of the shared GPU at time ``at`` (with the tenant binding
     condition when the GPU was free, ``waits``)."""
     conditions = [TENANT_READY_CONDITION] if waits else []
-    results = [result(GPU, f"s-{name}", conditions), *extra]
+    results = [result(gpu, f"s-{name}", conditions), *extra]
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
         "status": {
@@ -71,8 +81,17 @@ def shared_claim(
     }
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class World:
     def __init__(self, tmp_path: Path, claims: list[Any], node: Node | None = None) -> None:
+        self.clock = Clock()
         self.node = node or Node(tmp_path, ClaimTable())
         self.node.devices.binding_conditions = True
         self.node.devices.publish_tenants = True
@@ -99,6 +118,7 @@ class World:
             failure_s=60,
             records=self._records,
             tenants_changed=self.attribute.update,
+            clock=self.clock,
         )
         self.attribute.held = self.watch.tenants.holders
         self.watch.ensure_watch()
@@ -359,5 +379,60 @@ def test_claims_are_watched_for_shared_gpus_only_where_the_conditions_are_publis
         devices.binding_conditions = True
         devices.set_modes({})  # the shared GPU made whole: no shared GPU left
         assert not devices.tenant_binding()
+    finally:
+        world.stop()
+
+
+def test_a_claim_sent_back_and_allocated_anew_gets_only_its_new_devices_outcome(
+    tmp_path: Path,
+) -> None:
+    """Sent back from one shared GPU (TenantTaken), the claim is allocated on another: the
+    write for its new device carries no entry of the first one (the API server refuses an
+    entry of a device not allocated), so its pod is bound."""
+    node = Node(tmp_path, ClaimTable(), shared=frozenset({SHARED_GPU, OTHER_SHARED}))
+    world = World(
+        tmp_path,
+        [
+            shared_claim("a", "team-a", "2026-12-02T10:00:00Z"),
+            shared_claim("b", "team-b", "2026-12-02T10:00:01Z"),
+        ],
+        node,
+    )
+    try:
+        world.pass_once()
+        assert world.conditions("team-b", "b") == [TAKEN]
+        # The scheduler takes the allocation back (the server drops status.devices with it)
+        # and allocates the other shared GPU, still free.
+        again = shared_claim("b", "team-b", "2026-12-02T10:00:09Z", gpu=OTHER_GPU)
+        world.send("MODIFIED", again)
+        wait_for(
+            lambda: OTHER_GPU in str(world.watch.claims.items()),
+            timeout_s=5,
+            what="claim b allocated anew",
+        )
+        world.pass_once()
+        assert world.conditions("team-b", "b") == [(OTHER_GPU, TENANT_READY_CONDITION, "True")]
+        assert world.writer.refused == 0
+    finally:
+        world.stop()
+
+
+def test_a_refused_decision_is_written_again_paced_and_built_anew(tmp_path: Path) -> None:
+    """A decision whose write did not reach the claim is written again once no write of it
+    is queued: not on every pass (the watch wakes on every claim change), but after
+    RESEND_FIRST_S, from a fresh read of the claim."""
+    world = World(tmp_path, [shared_claim("a", "team-a", "2026-12-02T10:00:00Z")])
+    try:
+        refused = ApiError(422, "Invalid", "status.devices[0]: refused for the test")
+        world.api.fail_writes = [refused, refused]  # as written, then as built anew
+        world.pass_once()
+        assert world.conditions("team-a", "a") == []
+        assert world.writer.refused == 1
+        writes = world.writer.writes
+        world.pass_once()
+        assert world.writer.writes == writes, "written again at once"
+        world.clock.now += RESEND_FIRST_S
+        world.pass_once()
+        assert world.conditions("team-a", "a") == [READY]
     finally:
         world.stop()
