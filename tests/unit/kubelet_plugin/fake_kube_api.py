@@ -36,6 +36,7 @@ class FakeKubeApi:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.sent: list[tuple[str, str]] = []
+        self.bodies: list[tuple[str, str, Any]] = []  # (method, path, body) of each write
         self.fail_next: list[Exception] = []
         # Raised by the next writes (PUT, PATCH) only, reads going through.
         self.fail_writes: list[Exception] = []
@@ -84,6 +85,8 @@ class FakeKubeApi:
         stored = self.objects[target]
         if method == "GET":
             return copy.deepcopy(stored)
+        if method in ("PUT", "PATCH"):
+            self.bodies.append((method, path, copy.deepcopy(body)))
         if method in ("PUT", "PATCH") and self.fail_writes:
             raise self.fail_writes.pop(0)
         if method == "PUT":

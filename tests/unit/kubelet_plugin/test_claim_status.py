@@ -258,3 +258,82 @@ def test_stop_writes_what_is_pending(api: FakeKubeApi, objects: ClaimObjects) ->
     writer.prepared("ns", "c", "u1", [GPU0])
     writer.stop()
     assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
+
+
+def test_the_write_never_sends_the_allocation_back(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    """An opaque config's parameters are a RawExtension the API server compares byte by byte:
+    re-serialised by the plugin they would look like an allocation change (refused without
+    resourceclaims/binding). The write is a merge patch of status.devices alone, guarded by
+    the resourceVersion of the claim it was built from."""
+    stored = api.objects[PATH]
+    stored["status"]["allocation"]["devices"]["config"] = [
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER_NAME,
+                "parameters": {"apiVersion": "gpu.flexgpu.dev/v1alpha1", "kind": "MigConfig"},
+            },
+        }
+    ]
+    version = api.put_object(PATH, stored)["metadata"]["resourceVersion"]
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    ((method, path, body),) = api.bodies
+    assert (method, path) == ("PATCH", PATH + "/status")
+    assert body["metadata"] == {"resourceVersion": version}
+    assert list(body["status"]) == ["devices"]
+    assert entries(api) == [("other.example.com", "nic-0"), (DRIVER_NAME, "gpu-0")]
+
+
+def test_entries_of_devices_no_longer_allocated_are_left_out(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    """The claim was allocated anew (gpu-1 only) after the entries were wanted: only gpu-1's
+    entry is written, since the server refuses an entry of a device not allocated."""
+    read_by_prepare(api, objects)
+    stored = api.objects[PATH]
+    stored["status"]["allocation"]["devices"]["results"] = [ALLOCATED[0], ALLOCATED[2]]
+    api.put_object(PATH, stored)
+    writer.prepared("ns", "c", "u1", [GPU0, GPU1])
+    clock.now += 1.0
+    writer.write_due()
+    assert entries(api) == [("other.example.com", "nic-0"), (DRIVER_NAME, "gpu-1")]
+    assert writer.refused == 0
+
+
+def test_a_refused_write_is_built_again_from_a_fresh_read_once(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    refused = ApiError(422, "Invalid", "status.devices[0]: must be an allocated device")
+    api.fail_writes = [refused]
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert api.sent[1:] == [("PATCH", PATH + "/status"), ("GET", PATH), ("PATCH", PATH + "/status")]
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
+    # Refused again as built from the fresh read: given up, counted, the reason kept.
+    api.fail_writes = [refused, refused]
+    writer.prepared("ns", "c", "u1", [GPU1])
+    clock.now += 1.0
+    writer.write_due()
+    assert writer.pending() == 0 and writer.refused == 1
+    assert writer.refusal("u1") == refused.message
+
+
+def test_a_write_that_keeps_meeting_newer_claims_is_retried_later_not_dropped(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    api.fail_writes = [ApiError(409, "Conflict", "the object has been modified")] * 5
+    writer.binding("ns", "c", "u1", [GPU0])
+    writer.write_due()
+    assert api.count("PATCH") == 5
+    assert writer.pending() == 1, "dropped after five conflicts"
+    clock.now += 10.0
+    writer.write_due()
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
