@@ -20,9 +20,9 @@ from typing import Any
 from kubernetes import client
 
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.kube_api import KubeApi
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 from tools.cluster import ControlPlane, create_simulated_node
 
 DRIVER = "gpu.flexgpu.dev"

@@ -43,7 +43,7 @@ from flexgpu.driver.resource_slice import (
 )
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.topology import load_topology, with_mig_off
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 TOPOLOGY = "hgx-h100-8"
 DYNAMIC = frozenset({0, 1, 2, 3})

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from flexgpu.driver.quantity import parse_quantity
-from flexgpu.kubelet_plugin.api_limits import DEFAULT_BURST, DEFAULT_QPS
+from flexgpu.kubelet_plugin.api.api_limits import DEFAULT_BURST, DEFAULT_QPS
 from flexgpu.kubelet_plugin.kubeletplugin import MAX_SOCKET_PATH_BYTES, Options
 
 DRIVER_NAME: Final = "gpu.flexgpu.dev"

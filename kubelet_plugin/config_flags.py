@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from flexgpu.driver.durations import parse_duration
-from flexgpu.kubelet_plugin.api_limits import DEFAULT_BURST, DEFAULT_QPS
+from flexgpu.kubelet_plugin.api.api_limits import DEFAULT_BURST, DEFAULT_QPS
 from flexgpu.kubelet_plugin.config import (
     DEFAULT_CDI_DIR,
     DEFAULT_DATA_DIR,

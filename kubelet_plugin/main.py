@@ -17,20 +17,20 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexgpu.driver.log_format import configure_logging
+from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig
 from flexgpu.kubelet_plugin.config_flags import load_config
 from flexgpu.kubelet_plugin.kubeletplugin import DraDriver, Server
 from flexgpu.kubelet_plugin.malloc_arenas import limit_malloc_arenas
-from flexgpu.kubelet_plugin.startup_gate import StartupGate
 
 if TYPE_CHECKING:
     from flexgpu.driver.backend import GpuBackend
-    from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-    from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
-    from flexgpu.kubelet_plugin.kube_api import KubeApi
-    from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
-    from flexgpu.kubelet_plugin.node_devices import NodeDevices
-    from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
+    from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.api.kube_api import KubeApi
+    from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+    from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+    from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+    from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 
 log = logging.getLogger("flexgpu.kubelet_plugin")
 
@@ -60,14 +60,14 @@ def make_backend(config: PluginConfig) -> GpuBackend:
     from flexgpu.driver.nvml_backend import NvmlBackend
 
     if config.driver_root is not None:
-        from flexgpu.kubelet_plugin.driver_edits import load_nvml
+        from flexgpu.kubelet_plugin.devices.driver_edits import load_nvml
 
         load_nvml(config.driver_root)
     return NvmlBackend()
 
 
 def make_api(config: PluginConfig) -> KubeApi:
-    from flexgpu.kubelet_plugin.kube_api import KubeApi
+    from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 
     qps, burst = config.kube_api_qps, config.kube_api_burst
     if config.kubeconfig is not None:
@@ -97,22 +97,25 @@ def start_node(
 ) -> Callable[[], None]:
     """Everything after the sockets: returns what stops it again."""
     from flexgpu.driver.backend_errors import GpuBackendError
-    from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-    from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
-    from flexgpu.kubelet_plugin.claim_source import ApiClaimSource
-    from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
-    from flexgpu.kubelet_plugin.driver_edits import DriverEditsError
-    from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
-    from flexgpu.kubelet_plugin.kube_api import KubeConfigError
-    from flexgpu.kubelet_plugin.metrics_settings import MetricsSettingError, settings_from_env
-    from flexgpu.kubelet_plugin.mig_ownership import MigOwnership
-    from flexgpu.kubelet_plugin.node_devices import NodeDevices
-    from flexgpu.kubelet_plugin.node_events import NodeEventRecorder
-    from flexgpu.kubelet_plugin.policy_agent import PolicyAgent
-    from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
-    from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-    from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
-    from flexgpu.kubelet_plugin.tenant_attribute import TenantAttribute, TenantTrackingDriver
+    from flexgpu.kubelet_plugin.agents.health_monitor import HealthMonitor
+    from flexgpu.kubelet_plugin.agents.mig_ownership import MigOwnership
+    from flexgpu.kubelet_plugin.agents.policy_agent import PolicyAgent
+    from flexgpu.kubelet_plugin.api.kube_api import KubeConfigError
+    from flexgpu.kubelet_plugin.api.node_events import NodeEventRecorder
+    from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+    from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
+    from flexgpu.kubelet_plugin.claims.claim_source import ApiClaimSource
+    from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+    from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
+    from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+    from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
+    from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute, TenantTrackingDriver
+    from flexgpu.kubelet_plugin.devices.driver_edits import DriverEditsError
+    from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+    from flexgpu.kubelet_plugin.observe.metrics_settings import (
+        MetricsSettingError,
+        settings_from_env,
+    )
 
     try:
         metric_settings = settings_from_env(os.environ)
@@ -127,7 +130,7 @@ def start_node(
     # counting wrappers are left out (about 6 MiB of resident memory).
     observed = metric_settings.port is not None
     if observed:
-        from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
+        from flexgpu.kubelet_plugin.observe.observed_backend import ObservedBackend
 
         backend = ObservedBackend(backend, config.node_name)
     try:
@@ -196,7 +199,7 @@ def start_node(
     # Prepares are served from here on; what follows only publishes and watches.
     served: DraDriver = TenantTrackingDriver(preparer, tenants)
     if observed:
-        from flexgpu.kubelet_plugin import metrics
+        from flexgpu.kubelet_plugin.observe import metrics
 
         served = metrics.ObservedPreparer(served, config.node_name)
     gate.open(served, health)
@@ -220,8 +223,8 @@ def start_node(
     agent.start()
     binding = None
     if devices.binding_conditions:
-        from flexgpu.kubelet_plugin.binding_watch import BindingWatch
-        from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
+        from flexgpu.kubelet_plugin.agents.binding_watch import BindingWatch
+        from flexgpu.kubelet_plugin.claims.early_partitions import EarlyPartitions
 
         def records() -> Iterable[ClaimRecord]:
             return preparer.load_checkpoint().claims.values()
@@ -246,7 +249,7 @@ def start_node(
         )
     stop_metrics: Callable[[], None] | None = None
     if observed:
-        from flexgpu.kubelet_plugin import metrics_setup
+        from flexgpu.kubelet_plugin.observe import metrics_setup
 
         stop_metrics = metrics_setup.observe_node(
             metric_settings,
@@ -305,7 +308,7 @@ def binding_conditions(config: PluginConfig, api: KubeApi) -> bool:
         return False
     if minor < 36:
         return False
-    from flexgpu.kubelet_plugin.binding_watch import server_keeps_binding_conditions
+    from flexgpu.kubelet_plugin.agents.binding_watch import server_keeps_binding_conditions
 
     on = server_keeps_binding_conditions(api, config.node_name)
     log.info("binding conditions for on-demand MIG: %s", "on" if on else "off (not served)")
@@ -322,8 +325,8 @@ def _mps_pods(
     """MPS control daemons as pods of their own (--mps-namespace), or None: the backend's."""
     if config.mps_namespace is None or config.driver_root is None or config.mps_image is None:
         return None
-    from flexgpu.kubelet_plugin.mps_pod_spec import DEFAULT_RESOURCES
-    from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.agents.mps_pod_spec import DEFAULT_RESOURCES
+    from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
 
     # The driver's libraries as this process (and the daemon pod) sees them.
     libraries = [
@@ -364,8 +367,8 @@ def _mps_gpus(store: CheckpointStore) -> set[int]:
 def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
     """The driver's common CDI edits over the driver root, and device nodes found there;
     without a driver root, device nodes only (from /dev)."""
-    from flexgpu.kubelet_plugin import driver_edits
-    from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
+    from flexgpu.kubelet_plugin.devices import driver_edits
+    from flexgpu.kubelet_plugin.devices.device_nodes import DeviceNodes
 
     if config.driver_root is None:
         if config.gpu_backend == "nvml":
@@ -391,7 +394,7 @@ def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
 
 
 def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
-    from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
+    from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 
     return SlicePublisher(api, config.node_name)
 
@@ -400,8 +403,8 @@ def _health_endpoint(config: PluginConfig, readiness: NodeReadiness) -> Callable
     """/livez asks the plugin's own sockets what the kubelet would; /readyz asks readiness."""
     if config.health_port is None:
         return lambda: None
-    from flexgpu.kubelet_plugin.health_endpoint import HealthEndpoint
     from flexgpu.kubelet_plugin.kubeletplugin.probe import probe
+    from flexgpu.kubelet_plugin.observe.health_endpoint import HealthEndpoint
 
     def alive() -> str | None:
         return probe(config.registration_socket)

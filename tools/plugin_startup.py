@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi, path_of
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2
 from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc

@@ -25,14 +25,14 @@ from flexgpu.driver.names import (
     PARTITION_FAILED_CONDITION,
     PARTITION_READY_CONDITION,
 )
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
-from flexgpu.kubelet_plugin.claim_source import ClaimView, parse_claim
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
-from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.tenant_binding import TenantBinding
-from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView, parse_claim
+from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter, DeviceStatus
+from flexgpu.kubelet_plugin.claims.early_partitions import EarlyPartitions
+from flexgpu.kubelet_plugin.claims.tenant_binding import TenantBinding
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 log = logging.getLogger(__name__)
 

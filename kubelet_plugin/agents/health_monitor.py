@@ -29,9 +29,9 @@ from flexgpu.driver.device_health import (
 )
 from flexgpu.driver.gpu_model import HealthEvent
 from flexgpu.driver.xid import FaultClass
+from flexgpu.kubelet_plugin.api.node_events import NodeEventSink
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import DeviceHealth, HealthStatus
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.node_events import NodeEventSink
 
 log = logging.getLogger(__name__)
 

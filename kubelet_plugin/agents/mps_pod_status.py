@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, MigMpsDaemonSpec
-from flexgpu.kubelet_plugin.mps_pod_spec import (
+from flexgpu.kubelet_plugin.agents.mps_pod_spec import (
     GPU_INDEX_LABEL,
     GPU_UUID_ANNOTATION,
     MIG_SPEC_ANNOTATION,

@@ -44,8 +44,7 @@ from flexgpu.driver.mps_folders import (
     empty_daemon_folders,
     prepare_daemon_folders,
 )
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
-from flexgpu.kubelet_plugin.mps_pod_spec import (
+from flexgpu.kubelet_plugin.agents.mps_pod_spec import (
     COMPONENT,
     COMPONENT_LABEL,
     CONTROL,
@@ -56,7 +55,7 @@ from flexgpu.kubelet_plugin.mps_pod_spec import (
     MpsPodShape,
     pod_name,
 )
-from flexgpu.kubelet_plugin.mps_pod_status import (
+from flexgpu.kubelet_plugin.agents.mps_pod_status import (
     TERMINATED,
     ended_how,
     gpu_index_of,
@@ -64,8 +63,9 @@ from flexgpu.kubelet_plugin.mps_pod_status import (
     pod_phase,
     pod_serves_mig,
 )
-from flexgpu.kubelet_plugin.node_events import NodeEventSink
-from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.api.node_events import NodeEventSink
+from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
 
 log = logging.getLogger(__name__)
 

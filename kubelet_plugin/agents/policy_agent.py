@@ -46,12 +46,12 @@ from flexgpu.driver.node_policy import (
     select_policy,
     set_condition,
 )
-from flexgpu.kubelet_plugin.kube_api import MERGE_PATCH, KubeApi, path_of
-from flexgpu.kubelet_plugin.mig_ownership import MigOwnership
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_lock import LockTimeout, PrepareLock, gpu_key
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.agents.mig_ownership import MigOwnership
+from flexgpu.kubelet_plugin.api.kube_api import MERGE_PATCH, KubeApi, path_of
+from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.claims.prepare_lock import LockTimeout, PrepareLock, gpu_key
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
 from flexgpu.driver.backoff import Backoff
-from flexgpu.kubelet_plugin import api_limits as limits
+from flexgpu.kubelet_plugin.api import api_limits as limits
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -134,7 +134,7 @@ class KubeApi:
     def from_kubeconfig(cls, path: Path, **options: Any) -> KubeApi:
         import yaml  # only needed off-cluster
 
-        from flexgpu.kubelet_plugin.kube_config import from_kubeconfig_doc
+        from flexgpu.kubelet_plugin.api.kube_config import from_kubeconfig_doc
 
         try:
             doc = yaml.safe_load(path.read_text()) or {}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flexgpu.kubelet_plugin.kube_api import KubeApi, KubeConfigError, TokenFile
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi, KubeConfigError, TokenFile
 
 
 def from_kubeconfig_doc(doc: Mapping[str, Any], base: Path, **options: Any) -> KubeApi:

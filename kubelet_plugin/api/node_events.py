@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi, path_of
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream
-from flexgpu.kubelet_plugin.watch_pacing import WatchPacer
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, WatchStream
+from flexgpu.kubelet_plugin.api.watch_pacing import WatchPacer
 
 log = logging.getLogger(__name__)
 

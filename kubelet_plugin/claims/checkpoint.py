@@ -45,12 +45,12 @@ from pydantic import (
 )
 
 from flexgpu.driver.atomic_file import atomic_write_bytes
-from flexgpu.kubelet_plugin.checkpoint_envelope import (
+from flexgpu.kubelet_plugin.claims.checkpoint_envelope import (
     Unusable,
     open_envelope,
     seal,
 )
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     SCHEMA_VERSION,
     Checkpoint,
     ClaimRecord,

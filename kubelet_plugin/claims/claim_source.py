@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flexgpu.driver.claim_results import AllocatedDevice, parse_allocated_device
-from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
+from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from typing import Any
 from flexgpu.driver.backoff import jittered
 from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
-from flexgpu.kubelet_plugin.claim_source import claim_path
-from flexgpu.kubelet_plugin.kube_api import MERGE_PATCH, ApiError, KubeApi
+from flexgpu.kubelet_plugin.api.kube_api import MERGE_PATCH, ApiError, KubeApi
+from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.claims.claim_source import claim_path
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from flexgpu.driver.backend_errors import GpuLostError, NotFoundError
 from flexgpu.driver.gpu_model import MigDevice, TimeSliceInterval
 from flexgpu.driver.mps_daemon_spec import serves_mig
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, MigInstanceRecord
-from flexgpu.kubelet_plugin.mps_daemons import MpsDaemons
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, MigInstanceRecord
+from flexgpu.kubelet_plugin.claims.mps_daemons import MpsDaemons
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 log = logging.getLogger(__name__)
 

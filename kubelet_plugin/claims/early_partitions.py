@@ -29,25 +29,25 @@ from flexgpu.driver.names import (
     PARTITION_FAILED_CONDITION,
     PARTITION_READY_CONDITION,
 )
-from flexgpu.kubelet_plugin.checkpoint import CheckpointWriteError
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointWriteError
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     ClaimRecord,
     ClaimState,
     CreatedResources,
     EarlyStage,
 )
-from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.claim_status import Condition, DeviceStatus
-from flexgpu.kubelet_plugin.prepare_checks import ClaimConflictError, check_conflicts
-from flexgpu.kubelet_plugin.prepare_lock import gpu_key
-from flexgpu.kubelet_plugin.prepare_records import (
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.claim_status import Condition, DeviceStatus
+from flexgpu.kubelet_plugin.claims.prepare_checks import ClaimConflictError, check_conflicts
+from flexgpu.kubelet_plugin.claims.prepare_lock import gpu_key
+from flexgpu.kubelet_plugin.claims.prepare_records import (
     device_records,
     intended_partitions,
     one_per_device,
     partition_ready,
     with_ids,
 )
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.quantity import QuantityError, parse_quantity
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, DeviceRecord
-from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.sharing import SharingPlan, plan_sharing
-from flexgpu.kubelet_plugin.tenancy import SharedGpuTenants, check_one_tenant
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, DeviceRecord
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.sharing import SharingPlan, plan_sharing
+from flexgpu.kubelet_plugin.claims.tenancy import SharedGpuTenants, check_one_tenant
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 __all__ = [
     "ClaimConflictError",

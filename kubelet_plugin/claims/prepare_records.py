@@ -15,19 +15,19 @@ from flexgpu.driver.names import (
     PARTITION_READY_CONDITION,
     TENANT_READY_CONDITION,
 )
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     ClaimRecord,
     CreatedResources,
     DeviceRecord,
     MigInstanceRecord,
     MpsShareRecord,
 )
-from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.claim_status import PREPARED, Condition, DeviceStatus
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.claim_status import PREPARED, Condition, DeviceStatus
+from flexgpu.kubelet_plugin.claims.sharing import SharingPlan
+from flexgpu.kubelet_plugin.claims.tenant_binding import tenant_ready
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import PreparedDevice
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.sharing import SharingPlan
-from flexgpu.kubelet_plugin.tenant_binding import tenant_ready
 
 
 def device_status(

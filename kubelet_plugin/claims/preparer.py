@@ -29,29 +29,22 @@ from flexgpu.driver.claim_results import AllocatedDevice, ClaimResultError
 from flexgpu.driver.gpu_model import MigDevice
 from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, CheckpointWriteError
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore, CheckpointWriteError
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     Checkpoint,
     ClaimRecord,
     ClaimState,
     EarlyStage,
     MigInstanceRecord,
 )
-from flexgpu.kubelet_plugin.claim_source import ClaimSource, ClaimView
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
-from flexgpu.kubelet_plugin.claim_undo import ClaimUndo
-from flexgpu.kubelet_plugin.holder_wait import HolderWait
-from flexgpu.kubelet_plugin.kubeletplugin import (
-    ClaimRef,
-    PreparedDevice,
-    PrepareResult,
-    UnprepareResult,
-)
-from flexgpu.kubelet_plugin.mps_daemons import BackendMpsDaemons, MpsDaemons
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_checks import ClaimConflictError, admit
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock, gpu_key
-from flexgpu.kubelet_plugin.prepare_records import (
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimSource, ClaimView
+from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+from flexgpu.kubelet_plugin.claims.claim_undo import ClaimUndo
+from flexgpu.kubelet_plugin.claims.holder_wait import HolderWait
+from flexgpu.kubelet_plugin.claims.mps_daemons import BackendMpsDaemons, MpsDaemons
+from flexgpu.kubelet_plugin.claims.prepare_checks import ClaimConflictError, admit
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
+from flexgpu.kubelet_plugin.claims.prepare_records import (
     device_records,
     device_status,
     intended_partitions,
@@ -60,9 +53,16 @@ from flexgpu.kubelet_plugin.prepare_records import (
     prepared_devices,
     with_ids,
 )
-from flexgpu.kubelet_plugin.sharing import SharingError, SharingPlan
-from flexgpu.kubelet_plugin.sharing_setup import SharingSetupError, apply_sharing
-from flexgpu.kubelet_plugin.tenancy import ONE_NAMESPACE, SharedGpuTenants, TenantMixError
+from flexgpu.kubelet_plugin.claims.sharing import SharingError, SharingPlan
+from flexgpu.kubelet_plugin.claims.sharing_setup import SharingSetupError, apply_sharing
+from flexgpu.kubelet_plugin.claims.tenancy import ONE_NAMESPACE, SharedGpuTenants, TenantMixError
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.kubeletplugin import (
+    ClaimRef,
+    PreparedDevice,
+    PrepareResult,
+    UnprepareResult,
+)
 
 log = logging.getLogger(__name__)
 

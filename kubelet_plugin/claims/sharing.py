@@ -28,8 +28,8 @@ from flexgpu.driver.opaque_config import (
 )
 from flexgpu.driver.quantity import Quantity
 from flexgpu.driver.user_text import shorten
-from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 MIB = 1024 * 1024
 

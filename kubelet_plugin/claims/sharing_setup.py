@@ -10,12 +10,12 @@ from flexgpu.driver.cdi import CdiDevice
 from flexgpu.driver.log_format import claim_fields
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.mps_limits import PinnedLimitError
-from flexgpu.kubelet_plugin.checkpoint_records import MpsShareRecord
-from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.mps_daemons import MpsDaemons
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_records import mig_share_record
-from flexgpu.kubelet_plugin.sharing import SharingPlan, mig_mps_env, mps_env, mps_mounts
+from flexgpu.kubelet_plugin.claims.checkpoint_records import MpsShareRecord
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.mps_daemons import MpsDaemons
+from flexgpu.kubelet_plugin.claims.prepare_records import mig_share_record
+from flexgpu.kubelet_plugin.claims.sharing import SharingPlan, mig_mps_env, mps_env, mps_mounts
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 log = logging.getLogger(__name__)
 

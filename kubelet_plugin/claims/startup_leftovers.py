@@ -11,9 +11,9 @@ from pathlib import Path
 
 from flexgpu.driver.cdi import ENV_MPS_PIPE, claim_uid_from_spec_file
 from flexgpu.driver.mps_daemon_spec import serves_mig
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.spec_facts import spec_facts
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.spec_facts import spec_facts
 
 log = logging.getLogger(__name__)
 

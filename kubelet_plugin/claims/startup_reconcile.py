@@ -39,8 +39,13 @@ from flexgpu.driver.cdi import (
 from flexgpu.driver.gpu_model import MigDevice
 from flexgpu.driver.mps_daemon_spec import MIG_UUID_PREFIX, serves_mig
 from flexgpu.driver.names import CDI_KIND, DRIVER_NAME
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, CheckpointWriteError, ScanResult
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.api.node_events import NodeEventSink
+from flexgpu.kubelet_plugin.claims.checkpoint import (
+    CheckpointStore,
+    CheckpointWriteError,
+    ScanResult,
+)
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     SCHEMA_VERSION,
     ClaimRecord,
     ClaimState,
@@ -50,17 +55,16 @@ from flexgpu.kubelet_plugin.checkpoint_records import (
     MigInstanceRecord,
     MpsShareRecord,
 )
-from flexgpu.kubelet_plugin.claim_source import ClaimSource
-from flexgpu.kubelet_plugin.node_events import NodeEventSink
-from flexgpu.kubelet_plugin.prepare_records import device_records
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.spec_facts import (
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimSource
+from flexgpu.kubelet_plugin.claims.prepare_records import device_records
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.spec_facts import (
     SpecFacts,
     read_boot_time,
     spec_facts,
     written_before_this_boot,
 )
-from flexgpu.kubelet_plugin.startup_leftovers import (
+from flexgpu.kubelet_plugin.claims.startup_leftovers import (
     ReconcileReport,
     destroy_unowned_partitions,
     our_specs,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Set
 from typing import Literal
 
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
 
 __all__ = [
     "ONE_NAMESPACE",

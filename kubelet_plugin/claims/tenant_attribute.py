@@ -19,16 +19,16 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from flexgpu.kubelet_plugin.checkpoint_records import Checkpoint
+from flexgpu.kubelet_plugin.claims.checkpoint_records import Checkpoint
+from flexgpu.kubelet_plugin.claims.prepare_checks import gpu_index_of
+from flexgpu.kubelet_plugin.claims.tenancy import tenants_by_gpu
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     DraDriver,
     PrepareResult,
     UnprepareResult,
 )
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_checks import gpu_index_of
-from flexgpu.kubelet_plugin.tenancy import tenants_by_gpu
 
 __all__ = ["TenantAttribute", "TenantTrackingDriver"]
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.names import DRIVER_NAME, TENANT_READY_CONDITION, TENANT_TAKEN_CONDITION
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
-from flexgpu.kubelet_plugin.claim_source import ClaimView
-from flexgpu.kubelet_plugin.claim_status import Condition, DeviceStatus
-from flexgpu.kubelet_plugin.tenancy import gpus_shared_by
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.claim_status import Condition, DeviceStatus
+from flexgpu.kubelet_plugin.claims.tenancy import gpus_shared_by
 
 __all__ = ["TenantBinding", "TenantDecision", "tenant_ready"]
 

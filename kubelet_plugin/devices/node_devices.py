@@ -31,7 +31,7 @@ from flexgpu.driver.resource_slice import (
     whole_gpu_device,
     with_tenant,
 )
-from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
+from flexgpu.kubelet_plugin.devices.device_nodes import DeviceNodes
 
 log = logging.getLogger(__name__)
 

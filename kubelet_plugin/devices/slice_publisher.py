@@ -34,8 +34,8 @@ from flexgpu.driver.loop import Loop
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.resource_slice import SliceDevice, slice_specs
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, WatchStream, path_of
-from flexgpu.kubelet_plugin.watch_pacing import MAX_RETRY_AFTER_S, WatchPacer
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, WatchStream, path_of
+from flexgpu.kubelet_plugin.api.watch_pacing import MAX_RETRY_AFTER_S, WatchPacer
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from flexgpu.driver.durations import parse_duration
 
 if TYPE_CHECKING:
-    from flexgpu.kubelet_plugin.usage_model import UsageSettings
+    from flexgpu.kubelet_plugin.observe.usage_model import UsageSettings
 
 
 class MetricsSettingError(ValueError):
@@ -32,7 +32,7 @@ class MetricsSettings:
 
     @property
     def usage(self) -> UsageSettings:
-        from flexgpu.kubelet_plugin.usage_model import UsageSettings
+        from flexgpu.kubelet_plugin.observe.usage_model import UsageSettings
 
         return UsageSettings(
             interval_s=self.interval_s,

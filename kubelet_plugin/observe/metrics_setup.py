@@ -19,20 +19,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flexgpu.driver.backend import GpuBackend
-from flexgpu.kubelet_plugin import metrics
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
-from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
-from flexgpu.kubelet_plugin.kube_api import KubeApi, path_of
-from flexgpu.kubelet_plugin.metrics_settings import (
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi, path_of
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
+from flexgpu.kubelet_plugin.observe import metrics
+from flexgpu.kubelet_plugin.observe.metrics_settings import (
     MetricsSettingError,
     MetricsSettings,
     settings_from_env,
 )
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
-from flexgpu.kubelet_plugin.usage import UsageSampler
-from flexgpu.kubelet_plugin.usage_metrics import UsageCollector
+from flexgpu.kubelet_plugin.observe.usage import UsageSampler
+from flexgpu.kubelet_plugin.observe.usage_metrics import UsageCollector
 
 __all__ = ["MetricsSettingError", "MetricsSettings", "observe_node", "settings_from_env"]
 

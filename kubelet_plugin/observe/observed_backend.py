@@ -23,7 +23,7 @@ from flexgpu.driver.gpu_model import (
 )
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.usage import GpuUsage
-from flexgpu.kubelet_plugin import metrics
+from flexgpu.kubelet_plugin.observe import metrics
 
 T = TypeVar("T")
 

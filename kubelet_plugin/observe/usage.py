@@ -35,10 +35,10 @@ from flexgpu.driver.loop import Loop
 from flexgpu.driver.names import mig_device_name
 from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.usage import GpuUsage, summed_memory, summed_utilization
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_of
-from flexgpu.kubelet_plugin.usage_model import (
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.observe.pod_cgroup import pod_uid_of
+from flexgpu.kubelet_plugin.observe.usage_model import (
     ClaimInfo,
     ClaimTotals,
     DeviceUsage,

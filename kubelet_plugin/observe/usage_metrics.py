@@ -9,8 +9,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from flexgpu.kubelet_plugin.usage import UsageSampler
-from flexgpu.kubelet_plugin.usage_model import DeviceUsage
+from flexgpu.kubelet_plugin.observe.usage import UsageSampler
+from flexgpu.kubelet_plugin.observe.usage_model import DeviceUsage
 
 CLAIM_LABELS = (
     "node",

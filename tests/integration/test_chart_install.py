@@ -20,8 +20,8 @@ import pytest
 from kubernetes import client, config
 
 from flexgpu.driver.backend import GpuBackend
-from flexgpu.kubelet_plugin.kube_api import KubeApi
-from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
+from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 from tests.conftest import target_minor, wait_for
 from tests.integration.gpu_workloads import (
     create_claim,

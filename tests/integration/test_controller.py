@@ -28,9 +28,9 @@ from flexgpu.driver import node_policy
 from flexgpu.driver.names import CRD_GROUP, DRIVER_NAME
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.topology import load_topology
-from flexgpu.kubelet_plugin.kube_api import KubeApi
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 from tests.conftest import holds_for, wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools.cluster import ControlPlane, create_simulated_node

@@ -21,8 +21,8 @@ from kubernetes import client, config
 
 from flexgpu.driver.backend import GpuBackend
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
-from flexgpu.kubelet_plugin.kube_api import KubeApi
-from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
+from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 from tests.conftest import wait_for
 from tests.integration.gpu_workloads import default_chart_image
 from tools.cluster import ControlPlane, create_simulated_node

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from kubernetes import client
 
-from flexgpu.kubelet_plugin.kube_api import KubeApi
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
 from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
 from tests.conftest import wait_for

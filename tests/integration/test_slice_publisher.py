@@ -15,8 +15,8 @@ from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.resource_slice import render_whole_gpus
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.topology import load_topology
-from flexgpu.kubelet_plugin.kube_api import KubeApi
-from flexgpu.kubelet_plugin.slice_publisher import SlicePublisher
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
+from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 from tests.conftest import wait_for
 from tools.cluster import ControlPlane, create_simulated_node
 

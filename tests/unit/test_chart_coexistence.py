@@ -21,7 +21,7 @@ from flexgpu.driver.allocation import (
 from flexgpu.driver.mig_catalog import MIG_PRODUCT_FAMILIES, mig_profiles_for
 from flexgpu.driver.resource_slice import slice_specs
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from tests.unit.test_chart import find, helm, render
 
 __all__ = ["helm"]  # the fixture, shared with test_chart.py

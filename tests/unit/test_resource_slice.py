@@ -114,7 +114,7 @@ def test_too_many_attributes_is_refused_with_the_limit() -> None:
 
 
 def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
-    from flexgpu.kubelet_plugin.slice_publisher import contains
+    from flexgpu.kubelet_plugin.devices.slice_publisher import contains
 
     desired = {"capacity": {"memory": {"value": "40960Mi"}}, "name": "gpu-0"}
     assert contains({"capacity": {"memory": {"value": "40Gi"}}, "name": "gpu-0"}, desired)

@@ -11,7 +11,7 @@ from flexgpu.driver.device_health import Fault
 from flexgpu.driver.resource_slice import slice_specs
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.xid import FaultClass, XidImpact
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
 
 def _published(devices: NodeDevices) -> list[object]:

@@ -12,7 +12,7 @@ from flexgpu.driver.claim_results import (
     parse_allocated_device,
     parse_consumed_capacity,
 )
-from flexgpu.kubelet_plugin.claim_source import parse_claim as parse_plugin_claim
+from flexgpu.kubelet_plugin.claims.claim_source import parse_claim as parse_plugin_claim
 
 RESULT = {
     "request": "gpu/l4",

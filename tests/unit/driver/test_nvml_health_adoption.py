@@ -11,9 +11,9 @@ import pytest
 from conftest import LibraryNode
 
 from flexgpu.driver.nvml_backend import NvmlBackend
-from flexgpu.kubelet_plugin.health_monitor import HealthMonitor
+from flexgpu.kubelet_plugin.agents.health_monitor import HealthMonitor
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import HealthStatus
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 PERIOD_S = 30.0
 

@@ -19,8 +19,8 @@ from flexgpu.driver.backend_errors import GpuLostError
 from flexgpu.driver.gpu_model import HealthEvent, HealthEventKind
 from flexgpu.driver.nvml_backend import NvmlBackend
 from flexgpu.driver.sysfs import SysfsPci
-from flexgpu.kubelet_plugin.health_monitor import NVML_FAILURES_BEFORE_FAULT, HealthMonitor
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.agents.health_monitor import NVML_FAILURES_BEFORE_FAULT, HealthMonitor
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from tests.conftest import holds_for, wait_for
 
 LOST = ("gpu.flexgpu.dev/gpu-lost", "lost", "NoSchedule")

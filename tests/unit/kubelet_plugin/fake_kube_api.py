@@ -8,7 +8,7 @@ import queue
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from flexgpu.kubelet_plugin.kube_api import ApiError
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
 
 END = object()  # put on a watch's queue: the server ends that watch
 

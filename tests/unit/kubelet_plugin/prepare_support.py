@@ -10,12 +10,12 @@ from typing import Any
 
 from flexgpu.driver.claim_results import AllocatedDevice, parse_consumed_capacity
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, Writer
-from flexgpu.kubelet_plugin.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore, Writer
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 
 NODE = "node-a"
 DRIVER = "gpu.flexgpu.dev"

@@ -15,15 +15,15 @@ from flexgpu.driver.names import (
     PARTITION_FAILED_TAINT,
     PARTITION_READY_CONDITION,
 )
-from flexgpu.kubelet_plugin.binding_watch import (
+from flexgpu.kubelet_plugin.agents.binding_watch import (
     CLAIMS,
     BindingWatch,
     server_keeps_binding_conditions,
 )
-from flexgpu.kubelet_plugin.claim_source import claim_path
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
-from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
-from flexgpu.kubelet_plugin.kube_api import ApiError
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
+from flexgpu.kubelet_plugin.claims.claim_source import claim_path
+from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+from flexgpu.kubelet_plugin.claims.early_partitions import EarlyPartitions
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 from tests.unit.kubelet_plugin.prepare_support import DYNAMIC_GPU, NODE, ClaimTable, Node

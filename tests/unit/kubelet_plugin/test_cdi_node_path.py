@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from flexgpu.driver.cdi import ENV_DEVICE_PREFIX, parse_device_env_value
-from flexgpu.kubelet_plugin import driver_edits
-from flexgpu.kubelet_plugin.device_nodes import DeviceNodes
+from flexgpu.kubelet_plugin.devices import driver_edits
+from flexgpu.kubelet_plugin.devices.device_nodes import DeviceNodes
 from tests.nvidia_ctk import cdi_devices, tools_dir
 from tests.unit.kubelet_plugin.prepare_support import (
     DYNAMIC_GPU,

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint import (
+from flexgpu.kubelet_plugin.claims.checkpoint import (
     CheckpointError,
     CheckpointStore,
     CheckpointWriteError,
     marker_bytes,
 )
-from flexgpu.kubelet_plugin.checkpoint_envelope import checksum, seal
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.claims.checkpoint_envelope import checksum, seal
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     SCHEMA_VERSION,
     ClaimRecord,
     ClaimState,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.kubelet_plugin.claim_objects import ClaimObjects
-from flexgpu.kubelet_plugin.claim_source import ApiClaimSource, claim_path
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter, DeviceStatus
-from flexgpu.kubelet_plugin.kube_api import ApiError
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
+from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.claims.claim_source import ApiClaimSource, claim_path
+from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter, DeviceStatus
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 
 NODE = "node-a"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin import driver_edits
+from flexgpu.kubelet_plugin.devices import driver_edits
 from tests.nvidia_ctk import tools_dir
 from tools.node import driver_root
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from flexgpu.driver.gpu_model import MigMode, TimeSliceInterval
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_records import device_status
-from flexgpu.kubelet_plugin.sharing import SharingPlan
+from flexgpu.kubelet_plugin.claims.prepare_records import device_status
+from flexgpu.kubelet_plugin.claims.sharing import SharingPlan
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from tests.unit.kubelet_plugin.prepare_support import (
     DYNAMIC_GPU,
     ClaimTable,

@@ -19,16 +19,16 @@ from flexgpu.driver.names import (
     PARTITION_READY_CONDITION,
 )
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimState, EarlyStage
-from flexgpu.kubelet_plugin.claim_source import ClaimView, claim_path
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
-from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimState, EarlyStage
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView, claim_path
+from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+from flexgpu.kubelet_plugin.claims.early_partitions import EarlyPartitions
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 from tests.unit.kubelet_plugin.prepare_support import (
     DYNAMIC_GPU,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flexgpu.kubelet_plugin.health_endpoint import HealthEndpoint
+from flexgpu.kubelet_plugin.observe.health_endpoint import HealthEndpoint
 
 state: dict[str, str | None] = {}
 
@@ -61,8 +61,8 @@ def test_other_paths_are_not_found(endpoint: HealthEndpoint) -> None:
 def test_plugin_readiness_waits_for_prepares_and_a_published_slice() -> None:
     """/readyz of the plugin: not before the gate serves prepares, then not before the slice
     publisher's first pass went through (saying why it failed), then ready."""
+    from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
     from flexgpu.kubelet_plugin.main import NodeReadiness
-    from flexgpu.kubelet_plugin.startup_gate import StartupGate
 
     class Publisher:
         published = False

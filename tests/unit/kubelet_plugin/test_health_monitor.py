@@ -17,9 +17,9 @@ from flexgpu.driver.allocation import (
 )
 from flexgpu.driver.resource_slice import slice_specs
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.health_monitor import NVML_FAILURES_BEFORE_FAULT, HealthMonitor
+from flexgpu.kubelet_plugin.agents.health_monitor import NVML_FAILURES_BEFORE_FAULT, HealthMonitor
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import HealthStatus
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
 
 PERIOD_S = 60.0
 

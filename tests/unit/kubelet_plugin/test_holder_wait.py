@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from flexgpu.kubelet_plugin.holder_wait import HolderWait
+from flexgpu.kubelet_plugin.claims.holder_wait import HolderWait
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.prepare_support import (

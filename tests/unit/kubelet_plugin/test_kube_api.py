@@ -12,7 +12,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi, KubeConfigError, TokenFile, path_of
+from flexgpu.kubelet_plugin.api.kube_api import (
+    ApiError,
+    KubeApi,
+    KubeConfigError,
+    TokenFile,
+    path_of,
+)
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin import api_limits
-from flexgpu.kubelet_plugin.api_limits import RateLimiter, ResponseTooLarge
-from flexgpu.kubelet_plugin.kube_api import ApiError, KubeApi
-from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.api import api_limits
+from flexgpu.kubelet_plugin.api.api_limits import RateLimiter, ResponseTooLarge
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi
+from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
 
 PODS = "/api/v1/namespaces/flexgpu/pods"
 

@@ -20,14 +20,14 @@ import pytest
 from flexgpu.driver.gpu_model import ComputeMode, MigDevice
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.kube_api import ApiError
-from flexgpu.kubelet_plugin.mps_pods import (
+from flexgpu.kubelet_plugin.agents.mps_pods import (
     CONTROL,
     GPU_INDEX_LABEL,
     GPU_UUID_ANNOTATION,
     MpsDaemonPods,
     pod_name,
 )
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
 
 NAMESPACE = "flexgpu"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.mps_pods import MpsDaemonPods
+from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 
 

@@ -15,7 +15,7 @@ from flexgpu.driver.resource_slice import slice_specs
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.template_check import template_differences
 from flexgpu.driver.topology import builtin_topology_names, load_topology
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from tests.unit.kubelet_plugin.test_dynamic_whole_gpu import ResetToSwitch
 
 NODE = "node-a"

@@ -18,20 +18,20 @@ from flexgpu.driver.backend_errors import InUseError, NotFoundError
 from flexgpu.driver.durations import parse_duration
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.sim_usage import USAGE_FILE_NAME
-from flexgpu.kubelet_plugin import metrics
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult, UnprepareResult
-from flexgpu.kubelet_plugin.metrics_setup import (
+from flexgpu.kubelet_plugin.observe import metrics
+from flexgpu.kubelet_plugin.observe.metrics_setup import (
     CLAIM_REREAD_S,
     ClaimReader,
     MetricsSettingError,
     settings_from_env,
 )
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.observed_backend import ObservedBackend
-from flexgpu.kubelet_plugin.usage import UsageSampler
-from flexgpu.kubelet_plugin.usage_metrics import UsageCollector
-from flexgpu.kubelet_plugin.usage_model import UsageSettings
+from flexgpu.kubelet_plugin.observe.observed_backend import ObservedBackend
+from flexgpu.kubelet_plugin.observe.usage import UsageSampler
+from flexgpu.kubelet_plugin.observe.usage_metrics import UsageCollector
+from flexgpu.kubelet_plugin.observe.usage_model import UsageSettings
 from tests.promtool import check_metrics
 
 NODE = "metrics-node"

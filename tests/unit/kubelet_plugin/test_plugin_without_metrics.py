@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     from fake_kube_api import FakeKubeApi
     from flexgpu.kubelet_plugin import main
     from flexgpu.kubelet_plugin.config import make_config
-    from flexgpu.kubelet_plugin.startup_gate import StartupGate
+    from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 
     root = Path({root!r})
     config = make_config(

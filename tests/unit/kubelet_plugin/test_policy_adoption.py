@@ -13,8 +13,8 @@ import pytest
 
 from flexgpu.driver.names import CRD_GROUP
 from flexgpu.driver.node_policy import NodePolicyError, parse_node_policy
-from flexgpu.kubelet_plugin.mig_ownership import MigOwnership
-from flexgpu.kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
+from flexgpu.kubelet_plugin.agents.mig_ownership import MigOwnership
+from flexgpu.kubelet_plugin.agents.policy_agent import PLURAL, VERSION, PolicyAgent
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 from tests.unit.kubelet_plugin.prepare_support import NODE, ClaimTable, Node

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from flexgpu.driver.names import CRD_GROUP
-from flexgpu.kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
-from flexgpu.kubelet_plugin.prepare_lock import gpu_key
+from flexgpu.kubelet_plugin.agents.policy_agent import PLURAL, VERSION, PolicyAgent
+from flexgpu.kubelet_plugin.claims.prepare_lock import gpu_key
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 from tests.unit.kubelet_plugin.prepare_support import NODE, ClaimTable, Node, device

@@ -13,12 +13,12 @@ import pytest
 
 from flexgpu.driver.names import CRD_GROUP
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.agents.policy_agent import PLURAL, VERSION, PolicyAgent
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.policy_agent import PLURAL, VERSION, PolicyAgent
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import END, FakeKubeApi
 

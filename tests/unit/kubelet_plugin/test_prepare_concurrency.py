@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimState
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimState
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.prepare_support import (
     DYNAMIC_GPU,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.prepare_lock import LockTimeout, PrepareLock
+from flexgpu.kubelet_plugin.claims.prepare_lock import LockTimeout, PrepareLock
 from tests.conftest import wait_for
 
 ROUNDS = 15

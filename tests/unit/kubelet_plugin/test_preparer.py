@@ -12,14 +12,14 @@ import pytest
 
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimState
-from flexgpu.kubelet_plugin.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimState
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, UnprepareResult
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 
 NODE = "node-a"
 DRIVER = "gpu.flexgpu.dev"
@@ -173,7 +173,7 @@ def test_device_conflict_names_no_claim_of_another_namespace(
     of another namespace is not named there; the plugin's log names it."""
     held = table.add("secret-job", gpu("gpu-0"), namespace="team-a")
     assert preparer.prepare([held])[held.uid].error == ""
-    caplog.set_level(logging.INFO, logger="flexgpu.kubelet_plugin.preparer")
+    caplog.set_level(logging.INFO, logger="flexgpu.kubelet_plugin.claims.preparer")
     other = table.add("mine", gpu("gpu-0"), namespace="team-b")
     error = preparer.prepare([other])[other.uid].error
     assert error == "device gpu-0 is already prepared for a claim of another namespace"

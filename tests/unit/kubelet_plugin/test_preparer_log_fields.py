@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from flexgpu.driver.log_format import configure_logging
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
 from tests.unit.kubelet_plugin.test_preparer import ClaimTable, gpu, preparer, table
 
 __all__ = ["preparer", "table"]

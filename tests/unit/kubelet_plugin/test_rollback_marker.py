@@ -16,8 +16,8 @@ import pytest
 
 from flexgpu.driver.names import CDI_CLASS, CDI_VENDOR
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore, marker_bytes
-from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore, marker_bytes
+from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import ClaimTable, Node, device
 
 REPO = Path(__file__).resolve().parents[3]

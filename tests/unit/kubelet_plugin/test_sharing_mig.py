@@ -31,13 +31,13 @@ import pytest
 from flexgpu.driver.gpu_model import ComputeMode, MigDevice, TimeSliceInterval
 from flexgpu.driver.node_policy import GpuMode
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimState
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimState
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (
     API,
     DRIVER,

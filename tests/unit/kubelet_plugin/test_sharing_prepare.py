@@ -12,13 +12,13 @@ import pytest
 from flexgpu.driver.claim_results import AllocatedDevice, parse_consumed_capacity
 from flexgpu.driver.gpu_model import ComputeMode, TimeSliceInterval
 from flexgpu.driver.sim_backend import SimulatedBackend
-from flexgpu.kubelet_plugin.checkpoint import CheckpointStore
-from flexgpu.kubelet_plugin.claim_source import ClaimView, parse_claim
+from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
+from flexgpu.kubelet_plugin.claims.claim_source import ClaimView, parse_claim
+from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
+from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
+from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.prepare_lock import PrepareLock
-from flexgpu.kubelet_plugin.preparer import ClaimPreparerImpl
-from flexgpu.kubelet_plugin.startup_reconcile import reconcile_at_start
 
 NODE = "node-a"
 DRIVER = "gpu.flexgpu.dev"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import http.client
 import random
 
-from flexgpu.kubelet_plugin.kube_api import ApiError
-from flexgpu.kubelet_plugin.slice_publisher import (
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
+from flexgpu.kubelet_plugin.devices.slice_publisher import (
     FIRST_RETRY_S,
     MAX_BACKOFF_S,
     UNREACHABLE_RETRY_CAP_S,

@@ -7,8 +7,8 @@ import queue
 import threading
 import time
 
-from flexgpu.kubelet_plugin.kube_api import path_of
-from flexgpu.kubelet_plugin.slice_publisher import SLICES, SlicePublisher
+from flexgpu.kubelet_plugin.api.kube_api import path_of
+from flexgpu.kubelet_plugin.devices.slice_publisher import SLICES, SlicePublisher
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import END, FakeKubeApi
 

@@ -18,11 +18,11 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from fake_kube_api import FakeKubeApi
     from flexgpu.kubelet_plugin import main
-    from flexgpu.kubelet_plugin.claim_source import claim_path
+    from flexgpu.kubelet_plugin.claims.claim_source import claim_path
     from flexgpu.kubelet_plugin.config import make_config
-    from flexgpu.kubelet_plugin.kube_api import KubeApi
+    from flexgpu.kubelet_plugin.api.kube_api import KubeApi
     from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-    from flexgpu.kubelet_plugin.startup_gate import StartupGate
+    from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 
     root = Path({root!r})
     config = make_config(

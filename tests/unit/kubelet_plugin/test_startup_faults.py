@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from flexgpu.driver.gpu_model import TimeSliceInterval
-from flexgpu.kubelet_plugin.checkpoint import marker_bytes
-from flexgpu.kubelet_plugin.checkpoint_envelope import canonical_json, checksum
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.checkpoint import marker_bytes
+from flexgpu.kubelet_plugin.claims.checkpoint_envelope import canonical_json, checksum
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+from flexgpu.kubelet_plugin.claims.startup_reconcile import ReconcileReport, reconcile_at_start
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (
     BOOT_B,
     DYNAMIC_GPU,

@@ -13,13 +13,13 @@ from concurrent import futures
 import grpc
 import pytest
 
+from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 from flexgpu.kubelet_plugin.config import PluginConfig
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Server
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1 import health_pb2
 from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
 from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra_health.v1 import health_pb2_grpc
-from flexgpu.kubelet_plugin.startup_gate import StartupGate
 from tests.unit.kubeletplugin.fakes import MemoryHealth, MemoryPreparer
 
 TIMEOUT = 10

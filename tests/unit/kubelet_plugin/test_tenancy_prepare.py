@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint_records import (
+from flexgpu.kubelet_plugin.claims.checkpoint_records import (
     ClaimRecord,
     ClaimState,
     CreatedResources,
     DeviceRecord,
     MpsShareRecord,
 )
+from flexgpu.kubelet_plugin.claims.tenancy import TenantMixError, check_one_tenant
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.tenancy import TenantMixError, check_one_tenant
 from tests.unit.kubelet_plugin.prepare_support import (
     SHARED_GPU,
     ClaimTable,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute, TenantTrackingDriver
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.tenant_attribute import TenantAttribute, TenantTrackingDriver
 from tests.unit.kubelet_plugin.prepare_support import SHARED_GPU, ClaimTable, Node, share
 
 GPU = f"gpu-{SHARED_GPU}"

@@ -21,12 +21,12 @@ from flexgpu.driver.names import (
     TENANT_TAKEN_CONDITION,
 )
 from flexgpu.driver.node_policy import GpuMode
-from flexgpu.kubelet_plugin.binding_watch import CLAIMS, RESEND_FIRST_S, BindingWatch
-from flexgpu.kubelet_plugin.claim_source import claim_path
-from flexgpu.kubelet_plugin.claim_status import ClaimStatusWriter
-from flexgpu.kubelet_plugin.early_partitions import EarlyPartitions
-from flexgpu.kubelet_plugin.kube_api import ApiError
-from flexgpu.kubelet_plugin.tenant_attribute import TenantAttribute
+from flexgpu.kubelet_plugin.agents.binding_watch import CLAIMS, RESEND_FIRST_S, BindingWatch
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
+from flexgpu.kubelet_plugin.claims.claim_source import claim_path
+from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+from flexgpu.kubelet_plugin.claims.early_partitions import EarlyPartitions
+from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import FakeKubeApi
 from tests.unit.kubelet_plugin.prepare_support import (

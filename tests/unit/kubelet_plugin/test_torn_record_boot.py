@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from flexgpu.kubelet_plugin.claims.spec_facts import read_boot_time
+from flexgpu.kubelet_plugin.claims.startup_reconcile import ReconcileReport, reconcile_at_start
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
-from flexgpu.kubelet_plugin.spec_facts import read_boot_time
-from flexgpu.kubelet_plugin.startup_reconcile import ReconcileReport, reconcile_at_start
 from tests.unit.kubelet_plugin.prepare_support import (
     BOOT_A,
     BOOT_B,

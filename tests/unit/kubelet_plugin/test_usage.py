@@ -15,12 +15,12 @@ from flexgpu.driver.gpu_model import ProcessSample
 from flexgpu.driver.names import mig_device_name
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.sim_usage import USAGE_FILE_NAME
-from flexgpu.kubelet_plugin.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
-from flexgpu.kubelet_plugin.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.pod_cgroup import pod_uid_in
-from flexgpu.kubelet_plugin.usage import UsageSampler
-from flexgpu.kubelet_plugin.usage_metrics import UsageCollector
-from flexgpu.kubelet_plugin.usage_model import UsageSettings
+from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.observe.pod_cgroup import pod_uid_in
+from flexgpu.kubelet_plugin.observe.usage import UsageSampler
+from flexgpu.kubelet_plugin.observe.usage_metrics import UsageCollector
+from flexgpu.kubelet_plugin.observe.usage_model import UsageSettings
 from tests.conftest import wait_for
 
 NODE = "node-a"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from flexgpu.kubelet_plugin.watch_pacing import MAX_RETRY_AFTER_S, WatchPacer
+from flexgpu.kubelet_plugin.api.watch_pacing import MAX_RETRY_AFTER_S, WatchPacer
 
 
 class Clock:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from flexgpu.kubelet_plugin.kube_api import ApiError
-from flexgpu.kubelet_plugin.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.api.kube_api import ApiError
+from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
 from tests.conftest import wait_for
 from tests.unit.kubelet_plugin.fake_kube_api import END, FakeKubeApi
 

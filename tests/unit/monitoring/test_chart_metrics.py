@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from flexgpu.kubelet_plugin.metrics_setup import settings_from_env
+from flexgpu.kubelet_plugin.observe.metrics_setup import settings_from_env
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
 
 CHART = REPO_ROOT / "charts" / "flexgpu"
