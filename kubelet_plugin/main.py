@@ -100,7 +100,7 @@ def start_node(
     from flexgpu.kubelet_plugin.agents.health_monitor import HealthMonitor
     from flexgpu.kubelet_plugin.agents.mig_ownership import MigOwnership
     from flexgpu.kubelet_plugin.agents.policy_agent import PolicyAgent
-    from flexgpu.kubelet_plugin.api.kube_api import KubeConfigError
+    from flexgpu.kubelet_plugin.api.credentials import KubeConfigError
     from flexgpu.kubelet_plugin.api.node_events import NodeEventRecorder
     from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
     from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects

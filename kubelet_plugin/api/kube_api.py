@@ -27,12 +27,11 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from flexgpu.driver.backoff import Backoff
 from flexgpu.kubelet_plugin.api import api_limits as limits
+from flexgpu.kubelet_plugin.api.credentials import KubeConfigError, TokenFile
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-# Bound service-account tokens are refreshed by the kubelet well before they expire.
-TOKEN_REREAD_S: Final = 60.0
 USER_AGENT: Final = "flexgpu-kubelet-plugin"
 # The connection broke under a request: for an idempotent one, worth one more try on a new
 # connection. (A refused or timed-out connection is not: the server is away, callers back off.)
@@ -64,32 +63,9 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
 
-class KubeConfigError(ValueError):
-    """Credentials cannot be built from the kubeconfig or the pod's service account."""
-
-
 def path_of(*segments: str) -> str:
     """An API path from segments, each escaped (names may hold characters URLs reserve)."""
     return "/" + "/".join(quote(s, safe="") for s in segments)
-
-
-class TokenFile:
-    """A bearer token read from a file, re-read periodically so rotation is followed."""
-
-    def __init__(self, path: Path, reread_s: float = TOKEN_REREAD_S) -> None:
-        self._path = path
-        self._reread_s = reread_s
-        self._token = ""
-        self._read_at = -reread_s
-        self._lock = threading.Lock()
-
-    def __call__(self) -> str:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._read_at >= self._reread_s:
-                self._token = self._path.read_text().strip()
-                self._read_at = now
-            return self._token
 
 
 class KubeApi:
@@ -140,7 +116,8 @@ class KubeApi:
             doc = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as err:
             raise KubeConfigError(f"kubeconfig {path}: {err}") from None
-        return from_kubeconfig_doc(doc, path.parent, **options)
+        found = from_kubeconfig_doc(doc, path.parent)
+        return cls(found.server, ssl_context=found.ssl_context, token=found.token, **options)
 
     @classmethod
     def in_cluster(cls, sa_dir: Path = SERVICE_ACCOUNT_DIR, **options: Any) -> KubeApi:

@@ -1,5 +1,5 @@
-"""Building the plugin's API client from a kubeconfig: the server, its CA and one user's
-credentials (token, token file or client certificate). Anything else is refused by name."""
+"""The plugin's credentials from a kubeconfig: the server, its CA and one user's credentials
+(token, token file or client certificate). Anything else is refused by name."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flexgpu.kubelet_plugin.api.kube_api import KubeApi, KubeConfigError, TokenFile
+from flexgpu.kubelet_plugin.api.credentials import Credentials, KubeConfigError, TokenFile
 
 
-def from_kubeconfig_doc(doc: Mapping[str, Any], base: Path, **options: Any) -> KubeApi:
-    """A client for the kubeconfig's current context; options go to KubeApi (qps, burst)."""
+def from_kubeconfig_doc(doc: Mapping[str, Any], base: Path) -> Credentials:
+    """The credentials of the kubeconfig's current context (KubeApi.from_kubeconfig)."""
     context_name = doc.get("current-context")
     if not context_name:
         raise KubeConfigError("kubeconfig: current-context is not set")
@@ -43,7 +43,7 @@ def from_kubeconfig_doc(doc: Mapping[str, Any], base: Path, **options: Any) -> K
         token = lambda: value  # noqa: E731
     elif user.get("tokenFile"):
         token = TokenFile(_resolve(base, str(user["tokenFile"])))
-    return KubeApi(server, ssl_context=context_ssl, token=token, **options)
+    return Credentials(server, ssl_context=context_ssl, token=token)
 
 
 def _resolve(base: Path, name: str) -> Path:

@@ -12,13 +12,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from flexgpu.kubelet_plugin.api.kube_api import (
-    ApiError,
-    KubeApi,
-    KubeConfigError,
-    TokenFile,
-    path_of,
-)
+from flexgpu.kubelet_plugin.api.credentials import KubeConfigError, TokenFile
+from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
 
 
 class Handler(BaseHTTPRequestHandler):
