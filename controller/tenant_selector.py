@@ -1,9 +1,9 @@
 """Mutating admission for shared GPUs: every request for a shared GPU asks for one that is
 free or already serves the claim's namespace.
 
-A shared GPU serves one namespace at a time (kubelet_plugin/tenancy.py refuses the mix in
+A shared GPU serves one namespace at a time (kubelet_plugin/claims/tenancy.py refuses the mix in
 prepare). The plugin publishes each shared GPU's namespace as the attribute ``tenant`` ("" while
-free; kubelet_plugin/tenant_attribute.py). This webhook adds, to every request and
+free; kubelet_plugin/claims/tenant_attribute.py). This webhook adds, to every request and
 ``firstAvailable`` subrequest of a ResourceClaim or ResourceClaimTemplate whose
 ``deviceClassName`` is ``shared-gpu.flexgpu.dev``, the selector::
 

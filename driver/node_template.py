@@ -8,7 +8,7 @@ built the way the plugin builds its slices: a simulated node of the topology (th
 backend), brought into the policy's state as the plugin's policy agent does (MIG mode, the
 layout's instances, ``mig_layout.validate_layout``), each GPU rendered by the plugin's own
 device functions (``resource_slice``, ``mig_devices``) and cut into slices by ``slice_specs``.
-Only the choice of function per GPU mode mirrors ``kubelet_plugin.node_devices``; an
+Only the choice of function per GPU mode mirrors ``kubelet_plugin.devices.node_devices``; an
 integration test compares every template with what a running plugin publishes.
 
 Values only the real node knows (node name, pool generation, GPU UUIDs, PCI addresses, PCIe
@@ -163,7 +163,7 @@ def _render_gpu(
     adopted = plan.mode == GpuMode.WHOLE and gpu.mig_mode is not None and gpu.mig_mode.current
     if (plan.mode == GpuMode.MIG and gpu.mig_capable) or adopted:
         # A GPU already in MIG mode with no mode of its own serves the MIG devices it has,
-        # never itself whole (the plugin's adoption rule, kubelet_plugin/node_devices.py).
+        # never itself whole (the plugin's adoption rule, kubelet_plugin/devices/node_devices.py).
         devices, _ = static_mig_devices(
             gpu, backend.mig_profiles(gpu.index), backend.list_mig_devices(gpu.index)
         )

@@ -97,7 +97,7 @@ def with_tenant(device: SliceDevice, tenant: str, *, binding_conditions: bool) -
     carries binding conditions where the cluster has them: the selector admission adds cannot
     keep two namespaces apart on a GPU that no claim holds yet (claims created at the same
     instant are all allocated before any tenant is published), so the plugin decides which
-    namespace a free GPU goes to before any pod is bound (kubelet_plugin/tenant_binding.py).
+    namespace a free GPU goes to before any pod is bound (kubelet_plugin/claims/tenant_binding.py).
     A held GPU needs none: the selector already keeps other namespaces off it."""
     out: SliceDevice = {
         **device,

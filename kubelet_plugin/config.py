@@ -90,7 +90,7 @@ class PluginConfig(BaseModel):
     health_interval_seconds: float = Field(
         default=DEFAULT_HEALTH_INTERVAL_SECONDS, gt=0, lt=MAX_HEALTH_INTERVAL_SECONDS
     )
-    # /livez and /readyz for the kubelet's probes (kubelet_plugin/health_endpoint.py); None: off.
+    # /livez and /readyz for the kubelet's probes (observe/health_endpoint.py); None: off.
     health_port: int | None = Field(default=None, ge=0, le=65535)
     gpu_backend: Literal["nvml", "simulated"] = "nvml"
     # Built-in topology name or a topology file; required by (and only used with) simulated.

@@ -4,7 +4,7 @@ Two kinds: a whole GPU's daemon, shared by every claim on the GPU (``start``/``s
 index), and the daemon of one claim's MIG devices (``start_mig``/``stop_mig``, keyed by the
 first device's UUID; see ``driver.mps_daemon_spec``). ``BackendMpsDaemons`` lets the GPU
 backend run them (the simulated backend records them; the NVML backend starts them beside the
-plugin). ``kubelet_plugin.mps_pods.MpsDaemonPods`` runs each as a pod of its own, which
+plugin). ``kubelet_plugin.agents.mps_pods.MpsDaemonPods`` runs each as a pod of its own, which
 outlives plugin restarts and upgrades.
 """
 

@@ -12,7 +12,7 @@ nobody watched is repaired within seconds of the server answering again. Errors 
 answers with (a refused write) back off to 30 s. Every call has a client-side timeout, so no
 dead connection can stall either loop.
 
-It talks to the server through kubelet_plugin.kube_api (plain dicts), not the official client,
+It talks to the server through kubelet_plugin.api.kube_api (plain dicts), not the official client,
 whose import alone costs the plugin about 7 MiB.
 """
 

@@ -3,9 +3,9 @@ sets it; unset or 0: no endpoint).
 
 Operations: prepare/unprepare latency and errors by reason, slice publishes and failures,
 health events and Xids, MIG instances created and destroyed, MPS daemons. Usage: per GPU and
-per prepared claim (``kubelet_plugin/usage.py``). Every series carries the ``node`` label, so
-figures read straight from a plugin, or through a Prometheus that does not relabel, still say
-where they come from. The plugin keeps its own registry: the process figures it adds
+per prepared claim (``kubelet_plugin/observe/usage.py``). Every series carries the ``node``
+label, so figures read straight from a plugin, or through a Prometheus that does not relabel,
+still say where they come from. The plugin keeps its own registry: the process figures it adds
 (``process_resident_memory_bytes``...) are the plugin's alone.
 """
 

@@ -20,7 +20,7 @@ from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import NodeError, SimulatedGpuNode
 
 DRIVER = "gpu.flexgpu.dev"
-# The plugin's named steps (kubelet_plugin/preparer.py, FLEXGPU_FAULT_CRASH_AT).
+# The plugin's named steps (kubelet_plugin/claims/preparer.py, FLEXGPU_FAULT_CRASH_AT).
 CRASH_STEPS = (
     "prepare-locked",
     "after-prepare-started",
