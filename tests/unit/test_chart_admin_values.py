@@ -1,13 +1,92 @@
-"""Chart values an admin reaches for on a shared cluster: tolerations for the taints GPU node
-pools carry."""
+"""Chart values an admin reaches for on a shared cluster: the webhooks' failure policies, a
+webhook certificate of one's own, and tolerations for the taints GPU node pools carry."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-from tests.unit.test_chart import find, helm, render
+from tests.unit.test_chart import CHART, find, helm, render
 
 __all__ = ["helm"]  # the fixture, shared with test_chart.py
+
+
+def test_webhook_failure_policies_follow_the_values(helm: Path) -> None:
+    """Defaults are the controller's own (GpuNodePolicy Fail, claims and tenancy Ignore, as
+    test_chart.py checks); each value changes exactly its webhooks, and the result is what the
+    controller would build with the same policies."""
+    from flexgpu.controller.tenant_webhook_config import build_tenant_webhook_configuration
+    from flexgpu.controller.webhook_config import ServiceRef, build_webhook_configuration
+
+    docs = render(
+        helm,
+        "webhook.failurePolicy.gpuNodePolicies=Ignore",
+        "webhook.failurePolicy.claims=Fail",
+        "webhook.failurePolicy.tenancy=Fail",
+    )
+    target = ServiceRef("flexgpu-system", "t-flexgpu-controller", 443)
+    validating = build_webhook_configuration(
+        target, None, name="unused", claim_failure_policy="Fail", policy_failure_policy="Ignore"
+    )
+    mutating = build_tenant_webhook_configuration(
+        target, None, name="unused", failure_policy="Fail"
+    )
+    assert find(docs, "ValidatingWebhookConfiguration")["webhooks"] == validating["webhooks"]
+    assert find(docs, "MutatingWebhookConfiguration")["webhooks"] == mutating["webhooks"]
+
+
+def test_bad_failure_policy_is_refused(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "t", str(CHART), "--set", "webhook.failurePolicy.claims=No"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "/webhook/failurePolicy/claims" in result.stderr
+
+
+def test_own_webhook_secret_is_mounted_and_the_controller_gets_no_secret_rights(helm: Path) -> None:
+    """With ``webhook.tls.secretName`` the controller serves the admin's certificate from the
+    mounted Secret (re-read on change, ``ca.crt`` into the caBundle), makes no Secret of its
+    own and may neither read, create nor update any."""
+    docs = render(helm, "webhook.tls.secretName=corp-webhook-tls")
+    pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--webhook-cert-dir=/etc/flexgpu/webhook-tls" in args
+    assert not any(a.startswith("--webhook-secret-") for a in args)
+    assert {"name": "webhook-tls", "secret": {"secretName": "corp-webhook-tls"}} in pod["volumes"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "webhook-tls", "mountPath": "/etc/flexgpu/webhook-tls", "readOnly": True} in (
+        mounts
+    )
+    role = find(docs, "Role", "t-flexgpu-controller")
+    assert not [r for r in role["rules"] if "secrets" in r["resources"]]
+    policy = find(docs, "ValidatingAdmissionPolicy", "controller-own-secret-and-lease")
+    assert "webhook-tls" not in policy["spec"]["variables"][0]["expression"]
+    assert not [d for d in docs if d["kind"] in ("Certificate", "Issuer")]
+
+
+def test_own_webhook_secret_and_cert_manager_together_are_refused(helm: Path) -> None:
+    result = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "t",
+            str(CHART),
+            "--api-versions",
+            "cert-manager.io/v1",
+            "--set",
+            "webhook.tls.secretName=corp-webhook-tls",
+            "--set",
+            "webhook.certManager.enabled=true",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "webhook.tls.secretName and webhook.certManager.enabled" in result.stderr
 
 
 def test_plugin_tolerates_the_taints_of_gpu_node_pools(helm: Path) -> None:
