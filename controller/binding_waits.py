@@ -58,15 +58,18 @@ def _stamp(when: datetime) -> str:
 
 
 def _what(condition: str) -> str:
-    """What the plugin does before it sets ``condition``, and what to look at."""
+    """When the plugin sets ``condition``, and what its log says."""
     if condition == PARTITION_READY_CONDITION:
-        return "creates the MIG partition; its log says whether creating it failed or is slow"
+        return (
+            f"{condition} once it has created the MIG partition (its log says whether "
+            "creating it failed or is slow)"
+        )
     if condition == TENANT_READY_CONDITION:
         return (
-            "decides which namespace the shared GPU serves (its tenant); its log has the "
-            "tenant decision for the GPU and any refused status write"
+            f"{condition} once it has decided which namespace the shared GPU serves (its log "
+            "has the GPU's tenant decision and any refused status write)"
         )
-    return "sets the condition; its log says why it has not"
+    return f"{condition} (its log says why it has not)"
 
 
 def _devices(bindings: tuple[DeviceBinding, ...]) -> str:
@@ -85,12 +88,11 @@ def _devices(bindings: tuple[DeviceBinding, ...]) -> str:
 def _advice(bindings: tuple[DeviceBinding, ...], claim_key: str) -> str:
     nodes = sorted({b.pool for b in bindings})
     conditions = sorted({c for b in bindings for c in b.pending})
-    things = " ".join(f"Before {c} it {_what(c)}." for c in conditions)
     return (
-        f"flexgpu's kubelet plugin on node {', '.join(nodes)} sets these once the device is "
-        f"ready: {things} Check that the flexgpu kubelet plugin pod on "
-        f"{'that node' if len(nodes) == 1 else 'those nodes'} is running, and its log for "
-        f"claim {claim_key}. The scheduler gives up after its binding timeout (600 s by "
+        f"flexgpu's kubelet plugin on node {', '.join(nodes)} sets "
+        f"{', and '.join(_what(c) for c in conditions)}. Check that the flexgpu kubelet plugin "
+        f"pod on {'that node' if len(nodes) == 1 else 'those nodes'} is running, and its log "
+        f"for claim {claim_key}. The scheduler gives up after its binding timeout (600 s by "
         "default) and schedules the pod again."
     )
 
@@ -110,15 +112,17 @@ def wait_message(
     conditions are pending; ``pod``: the pod's view, else the claim's."""
     bindings = claim.binding_pending
     when = _since(since, wall, claim.allocated_at is not None)
+    several = len(bindings) > 1 or any(len(b.pending) > 1 for b in bindings)
+    what = f"binding condition{'s' if several else ''} {_devices(bindings)}"
     if pod is not None:
         head = (
             f"Pod {pod.key} is not bound to a node yet: the scheduler waits for flexgpu's "
-            f"binding condition {_devices(bindings)} (claim {claim.model.key}, {when})."
+            f"{what} (claim {claim.model.key}, {when})."
         )
     else:
         head = (
-            f"Claim {claim.model.key} waits for flexgpu's binding condition "
-            f"{_devices(bindings)} ({when}); the pods using it are not bound until then."
+            f"Claim {claim.model.key} waits for flexgpu's {what} ({when}); the pods using it "
+            "are not bound until then."
         )
     return f"{head} {_advice(bindings, claim.model.key)}"
 

@@ -1,5 +1,5 @@
 """Pods held for flexgpu's binding conditions: parsing, who gets an Event and when, when
-tracking ends, the metric."""
+tracking ends, the metric, and what ``flexgpu explain`` says."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from controller_builders import NOW, claim, device_classes, load, pod, request, stamp
 from prometheus_client import CollectorRegistry, generate_latest
 
-from flexgpu.controller import active, metrics
+from flexgpu.controller import active, cli_explain, metrics
 from flexgpu.controller.binding_waits import REASON, BindingWaits
+from flexgpu.controller.cli_cluster import ClusterRead
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.events import EventTarget
@@ -233,10 +234,15 @@ def test_a_change_of_what_it_waits_for_is_told_again() -> None:
     waits, sink, clock = _waits()
     waits.run_pass(snapshot([waiting("c", result(MIG), result(MIG2))]), NOW)
     assert MIG in sink.events[0][3] and MIG2 in sink.events[0][3]
+    assert "flexgpu's binding conditions " in sink.events[0][3]
     clock.now += 10
     half = waiting("c", result(MIG), result(MIG2), devices=[entry(MIG, PARTITION_READY_CONDITION)])
     assert waits.run_pass(snapshot([half]), NOW).emitted == 2
     assert MIG not in sink.events[2][3] and MIG2 in sink.events[2][3]
+    assert (
+        f"flexgpu's binding condition {PARTITION_READY_CONDITION} of device {MIG2}"
+        in (sink.events[2][3])
+    )
     assert sink.events[2][4] is False
 
 
@@ -382,3 +388,45 @@ def test_the_grace_period_is_a_flag() -> None:
     assert config_from_args(build_parser().parse_args([])).binding_grace_s == 60
     args = build_parser().parse_args(["--binding-grace", "90"])
     assert config_from_args(args).binding_grace_s == 90
+
+
+# --- flexgpu explain --------------------------------------------------------------------------
+
+
+def _read(claims: list[Any], pods: list[Any]) -> ClusterRead:
+    return ClusterRead(snapshot(claims, pods))
+
+
+def test_explain_claim_says_what_it_waits_for_since_when() -> None:
+    read = _read([waiting(allocated_s_ago=150)], [pod("p", "c"), pod("q", "c", node_name="x")])
+    [finding] = cli_explain.explain_claim(read, read.snapshot.claims["ns/c"], NOW)
+    assert finding.state == "BindingPending" and finding.blocked
+    assert finding.devices == [f"h100/{MIG}"] and finding.nodes == ["h100"]
+    assert f"{PARTITION_READY_CONDITION} of device {MIG} on node h100" in finding.message
+    assert "allocated at 2026-01-01T11:57:30Z, 2m ago" in finding.message
+    assert finding.message.endswith("Pods waiting: ns/p.")
+
+
+def test_explain_inside_the_grace_period_is_not_blocked_and_met_is_allocated() -> None:
+    read = _read([waiting(allocated_s_ago=5)], [pod("p", "c")])
+    [young] = cli_explain.explain_claim(read, read.snapshot.claims["ns/c"], NOW)
+    assert young.state == "BindingPending" and not young.blocked
+    read = _read([waiting(devices=[entry(MIG, PARTITION_READY_CONDITION)])], [pod("p", "c")])
+    [met] = cli_explain.explain_claim(read, read.snapshot.claims["ns/c"], NOW)
+    assert met.state == "Allocated" and not met.blocked
+    assert "binding condition" not in met.message
+    # Conditions not met but no pod without a node: nothing waits for them.
+    read = _read([waiting()], [pod("p", "c", node_name="h100")])
+    [bound] = cli_explain.explain_claim(read, read.snapshot.claims["ns/c"], NOW)
+    assert bound.state == "Allocated" and not bound.blocked
+
+
+def test_explain_pod_says_what_it_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_explain, "_events", lambda *_: [])
+    raw = pod("p", "c", age_s=200)
+    read = _read([waiting(allocated_s_ago=3600)], [raw])
+    [finding] = cli_explain.explain_pod(None, read, raw, NOW)  # type: ignore[arg-type]
+    assert finding.state == "BindingPending" and finding.blocked and finding.entry == "c0"
+    assert "Pod ns/p is not bound to a node yet" in finding.message
+    assert f"{PARTITION_READY_CONDITION} of device {MIG} on node h100" in finding.message
+    assert "1h ago" in finding.message
