@@ -29,11 +29,11 @@ from flexgpu.driver.names import mig_device_name
 from flexgpu.driver.nvml_backend import NvmlBackend
 from flexgpu.driver.nvml_readonly import ReadOnlyNvml
 from flexgpu.driver.readonly_backend import ReadOnlyBackend
-from flexgpu.driver.resource_slice import render_whole_gpus
+from flexgpu.driver.resource_slice import render_node_gpus
 
 
 def published_devices(inventory: NodeInventory) -> list[dict[str, Any]]:
-    devices: list[dict[str, Any]] = render_whole_gpus([entry.gpu for entry in inventory.gpus])
+    devices: list[dict[str, Any]] = render_node_gpus([entry.gpu for entry in inventory.gpus])
     for entry in inventory.gpus:
         for profile in entry.mig_profiles:
             for placement in profile.placements:
