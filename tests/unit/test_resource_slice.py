@@ -7,7 +7,7 @@ import pytest
 from flexgpu.driver.gpu_model import GpuInfo, HealthState, MigMode
 from flexgpu.driver.resource_slice import (
     chunk_devices,
-    render_whole_gpus,
+    render_node_gpus,
     semver,
     slice_specs,
     whole_gpu_device,
@@ -84,7 +84,7 @@ def test_unknown_numa_and_root_are_omitted_not_invented() -> None:
 
 def test_unhealthy_gpus_are_not_published_and_order_is_by_index() -> None:
     gpus = [_gpu(2), _gpu(0), _gpu(1, health=HealthState.UNHEALTHY)]
-    assert [d["name"] for d in render_whole_gpus(gpus)] == ["gpu-0", "gpu-2"]
+    assert [d["name"] for d in render_node_gpus(gpus)] == ["gpu-0", "gpu-2"]
 
 
 def test_chunking_respects_the_per_slice_device_limits() -> None:
