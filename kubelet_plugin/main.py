@@ -231,6 +231,7 @@ def start_node(
             failure_s=config.partition_failure_seconds,
             records=records,
             tenants_changed=tenants.update,
+            requeue=publisher.publish_again,
         )
         tenants.held = binding.tenants.holders
         binding.start()

@@ -144,6 +144,18 @@ class SlicePublisher:
             self._generation += 1
         self._reconciler.poke()
 
+    def publish_again(self) -> None:
+        """Writes every slice of the pool again under a new generation, content unchanged.
+
+        The scheduler retries the pods it found unschedulable on any ResourceSlice update
+        and on little else: the binding watch asks for this once the pods it told
+        TenantReady have left the scheduler's PreBind (binding_watch.REQUEUE_AFTER_S)."""
+        with self._lock:
+            if self._content_key is None:
+                return
+            self._generation += 1
+        self._reconciler.poke()
+
     @property
     def last_error(self) -> str | None:
         """Why the last reconcile pass failed; None after one that worked."""

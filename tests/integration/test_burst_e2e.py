@@ -66,7 +66,7 @@ def _template(kind: str) -> dict[str, Any]:
         }
     else:
         exactly = {"deviceClassName": "gpu.flexgpu.dev"}
-    return {"spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}}
+    return {"spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}}}
 
 
 def _create_burst(api: Any, namespace: str, counts: dict[str, int]) -> list[tuple[str, str]]:
@@ -104,6 +104,33 @@ def _unschedulable(api: Any, namespace: str) -> dict[str, str]:
         if event.reason == "FailedScheduling" and event.involved_object.kind == "Pod":
             found[event.involved_object.name] = event.message or ""
     return found
+
+
+def _report(api: Any, namespace: str) -> str:
+    """Each pod's phase, node and last scheduling message, and each claim's allocation and
+    status conditions: what a failure needs to be understood."""
+    reasons = _unschedulable(api, namespace)
+    lines = []
+    for pod in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
+        name = pod.metadata.name
+        lines.append(
+            f"{name}: {pod.status.phase} node={pod.spec.node_name} {reasons.get(name, '')}"
+        )
+    for claim in client.ResourceV1Api(api).list_namespaced_resource_claim(namespace).items:
+        results = claim.status.allocation.devices.results if claim.status.allocation else []
+        entries = (
+            [
+                (e.device, [(c.type, c.status) for c in e.conditions or []])
+                for e in claim.status.devices or []
+            ]
+            if claim.status
+            else []
+        )
+        lines.append(
+            f"claim {claim.metadata.name}: "
+            f"{[(r.device, r.binding_conditions) for r in results or []]} {entries}"
+        )
+    return "\n".join(lines)
 
 
 def _sim_instances(node: SimulatedGpuNode) -> list[dict[str, Any]]:
@@ -155,11 +182,13 @@ def test_an_over_subscribed_burst_runs_what_fits_and_the_rest_waits_with_a_reaso
     pods = _create_burst(api, namespace, counts)
     shares = [name for name, kind in pods if kind == "share"]
     # Fractions that fit (15 x 4Gi of an 80 GB GPU) never wait behind claims that do not.
-    wait_for(
-        lambda: all(_phases(api, namespace).get(p) == "Running" for p in shares),
-        timeout_s=RUNS_WITHIN_S,
-        what="every fraction Running",
-    )
+    deadline = time.monotonic() + RUNS_WITHIN_S
+    while not all(_phases(api, namespace).get(p) == "Running" for p in shares):
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"fractions still waiting after {RUNS_WITHIN_S} s:\n{_report(api, namespace)}"
+            )
+        time.sleep(0.2)
 
     # Whatever else runs runs, the rest is reported unschedulable.
     def settled() -> dict[str, str] | None:
