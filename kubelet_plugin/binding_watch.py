@@ -71,6 +71,7 @@ class BindingWatch:
         records: Callable[[], Iterable[ClaimRecord]] = tuple,
         tenants_changed: Callable[[], object] = lambda: None,
         requeue: Callable[[], None] = lambda: None,
+        step: Callable[[str, str], None] = lambda name, uid: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._node = node_name
@@ -87,6 +88,8 @@ class BindingWatch:
         self._devices = devices
         self._republish = republish
         self._requeue = requeue
+        # Named steps, as prepare's (crash tests SIGKILL the plugin there).
+        self._step = step
         # When the node's slices are written again for pods found unschedulable meanwhile.
         self._requeue_at: float | None = None
         self._failure_s = failure_s
@@ -302,6 +305,8 @@ class BindingWatch:
             self._tenants_changed()  # reads the records again: only when holders changed
         for decision in decisions:
             claim = decision.claim
+            # Decided, not yet written: a restart decides again from the claims and records.
+            self._step("tenant-decided", claim.uid)
             log.info(
                 "claim %s/%s: shared GPU %s",
                 claim.namespace,

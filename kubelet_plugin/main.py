@@ -232,6 +232,7 @@ def start_node(
             records=records,
             tenants_changed=tenants.update,
             requeue=publisher.publish_again,
+            step=preparer.step,
         )
         tenants.held = binding.tenants.holders
         binding.start()
