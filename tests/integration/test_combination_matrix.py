@@ -42,6 +42,7 @@ import pytest
 from allpairspy import AllPairs
 from kubernetes import client
 
+from flexgpu.controller.tenant_selector import tenant_expression
 from flexgpu.driver.sim_backend import SimulatedBackend
 from tests.conftest import target_minor, wait_for
 from tests.integration.gpu_workloads import (
@@ -66,6 +67,8 @@ STATIC_GPUS = (6, 7)
 BURST = 16
 SHARE = "4Gi"
 SETTLE_S = 120
+# The words of prepare's refusal of a shared GPU that serves another namespace.
+TENANT_REFUSAL = "serves one namespace at a time"
 # Pods a burst of each kind runs at least (the node's capacity for it).
 FITS = {"whole": 2, "mig": 14, "static-mig": 14, "fraction": 16}
 
@@ -230,7 +233,7 @@ def plugin(node: SimulatedGpuNode) -> Plugin:
 # -- one row --------------------------------------------------------------------------------
 
 
-def _request(kind: str) -> dict[str, Any]:
+def _request(kind: str, namespace: str) -> dict[str, Any]:
     if kind == "whole":
         # Only whole GPUs 4-5: the on-demand GPUs' partitions and the shared GPUs are other
         # rows' (CEL keeps the row's claims off them).
@@ -257,6 +260,8 @@ def _request(kind: str) -> dict[str, Any]:
         exactly = {
             "deviceClassName": "shared-gpu.flexgpu.dev",
             "capacity": {"requests": {"memory": SHARE}},
+            # What the controller's tenancy webhook adds (no controller runs here).
+            "selectors": [{"cel": {"expression": tenant_expression(namespace)}}],
         }
     return {"name": "g", "exactly": exactly}
 
@@ -292,8 +297,8 @@ def _config(config: str) -> list[dict[str, Any]]:
     ]
 
 
-def _template(row: Row) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": [_request(row.kind)]}
+def _template(row: Row, namespace: str) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [_request(row.kind, namespace)]}
     if configs := _config(row.config):
         devices["config"] = [{**c, "requests": ["g"]} for c in configs]
     return {"metadata": {"name": "t"}, "spec": {"spec": {"devices": devices}}}
@@ -303,12 +308,13 @@ def _phases(api: Any, namespace: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items}
 
 
-def _unschedulable(api: Any, namespace: str) -> dict[str, str]:
+def _events(api: Any, namespace: str, reason: str) -> dict[str, str]:
+    """Pod -> the message of an Event of ``reason`` recorded on it."""
     events = client.CoreV1Api(api).list_namespaced_event(namespace).items
     return {
         e.involved_object.name: e.message or ""
         for e in events
-        if e.reason == "FailedScheduling" and e.involved_object.kind == "Pod"
+        if e.reason == reason and e.involved_object.kind == "Pod"
     }
 
 
@@ -365,7 +371,7 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
     try:
         for ns in namespaces:
             core.create_namespace({"metadata": {"name": ns}})
-            resources.create_namespaced_resource_claim_template(ns, _template(row))
+            resources.create_namespaced_resource_claim_template(ns, _template(row, ns))
         for i, ns in itertools.product(range(per_namespace), namespaces):
             pod = make_pod(
                 f"p{i}",
@@ -385,7 +391,8 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
         def settled() -> dict[tuple[str, str], str] | None:
             out = {}
             for ns in namespaces:
-                reasons = _unschedulable(api, ns)
+                reasons = _events(api, ns, "FailedScheduling")
+                refusals = _events(api, ns, "FailedPrepareDynamicResources")
                 for name, pod in _phases(api, ns).items():
                     if (ns, name) in deleted:
                         continue
@@ -393,13 +400,24 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
                         out[(ns, name)] = "Running"
                     elif not pod.spec.node_name and "cannot allocate" in reasons.get(name, ""):
                         out[(ns, name)] = "Unschedulable"
+                    elif TENANT_REFUSAL in refusals.get(name, ""):
+                        out[(ns, name)] = "Refused"
                     else:
                         return None
             return out
 
         outcome = wait_for(settled, timeout_s=SETTLE_S, what=f"row {row.id} settled")
         running = [key for key, state in outcome.items() if state == "Running"]
-        wanted = min(FITS[row.kind], per_namespace * len(namespaces) - len(deleted))
+        refused = [key for key, state in outcome.items() if state == "Refused"]
+        # Prepare refuses a mix of namespaces on one shared GPU only where nothing decided
+        # the GPU's tenant before binding: binding conditions off (1.34/1.35), claims of two
+        # namespaces allocated in the same instant (docs/security-shared-gpus.md).
+        if refused:
+            assert (row.kind, row.tenancy, row.binding) == ("fraction", "two", "off"), (
+                row.id,
+                refused,
+            )
+        wanted = min(FITS[row.kind], per_namespace * len(namespaces) - len(deleted)) - len(refused)
         assert len(running) >= wanted, (row.id, outcome)
         for ns, name in running:
             _check_container(node, ns, name, row)
