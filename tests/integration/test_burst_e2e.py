@@ -26,6 +26,7 @@ from tests.integration.gpu_workloads import (
     env_from_log,
     granted,
     make_pod,
+    scheduling_report,
 )
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
@@ -106,33 +107,6 @@ def _unschedulable(api: Any, namespace: str) -> dict[str, str]:
     return found
 
 
-def _report(api: Any, namespace: str) -> str:
-    """Each pod's phase, node and last scheduling message, and each claim's allocation and
-    status conditions: what a failure needs to be understood."""
-    reasons = _unschedulable(api, namespace)
-    lines = []
-    for pod in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
-        name = pod.metadata.name
-        lines.append(
-            f"{name}: {pod.status.phase} node={pod.spec.node_name} {reasons.get(name, '')}"
-        )
-    for claim in client.ResourceV1Api(api).list_namespaced_resource_claim(namespace).items:
-        results = claim.status.allocation.devices.results if claim.status.allocation else []
-        entries = (
-            [
-                (e.device, [(c.type, c.status) for c in e.conditions or []])
-                for e in claim.status.devices or []
-            ]
-            if claim.status
-            else []
-        )
-        lines.append(
-            f"claim {claim.metadata.name}: "
-            f"{[(r.device, r.binding_conditions) for r in results or []]} {entries}"
-        )
-    return "\n".join(lines)
-
-
 def _sim_instances(node: SimulatedGpuNode) -> list[dict[str, Any]]:
     state = json.loads((node.data_dir / "simulated-gpus.json").read_text())
     return [i for g in state["gpus"] for i in g["mig_instances"]]
@@ -185,9 +159,8 @@ def test_an_over_subscribed_burst_runs_what_fits_and_the_rest_waits_with_a_reaso
     deadline = time.monotonic() + RUNS_WITHIN_S
     while not all(_phases(api, namespace).get(p) == "Running" for p in shares):
         if time.monotonic() > deadline:
-            pytest.fail(
-                f"fractions still waiting after {RUNS_WITHIN_S} s:\n{_report(api, namespace)}"
-            )
+            report = scheduling_report(api, namespace)
+            pytest.fail(f"fractions still waiting after {RUNS_WITHIN_S} s:\n{report}")
         time.sleep(0.2)
 
     # Whatever else runs runs, the rest is reported unschedulable.

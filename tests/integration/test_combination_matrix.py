@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from tests.integration.gpu_workloads import (
     env_from_log,
     granted,
     make_pod,
+    scheduling_report,
 )
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
@@ -406,7 +408,12 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
                         return None
             return out
 
-        outcome = wait_for(settled, timeout_s=SETTLE_S, what=f"row {row.id} settled")
+        deadline = time.monotonic() + SETTLE_S
+        while (outcome := settled()) is None:
+            if time.monotonic() > deadline:
+                report = "\n".join(scheduling_report(api, ns) for ns in namespaces)
+                pytest.fail(f"row {row.id} not settled after {SETTLE_S} s:\n{report}")
+            time.sleep(0.2)
         running = [key for key, state in outcome.items() if state == "Running"]
         refused = [key for key, state in outcome.items() if state == "Refused"]
         # Prepare refuses a mix of namespaces on one shared GPU only where nothing decided
