@@ -8,8 +8,9 @@ every real deployment: the chart sets neither) nothing here does anything.
   stops the plugin at start, naming the entry. The NVML backend ignores it.
 - ``FLEXGPU_FAULT_CRASH_AT=<step>``: the plugin SIGKILLs itself when a prepare or unprepare
   reaches the named step (``ClaimPreparerImpl``'s steps, e.g. ``after-prepare-started``,
-  ``early-ready``, and the binding watch's ``tenant-decided``), exactly as an OOM kill or a node shutdown would interrupt it, so the crash
-  tests can check what start-up reconcile makes of each step. Any backend.
+  ``early-ready``, and the binding watch's ``tenant-decided``), exactly as an OOM kill or a
+  node shutdown would interrupt it, so the crash tests can check what start-up reconcile
+  makes of each step. Any backend.
 
 The variables are read when the plugin starts; the parser of the first lives with the scripted
 failures it sets (``driver/sim_faults.py``), which the core library keeps free of environment

@@ -221,6 +221,25 @@ class Plugin:
         self.node.plugin_args, self.node.plugin_env = args, env
         self.node.start_plugin()
         self.current = (args, env)
+        # Claims allocated against the last plugin's slices would carry its binding
+        # conditions, which a plugin with them off never decides.
+        wanted = row.binding == "on"
+        wait_for(
+            lambda: self.conditions_published() == wanted,
+            timeout_s=60,
+            what=f"slices published with binding conditions {row.binding}",
+        )
+
+    def conditions_published(self) -> bool:
+        """Whether the shared GPU gpu-2 is published with binding conditions (free)."""
+        listed = client.ResourceV1Api(self.node.api).list_resource_slice(
+            field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}"
+        )
+        for item in listed.items:
+            for device in item.spec.devices or []:
+                if device.name == "gpu-2":
+                    return bool(device.binding_conditions)
+        return False
 
     def kill_and_start(self) -> None:
         self.node.stop_plugin(signal.SIGKILL)

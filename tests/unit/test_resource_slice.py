@@ -123,6 +123,29 @@ def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
     assert not contains({"name": "1k"}, {"name": "1000"})
 
 
+def test_a_field_the_plugin_no_longer_sets_must_be_gone_from_the_server() -> None:
+    """A restarted plugin compares the slices it finds with what it wants: binding conditions
+    it no longer publishes (feature off, the GPU's tenant published), a taint cleared or an
+    attribute dropped still on the server mean a write, while fields the server adds do not."""
+    from flexgpu.kubelet_plugin.slice_publisher import contains
+
+    want = {"devices": [{"name": "gpu-2", "attributes": {"tenant": {"string": ""}}}]}
+    held = {"devices": [{"name": "gpu-2", "attributes": {"tenant": {"string": ""}}}]}
+    assert contains(held, want)
+    stale = {"bindingConditions": ["gpu.flexgpu.dev/TenantReady"]}
+    assert not contains({"devices": [{**held["devices"][0], **stale}]}, want)
+    tainted = {"taints": [{"key": "gpu.flexgpu.dev/xid", "effect": "NoSchedule"}]}
+    assert not contains({"devices": [{**held["devices"][0], **tainted}]}, want)
+    extra = {"name": "gpu-2", "attributes": {"tenant": {"string": ""}, "old": {"int": 1}}}
+    assert not contains({"devices": [extra]}, want)
+    # Defaults inside what we set (a taint's timeAdded) are the server's to add.
+    want_taint = {"devices": [{"name": "gpu-2", "taints": [{"key": "k", "effect": "None"}]}]}
+    got_taint = {
+        "devices": [{"name": "gpu-2", "taints": [{"key": "k", "effect": "None", "timeAdded": "t"}]}]
+    }
+    assert contains(got_taint, want_taint)
+
+
 def test_a_1_34_server_gets_each_counter_set_beside_its_consumers() -> None:
     from flexgpu.driver.mig_devices import counter_set, dynamic_mig_devices
     from flexgpu.driver.sim_backend import SimulatedBackend
