@@ -11,7 +11,7 @@ export FLEXGPU_K8S := $(K8S)
 # -rs prints every skip with its reason (a test of a feature the release lacks included).
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
-.PHONY: setup system-deps test-deps venv control-plane nvml-mock lint test test-unit test-integration test-core demo demo-down \
+.PHONY: setup system-deps test-deps venv control-plane nvml-mock lint test test-unit test-gpu test-integration test-core demo demo-down \
         cluster-up cluster-down bench clean protos helm-tools nvidia-ctk node nvidia-driver \
         karpenter test-autoscale
 
@@ -94,6 +94,10 @@ test: setup test-deps karpenter lint
 
 test-unit: venv test-deps
 	@$(PYTEST) -m "not integration"
+
+# The read-only check of a real GPU through NVIDIA's NVML (tests/gpu); elsewhere it skips, saying why.
+test-gpu: venv
+	@$(PYTEST) -m gpu tests/gpu
 
 test-integration: setup test-deps karpenter
 	@$(PYTEST) -m integration

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import urllib3
+import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -28,6 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_BUILD = REPO / "tools" / "example-driver" / "build.sh"
 DEVICES = 8
 START_TIMEOUT_S = 60.0
+# The bench's node: eight whole H100s. hgx-h100-8 starts GPUs 6 and 7 in MIG mode, which
+# flexgpu publishes as MIG devices only (what a GPU already is is adopted), so the bench runs
+# on a copy of it with MIG off everywhere (whole_gpu_topology).
+TOPOLOGY = "hgx-h100-8"
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,23 @@ class PluginSpec:
     env: dict[str, str] | None = None
 
 
+def whole_gpu_topology(root: Path) -> Path:
+    """A copy of TOPOLOGY with every GPU out of MIG mode, written under ``root``; fails,
+    naming the topology, when it has fewer than DEVICES GPUs."""
+    source = REPO / "driver" / "topologies" / f"{TOPOLOGY}.yaml"
+    doc = yaml.safe_load(source.read_text())
+    gpus = doc.get("gpus") or []
+    if len(gpus) < DEVICES:
+        raise StartFailed(f"topology {TOPOLOGY} has {len(gpus)} GPUs; the bench needs {DEVICES}")
+    for gpu in gpus:
+        gpu.pop("migEnabled", None)
+    doc["name"] = f"{TOPOLOGY}-whole"
+    path = root / f"{TOPOLOGY}-whole.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> PluginSpec:
     return PluginSpec(
         label="flexgpu",
@@ -53,7 +75,7 @@ def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> Plu
             "-m",
             "flexgpu.kubelet_plugin.main",
             "--gpu-backend=simulated",
-            "--topology=hgx-h100-8",
+            f"--topology={whole_gpu_topology(root)}",
             f"--node-name={node}",
             f"--kubeconfig={kubeconfig}",
             f"--registry-dir={root}/reg",
@@ -126,6 +148,8 @@ class SliceWatch:
         self._selector = f"spec.driver={spec.driver},spec.nodeName={node}"
         self._wanted = {f"gpu-{i}" for i in range(DEVICES)}
         self.seen_at: float | None = None
+        # The devices the node's slices held last: what a failure reports.
+        self.last_seen: set[str] = set()
         self._stopped = False
         self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -155,10 +179,15 @@ class SliceWatch:
                 devices.pop(name, None)
             else:
                 devices[name] = {d.name for d in (obj.spec.devices or [])}
-            if self._wanted <= set().union(*devices.values()):
+            self.last_seen = set().union(*devices.values())
+            if self._wanted <= self.last_seen:
                 self.seen_at = time.perf_counter()
                 self._watch.stop()
                 return
+
+    @property
+    def wanted(self) -> set[str]:
+        return set(self._wanted)
 
     def wait(self, timeout_s: float) -> float | None:
         self._thread.join(timeout_s)
@@ -225,10 +254,14 @@ class RunningPlugin:
         prepared = self._first_prepare(probe, began + START_TIMEOUT_S)
         listed = slices.wait(max(1.0, START_TIMEOUT_S - (time.perf_counter() - began)))
         if listed is None:
-            print(
+            # The bench measures a node of DEVICES whole GPUs: a topology or plugin that no
+            # longer publishes them is a broken bench, not a slow start.
+            seen = sorted(slices.last_seen)
+            missing = sorted(slices.wanted - slices.last_seen)
+            raise StartFailed(
                 f"{self.spec.label}: slices with gpu-0..gpu-{DEVICES - 1} not listed within "
-                f"{START_TIMEOUT_S:.0f}s of exec; log {self.component.log_path}",
-                flush=True,
+                f"{START_TIMEOUT_S:.0f}s of exec (missing {missing}; listed {seen[:12]}); "
+                f"log {self.component.log_path}"
             )
         return StartTimes(
             serving - began,

@@ -39,6 +39,7 @@ from bench.compare_table import (
 from bench.load import LoadResult, run_cycles
 from bench.plugins import (
     DEVICES,
+    TOPOLOGY,
     RunningPlugin,
     StartFailed,
     StartTimes,
@@ -322,10 +323,16 @@ def main() -> int:
                 plugin.stop()
     print(
         "\nflexgpu kubelet plugin vs sigs.k8s.io/dra-example-driver v0.4.0 kubelet plugin, "
-        f"{DEVICES} simulated GPUs each, one control plane, ratio = flexgpu / example\n"
+        f"{DEVICES} simulated GPUs each (flexgpu: {TOPOLOGY} with MIG off), one control "
+        "plane, ratio = flexgpu / example\n"
     )
     print(render(rows(figures["flexgpu"], figures["example"])))
     explain(figures, args, load_before)
+    failed = [label for label, f in figures.items() if len(f.starts) < args.starts]
+    if failed:
+        # Figures of a plugin that did not start are n/a: the run measured nothing for it.
+        print(f"FAILED: {', '.join(failed)} did not start every time (see above)", flush=True)
+        return 1
     return 0
 
 

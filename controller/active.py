@@ -1,5 +1,6 @@
-"""The leader's work, one pass per tick: diagnostics for pending claims, pool metrics and the
-controller's part of GpuNodePolicy status.
+"""The leader's work, one pass per tick: diagnostics for pending claims, Events for pods held
+by flexgpu's binding conditions, pool metrics and the controller's part of GpuNodePolicy
+status.
 
 Every replica keeps the cache warm (the watches run everywhere), so a replica that becomes
 leader acts at its next tick instead of after a full re-list. A pass starts only while the
@@ -17,6 +18,7 @@ from typing import Final
 from kubernetes import client
 
 from flexgpu.controller import metrics, policy_status
+from flexgpu.controller.binding_waits import BindingWaits
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.driver.backoff import Backoff
@@ -35,10 +37,12 @@ class ActiveWork:
         api: client.ApiClient,
         is_leader: Callable[[], bool],
         *,
+        binding_waits: BindingWaits | None = None,
         tick_s: float = TICK_S,
     ) -> None:
         self._state = state
         self._diagnostics = diagnostics
+        self._binding_waits = binding_waits
         self._api = api
         self._is_leader = is_leader
         self._pending_clock = metrics.PendingClock()
@@ -57,6 +61,8 @@ class ActiveWork:
 
     def _demote(self) -> None:
         self._diagnostics.forget()
+        if self._binding_waits is not None:
+            self._binding_waits.forget()
         self._pending_clock = metrics.PendingClock()
         metrics.POOL.update(None)
 
@@ -74,7 +80,12 @@ class ActiveWork:
         snapshot = self._state.snapshot()
         wall = datetime.now(UTC)
         result = self._diagnostics.run_pass(snapshot, wall)
-        metrics.POOL.update(metrics.pool_figures(snapshot, wall, result.unsatisfiable))
+        binding = None
+        if self._binding_waits is not None:
+            binding = self._binding_waits.run_pass(snapshot, wall).by_condition
+        metrics.POOL.update(
+            metrics.pool_figures(snapshot, wall, result.unsatisfiable, binding_pending=binding)
+        )
         self._pending_clock.update(snapshot, wall)
         if self._state.synced(("policies",)) and self._is_leader():
             patches = policy_status.desired_patches(snapshot.policies, snapshot.nodes, wall)

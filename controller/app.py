@@ -11,6 +11,7 @@ from kubernetes import client
 
 from flexgpu.controller import kube, metrics
 from flexgpu.controller.active import ActiveWork
+from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.events import EventRecorder
@@ -38,6 +39,8 @@ class ControllerConfig:
     idle_check_s: float = 60.0
     # ownerReference for the Lease (controller/owner.py): it goes with the Deployment.
     owner: dict[str, Any] | None = None
+    # How long a pod may wait for flexgpu's binding conditions before it gets an Event.
+    binding_grace_s: float = DEFAULT_GRACE_S
 
 
 class Controller:
@@ -59,8 +62,17 @@ class Controller:
             recheck_s=config.recheck_s,
             reemit_s=config.reemit_s,
         )
+        self.binding_waits = BindingWaits(
+            EventRecorder(work_api, config.identity),
+            grace_s=config.binding_grace_s,
+            reemit_s=config.reemit_s,
+        )
         self.work = ActiveWork(
-            self.state, self.diagnostics, work_api, lambda: self.elector.is_leader
+            self.state,
+            self.diagnostics,
+            work_api,
+            lambda: self.elector.is_leader,
+            binding_waits=self.binding_waits,
         )
         self._reflectors: list[Reflector] = []
         self.idle: IdleClaimNotifier | None = None

@@ -4,9 +4,11 @@ satisfied, or where they are. Without a name: every waiting pod with claims in t
 
 For each claim of the target it says one of: allocated (and, for a pod bound to a node,
 whether the node prepared it or why not: the plugin's message from the kubelet's
-``FailedPrepareDynamicResources`` Event), waiting to be created (or refused: a missing or
-rejected ResourceClaimTemplate, from the ``FailedResourceClaimCreation`` Event), cannot be
-allocated and why (the controller's own evaluation), or can be allocated. The exit status is
+``FailedPrepareDynamicResources`` Event; for a pod not bound yet, which of flexgpu's binding
+conditions on which device of which node the scheduler still waits for, and since when),
+waiting to be created (or refused: a missing or rejected ResourceClaimTemplate, from the
+``FailedResourceClaimCreation`` Event), cannot be allocated and why (the controller's own
+evaluation), or can be allocated. The exit status is
 ``ExitCode.UNSATISFIED`` when any claim is blocked, so a script can tell.
 """
 
@@ -15,11 +17,13 @@ from __future__ import annotations
 import argparse
 import textwrap
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final
 
 from kubernetes import client
 
+from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, wait_message, waiting_pods
 from flexgpu.controller.cli_cluster import ClusterRead, read_cluster
 from flexgpu.controller.cli_options import (
     CliError,
@@ -153,6 +157,28 @@ def _allocated(claim: CachedClaim) -> Finding:
     )
 
 
+def _binding(
+    finding: Finding,
+    claim: CachedClaim,
+    wall: datetime,
+    *,
+    pod: PodRecord | None = None,
+    pods: list[PodRecord] | None = None,
+) -> None:
+    """An allocated claim whose pod is not bound yet: which of flexgpu's binding conditions
+    the scheduler still waits for. Blocked once past the controller's grace period, when it
+    records GpuBindingConditionPending too; a shorter wait is the scheduler's usual poll.
+    ``pods``: the claim's pods without a node; none, and nothing waits for the conditions."""
+    if not claim.binding_pending or (pods is not None and not pods):
+        return
+    finding.state = "BindingPending"
+    finding.message += " " + wait_message(claim, claim.allocated_at, wall, pod=pod)
+    if pods:
+        finding.message += f" Pods waiting: {', '.join(p.key for p in pods)}."
+    since = claim.allocated_at
+    finding.blocked = since is not None and (wall - since).total_seconds() >= DEFAULT_GRACE_S
+
+
 def _evaluated(read: ClusterRead, claim: CachedClaim, pod: PodRecord | None) -> Finding:
     snapshot = read.snapshot
     # Without node objects a pod's node selector cannot be checked: explain the claim alone.
@@ -252,8 +278,12 @@ def _missing(
 
 
 def explain_pod(
-    connection: Connection, read: ClusterRead, raw_pod: dict[str, Any]
+    connection: Connection,
+    read: ClusterRead,
+    raw_pod: dict[str, Any],
+    wall: datetime | None = None,
 ) -> list[Finding]:
+    wall = wall or datetime.now(UTC)
     pod = pod_record(raw_pod)
     meta = raw_pod.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
@@ -270,6 +300,8 @@ def explain_pod(
             finding = _allocated(claim)
             if pod.node_name:
                 _on_node(finding, pod, raw_pod, events)
+            else:
+                _binding(finding, claim, wall, pod=pod)
         elif pod.node_name:
             finding = Finding(
                 claim.model.name,
@@ -293,9 +325,13 @@ def explain_pod(
     return findings
 
 
-def explain_claim(read: ClusterRead, claim: CachedClaim) -> list[Finding]:
+def explain_claim(
+    read: ClusterRead, claim: CachedClaim, wall: datetime | None = None
+) -> list[Finding]:
     if claim.allocated:
-        return [_allocated(claim)]
+        finding = _allocated(claim)
+        _binding(finding, claim, wall or datetime.now(UTC), pods=waiting_pods(read.snapshot, claim))
+        return [finding]
     waiting = next(
         (
             p

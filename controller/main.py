@@ -26,6 +26,7 @@ import kopf
 from flexgpu.controller import kube
 from flexgpu.controller.admission_server import add_webhook_arguments, options_from_args
 from flexgpu.controller.app import Controller, ControllerConfig
+from flexgpu.controller.binding_waits import DEFAULT_GRACE_S
 from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.owner import deployment_owner
@@ -78,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_REEMIT_S,
         metavar="SECONDS",
         help="repeat an unchanged diagnosis Event after this long (default 1800)",
+    )
+    parser.add_argument(
+        "--binding-grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="SECONDS",
+        help="record GpuBindingConditionPending once a pod has waited this long for flexgpu's "
+        f"binding conditions (Kubernetes 1.36+; default {DEFAULT_GRACE_S:.0f})",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=8080, help="Prometheus endpoint port; 0 turns it off"
@@ -149,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         pending_delay_s=args.pending_delay,
         recheck_s=args.recheck_interval,
         reemit_s=args.reemit_interval,
+        binding_grace_s=args.binding_grace,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),

@@ -42,6 +42,11 @@ DIAGNOSTIC_EVENTS: Final = Counter(
     "GpuClaimUnsatisfiable Events recorded, by the kind of object they are on",
     ["kind"],
 )
+BINDING_WAIT_EVENTS: Final = Counter(
+    "flexgpu_binding_wait_events",
+    "GpuBindingConditionPending Events recorded, by the kind of object they are on",
+    ["kind"],
+)
 EXPLAIN_SECONDS: Final = Histogram(
     "flexgpu_explain_duration_seconds",
     "Time to explain one pending claim",
@@ -87,6 +92,8 @@ class PoolFigures:
     pending: int = 0
     oldest_pending_s: float = 0.0
     unsatisfiable: int = 0
+    # binding condition -> claims whose pods wait for it past the grace period
+    binding_pending: Mapping[str, int] = field(default_factory=dict)
 
 
 def _by_pool(
@@ -109,7 +116,12 @@ def _by_pool(
         yield pool, pools[pool], holders.get(pool, []), taken.get(pool, set())
 
 
-def pool_figures(snapshot: Snapshot, wall: datetime, unsatisfiable: int = 0) -> PoolFigures:
+def pool_figures(
+    snapshot: Snapshot,
+    wall: datetime,
+    unsatisfiable: int = 0,
+    binding_pending: Mapping[str, int] | None = None,
+) -> PoolFigures:
     devices: list[DeviceRow] = []
     shared: list[SharedRow] = []
     claims = [c.model for c in snapshot.claims.values()]
@@ -137,6 +149,7 @@ def pool_figures(snapshot: Snapshot, wall: datetime, unsatisfiable: int = 0) -> 
         pending=len(waits),
         oldest_pending_s=max(waits, default=0.0),
         unsatisfiable=unsatisfiable,
+        binding_pending=dict(binding_pending or {}),
     )
 
 
@@ -212,7 +225,15 @@ class PoolCollector(Collector):
             "flexgpu_claims_unsatisfiable",
             "Pending claims the evaluator finds no place for (past the diagnostics delay)",
         )
+        binding = GaugeMetricFamily(
+            "flexgpu_claims_binding_pending",
+            "Allocated claims whose pods wait past the grace period for a flexgpu binding "
+            "condition (the node's kubelet plugin has not set it), by condition",
+            labels=["condition"],
+        )
         if figures is not None:
+            for condition, count in sorted(figures.binding_pending.items()):
+                binding.add_metric([condition], count)
             for row in figures.devices:
                 values = [row.node, row.type, row.product, row.profile]
                 families["published"].add_metric(values, row.total)
@@ -229,7 +250,7 @@ class PoolCollector(Collector):
             unsatisfiable.add_metric([], figures.unsatisfiable)
         yield from families.values()
         yield from (family for family, _ in shared.values())
-        yield from (pending, oldest, unsatisfiable)
+        yield from (pending, oldest, unsatisfiable, binding)
 
 
 POOL: Final = PoolCollector()

@@ -22,6 +22,7 @@ from flexgpu.driver.allocation import (
     parse_slice,
 )
 from flexgpu.driver.allocation.model import NodeSelector, Taint, Toleration, parse_node_selector
+from flexgpu.driver.names import DRIVER_NAME
 
 
 def parse_time(text: Any) -> datetime | None:
@@ -48,6 +49,22 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class DeviceBinding:
+    """One of flexgpu's allocated devices that has binding conditions (KEP-5007): which of
+    them are not True yet in the claim's ``status.devices``, and which failure conditions are."""
+
+    pool: str  # flexgpu names a node's pool after the node
+    device: str
+    share_id: str  # "" for a device allocated whole
+    pending: tuple[str, ...]  # binding conditions not True yet
+    failed: tuple[str, ...] = ()  # binding failure conditions that are True
+
+    @property
+    def name(self) -> str:
+        return f"{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True)
 class CachedClaim:
     """A ResourceClaim in the controller's cache (not the plugin's checkpoint ClaimRecord)."""
 
@@ -57,10 +74,27 @@ class CachedClaim:
     # Where an allocated claim landed: the node selector the scheduler wrote (as text).
     allocation_nodes: tuple[str, ...] = ()
     reserved_for: tuple[str, ...] = ()
+    # status.allocation.allocationTimestamp; None when the server did not write it.
+    allocated_at: datetime | None = None
+    # flexgpu's allocated devices that carry binding conditions, with what they wait for.
+    bindings: tuple[DeviceBinding, ...] = ()
 
     @property
     def allocated(self) -> bool:
         return self.model.allocation is not None
+
+    @property
+    def binding_failed(self) -> bool:
+        """A failure condition is True: the scheduler sends the claim back, it waits no more."""
+        return any(b.failed for b in self.bindings)
+
+    @property
+    def binding_pending(self) -> tuple[DeviceBinding, ...]:
+        """The devices whose binding conditions the scheduler still waits for (none once a
+        failure condition is set: the pod goes back to be scheduled again)."""
+        if not self.allocated or self.binding_failed:
+            return ()
+        return tuple(b for b in self.bindings if b.pending)
 
 
 @dataclass(frozen=True)
@@ -98,6 +132,67 @@ class PodRecord:
         return [f"{self.namespace}/{ref.claim}" for ref in self.claims if ref.claim]
 
 
+def _strings(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(s for s in value if isinstance(s, str) and s)
+
+
+def _true_conditions(status: Mapping[str, Any]) -> dict[tuple[str, str, str], set[str]]:
+    """(pool, device, share ID) -> the condition types True in the claim's status.devices
+    entries of flexgpu's devices; entries of any other shape are skipped."""
+    true: dict[tuple[str, str, str], set[str]] = {}
+    entries = status.get("devices")
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, Mapping) or entry.get("driver") != DRIVER_NAME:
+            continue
+        key = (str(entry.get("pool") or ""), str(entry.get("device") or ""), _share(entry))
+        conditions = entry.get("conditions")
+        for condition in conditions if isinstance(conditions, list) else ():
+            if isinstance(condition, Mapping) and condition.get("status") == "True":
+                true.setdefault(key, set()).add(str(condition.get("type") or ""))
+    return true
+
+
+def _share(entry: Mapping[str, Any]) -> str:
+    share = entry.get("shareID")
+    return str(share) if share else ""
+
+
+def device_bindings(status: Any) -> tuple[DeviceBinding, ...]:
+    """flexgpu's allocated devices with binding conditions, read from a claim's status. Never
+    raises: what does not have the API's shape is left out."""
+    if not isinstance(status, Mapping):
+        return ()
+    allocation = status.get("allocation")
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not isinstance(results, list):
+        return ()
+    true = _true_conditions(status)
+    bindings = []
+    for result in results:
+        if not isinstance(result, Mapping) or result.get("driver") != DRIVER_NAME:
+            continue
+        conditions = _strings(result.get("bindingConditions"))
+        if not conditions:
+            continue
+        key = (str(result.get("pool") or ""), str(result.get("device") or ""), _share(result))
+        met = true.get(key, set())
+        bindings.append(
+            DeviceBinding(
+                pool=key[0],
+                device=key[1],
+                share_id=key[2],
+                pending=tuple(c for c in conditions if c not in met),
+                failed=tuple(
+                    c for c in _strings(result.get("bindingFailureConditions")) if c in met
+                ),
+            )
+        )
+    return tuple(bindings)
+
+
 def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
     model = parse_claim(obj)
     classes = {spec.device_class for request in model.requests for spec in request.alternatives()}
@@ -117,6 +212,10 @@ def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
         device_classes=frozenset(classes),
         allocation_nodes=tuple(nodes),
         reserved_for=reserved,
+        allocated_at=parse_time(
+            allocation.get("allocationTimestamp") if isinstance(allocation, Mapping) else None
+        ),
+        bindings=device_bindings(status),
     )
 
 

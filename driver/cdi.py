@@ -8,10 +8,10 @@ container that names one request of a claim gets that request's devices and no o
 Each CDI device carries its own device nodes and one environment variable whose name is its
 own (``FLEXGPU_DEVICE_<claim UID>_<device>``), so a container that uses several claims sees
 every claim's devices: no variable is set by two claims with different values. The edits every
-GPU container needs (driver libraries and programs, hooks, control device nodes) come from
-NVIDIA's generator at plugin start and sit at spec level, applied once per spec; they set
-``NVIDIA_VISIBLE_DEVICES=void``, as every spec does, so an NVIDIA runtime hook on the node adds
-nothing of its own and CDI alone decides what a container gets.
+GPU container needs (the NVIDIA driver's libraries and programs, hooks, control device nodes)
+come from NVIDIA's generator at plugin start and sit at spec level, applied once per spec; they
+set ``NVIDIA_VISIBLE_DEVICES=void``, as every spec does, so an NVIDIA runtime hook on the node
+adds nothing of its own and CDI alone decides what a container gets.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VISIBLE_DEVICES_VOID = "void"
 ENV_DEVICE_PREFIX = "FLEXGPU_DEVICE_"
 ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
-ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 # Specs written before one CDI device per allocated device (read when rebuilding state).
-LEGACY_ENV_CLAIM_UID = "FLEXGPU_CLAIM_UID"
 LEGACY_ENV_CLAIM_NAMESPACE = "FLEXGPU_CLAIM_NAMESPACE"
 LEGACY_ENV_CLAIM_NAME = "FLEXGPU_CLAIM_NAME"
 LEGACY_ENV_DEVICES = "FLEXGPU_DEVICES"
@@ -182,8 +180,8 @@ def minimum_cdi_version(spec: Mapping[str, Any]) -> str:
 
 
 def common_edits(driver_edits: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The spec-level edits: the driver's (from NVIDIA's generator), with the NVIDIA runtime
-    told to add nothing."""
+    """The spec-level edits: the NVIDIA driver's (from NVIDIA's generator), with the NVIDIA
+    runtime told to add nothing."""
     edits = json.loads(json.dumps(dict(driver_edits or {})))  # a deep copy
     env = [e for e in edits.get("env") or [] if not str(e).startswith(f"{ENV_VISIBLE_DEVICES}=")]
     edits["env"] = [*env, f"{ENV_VISIBLE_DEVICES}={VISIBLE_DEVICES_VOID}"]
@@ -196,8 +194,8 @@ def render_claim_spec(
     driver_edits: Mapping[str, Any] | None = None,
     boot_id: str = "",
 ) -> dict[str, Any]:
-    """The spec for one claim: one CDI device per allocated device, the driver's edits at
-    spec level; ``boot_id`` names the boot it is written in (device_env_value)."""
+    """The spec for one claim: one CDI device per allocated device, the NVIDIA driver's edits
+    at spec level; ``boot_id`` names the boot it is written in (device_env_value)."""
     cdi_devices = []
     for device in devices:
         own = device_env_name(claim.uid, device.device_name, device.share_id)

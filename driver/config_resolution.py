@@ -137,14 +137,6 @@ def config_applies_to_device(config: OpaqueConfig, device_type: DeviceType) -> b
     return isinstance(config, GpuConfig)
 
 
-def check_config_for_device(
-    config: OpaqueConfig, *, request: str, device_type: DeviceType, device_name: str
-) -> None:
-    """Raise ``ConfigResolutionError`` if ``config`` cannot configure the device."""
-    if not config_applies_to_device(config, device_type):
-        raise ConfigResolutionError([wrong_kind_message(config, request, device_type, device_name)])
-
-
 def wrong_kind_message(
     config: OpaqueConfig,
     request: str,

@@ -162,10 +162,6 @@ def render_node_gpus(gpus: Sequence[GpuInfo], shared: Collection[int] = ()) -> l
     ]
 
 
-def render_whole_gpus(gpus: Sequence[GpuInfo]) -> list[SliceDevice]:
-    return render_node_gpus(gpus)
-
-
 def check_device(device: SliceDevice) -> None:
     """Raises ValueError naming the device and limit when the API would reject it."""
     count = len(device.get("attributes", {})) + len(device.get("capacity", {}))

@@ -57,21 +57,20 @@ class FaultPlan:
 
 def parse_fault_spec(text: str) -> list[tuple[str, int]]:
     """``create_mig_device:3,set_mig_mode`` -> [("create_mig_device", 3), ("set_mig_mode", 1)]:
-    what FLEXGPU_FAULT_FAIL asks of a plugin on the simulated backend (fault tests). A bad
-    entry raises ValueError naming it and what is allowed."""
+    the failures a fault test asks of a plugin on the simulated backend (the plugin reads the
+    text from its environment in ``kubelet_plugin/fault_injection.py``). A bad entry raises
+    ValueError naming it and what is allowed."""
     plan: list[tuple[str, int]] = []
     allowed = backend_operations()
     for entry in filter(None, (e.strip() for e in text.split(","))):
         operation, _, count = entry.partition(":")
         if operation not in allowed:
             raise ValueError(
-                f"FLEXGPU_FAULT_FAIL: unknown operation {operation!r}; allowed values: "
-                f"{', '.join(sorted(allowed))}"
+                f"unknown operation {operation!r}; allowed values: {', '.join(sorted(allowed))}"
             )
         if count and not (count.isdigit() and int(count) >= 1):
             raise ValueError(
-                f"FLEXGPU_FAULT_FAIL: count of {operation} must be a whole number of at least "
-                f"1, got {count!r}"
+                f"count of {operation} must be a whole number of at least 1, got {count!r}"
             )
         plan.append((operation, int(count) if count else 1))
     return plan

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 
@@ -59,13 +58,6 @@ class SimulatedGpuLoad(_Model):
 
 class SimulatedUsage(_Model):
     gpus: dict[int, SimulatedGpuLoad] = {}
-
-
-def write_usage(path: Path, usage: SimulatedUsage) -> None:
-    """Replaces the file atomically, so the reader never sees half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(usage.model_dump_json(by_alias=True, exclude_none=True))
-    os.replace(tmp, path)
 
 
 class UsageFile:

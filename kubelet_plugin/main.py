@@ -41,21 +41,15 @@ class StartupFailed(RuntimeError):
 
 def make_backend(config: PluginConfig) -> GpuBackend:
     if config.gpu_backend == "simulated":
-        from flexgpu.driver.backend_errors import GpuBackendError
         from flexgpu.driver.sim_backend import SimulatedBackend
-        from flexgpu.driver.sim_faults import parse_fault_spec
+        from flexgpu.kubelet_plugin.fault_injection import arm_backend_failures
 
         assert config.topology is not None  # enforced by PluginConfig
         sim = SimulatedBackend.from_topology(
             config.topology, config.node_name, state_path=config.data_dir / "simulated-gpus.json"
         )
         # Fault tests: the simulated GPUs fail the next calls of the named operations.
-        try:
-            faults = parse_fault_spec(os.environ.get("FLEXGPU_FAULT_FAIL", ""))
-        except ValueError as err:
-            raise GpuBackendError(str(err)) from None
-        for operation, count in faults:
-            sim.faults.fail_next(operation, count)
+        arm_backend_failures(sim.faults)
         return sim
     from flexgpu.driver.nvml_backend import NvmlBackend
 
@@ -112,6 +106,7 @@ def start_node(
     from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute, TenantTrackingDriver
     from flexgpu.kubelet_plugin.devices.driver_edits import DriverEditsError
     from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+    from flexgpu.kubelet_plugin.fault_injection import crash_step
     from flexgpu.kubelet_plugin.observe.metrics_settings import (
         MetricsSettingError,
         settings_from_env,
@@ -166,7 +161,7 @@ def start_node(
         store=store,
         lock=lock,
         cdi_dir=config.cdi_dir,
-        crash_at=os.environ.get("FLEXGPU_FAULT_CRASH_AT") or None,
+        crash_at=crash_step(),
         status=status,
         driver_edits=driver_edits,
     )
@@ -239,6 +234,8 @@ def start_node(
             failure_s=config.partition_failure_seconds,
             records=records,
             tenants_changed=tenants.update,
+            requeue=publisher.publish_again,
+            step=preparer.step,
         )
         tenants.held = binding.tenants.holders
         binding.start()

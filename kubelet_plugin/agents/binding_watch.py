@@ -47,6 +47,14 @@ BUSY_RETRY_S = 0.5
 # waiting, and a refused one is not sent again on every pass.
 RESEND_FIRST_S = 5.0
 RESEND_MAX_S = 60.0
+# After a free shared GPU is given to a namespace (TenantReady), the node's slices are written
+# again once this long has passed. Why: while a pod waits in the scheduler's PreBind for a
+# binding condition, Kubernetes 1.37's scheduler counts its claim's consumed capacity twice
+# (the claim is both allocated in its informer's view and still "in flight"), so for those
+# seconds a shared GPU looks fuller than it is and fractions that fit are found
+# unschedulable; nothing but a ResourceSlice update (or the scheduler's 5-minute flush)
+# retries them. The scheduler checks binding conditions every 5 s: 7 s covers that poll.
+REQUEUE_AFTER_S = 7.0
 
 
 class BindingWatch:
@@ -62,6 +70,8 @@ class BindingWatch:
         failure_s: float,
         records: Callable[[], Iterable[ClaimRecord]] = tuple,
         tenants_changed: Callable[[], object] = lambda: None,
+        requeue: Callable[[], None] = lambda: None,
+        step: Callable[[str, str], None] = lambda name, uid: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._node = node_name
@@ -77,6 +87,11 @@ class BindingWatch:
         self._status = status
         self._devices = devices
         self._republish = republish
+        self._requeue = requeue
+        # Named steps, as prepare's (crash tests SIGKILL the plugin there).
+        self._step = step
+        # When the node's slices are written again for pods found unschedulable meanwhile.
+        self._requeue_at: float | None = None
         self._failure_s = failure_s
         self._clock = clock
         self._wake = threading.Event()
@@ -133,7 +148,10 @@ class BindingWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(BUSY_RETRY_S if self._busy else TICK_S)
+            wait = BUSY_RETRY_S if self._busy else TICK_S
+            if self._requeue_at is not None:
+                wait = max(0.0, min(wait, self._requeue_at - self._clock()))
+            self._wake.wait(wait)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -229,6 +247,17 @@ class BindingWatch:
                 self._taint()
         self._resend_unseen(claims, told)
         self._expire()
+        self._requeue_due()
+
+    def _requeue_due(self) -> None:
+        if self._requeue_at is None or self._clock() < self._requeue_at:
+            return
+        self._requeue_at = None
+        log.info(
+            "shared GPUs given to namespaces: the node's slices are written again so that the "
+            "scheduler retries fractions it found unschedulable while those pods waited"
+        )
+        self._requeue()
 
     def _resend_unseen(self, claims: Mapping[str, ClaimView], told: Mapping[str, set[str]]) -> None:
         """Writes again, paced, the outcomes not yet seen on the watch whose write is no
@@ -276,6 +305,8 @@ class BindingWatch:
             self._tenants_changed()  # reads the records again: only when holders changed
         for decision in decisions:
             claim = decision.claim
+            # Decided, not yet written: a restart decides again from the claims and records.
+            self._step("tenant-decided", claim.uid)
             log.info(
                 "claim %s/%s: shared GPU %s",
                 claim.namespace,
@@ -285,6 +316,11 @@ class BindingWatch:
                 else f"serves namespace {claim.namespace}",
             )
             self._write(claim, decision.statuses)
+            if not decision.taken:
+                # Its pod leaves PreBind within the scheduler's next poll; then (see
+                # REQUEUE_AFTER_S) the pods found unschedulable meanwhile are retried.
+                due = self._clock() + REQUEUE_AFTER_S
+                self._requeue_at = max(self._requeue_at or due, due)
         return {c.uid for c in claims if self.tenants.sent_back(c.uid)}
 
     def _write(self, claim: ClaimView, statuses: Sequence[DeviceStatus]) -> None:

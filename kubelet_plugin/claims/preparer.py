@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from flexgpu.kubelet_plugin.claims.sharing import SharingError, SharingPlan
 from flexgpu.kubelet_plugin.claims.sharing_setup import SharingSetupError, apply_sharing
 from flexgpu.kubelet_plugin.claims.tenancy import ONE_NAMESPACE, SharedGpuTenants, TenantMixError
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.fault_injection import crash_if_at
 from flexgpu.kubelet_plugin.kubeletplugin import (
     ClaimRef,
     PreparedDevice,
@@ -110,7 +110,7 @@ class ClaimPreparerImpl:
         self.on_unprepared: Callable[[], None] | None = None
         # Called as (step, claim uid) at each named step; tests use it to force interleavings.
         self.on_step: Callable[[str, str], None] | None = None
-        # Fault injection for crash tests (FLEXGPU_FAULT_CRASH_AT): SIGKILL ourselves at a
+        # Fault injection for crash tests (fault_injection.py): SIGKILL ourselves at this
         # named step, exactly as an OOM kill or node shutdown would interrupt us.
         self._crash_at = crash_at
         self._claims = claims
@@ -466,9 +466,7 @@ class ClaimPreparerImpl:
     def _step(self, step: str, uid: str) -> None:
         if self.on_step is not None:
             self.on_step(step, uid)
-        if self._crash_at == step:
-            log.warning("fault injection: SIGKILL at %s", step)
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_if_at(self._crash_at, step)
 
     def _device(self, allocated: AllocatedDevice) -> CdiDevice:
         device = self.devices.resolve(allocated.device)

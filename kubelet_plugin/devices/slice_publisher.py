@@ -57,13 +57,36 @@ SLICES = path_of("apis", "resource.k8s.io", "v1", "resourceslices")
 _QUANTITY_KEYS = frozenset({"value", "default", "min", "max", "step", "validValues"})
 
 
+# A device's fields the plugin alone sets and the server never defaults: one the plugin no
+# longer sets (binding conditions once a GPU's tenant is published or the feature is off, a
+# taint cleared, a share setting) must be gone from the server too, or a restarted plugin would
+# leave it there forever.
+_OWNED_DEVICE_KEYS = frozenset(
+    {
+        "bindingConditions",
+        "bindingFailureConditions",
+        "bindsToNode",
+        "taints",
+        "allowMultipleAllocations",
+        "consumesCounters",
+    }
+)
+# Maps whose entries are all the plugin's: the same names on both sides.
+_EXACT_MAPS = frozenset({"attributes", "capacity"})
+
+
 def contains(actual: Any, desired: Any, key: str = "") -> bool:
     """True when every field we set is present and equal in what the server holds (the server
-    may add defaults; lists must match element by element)."""
+    may add defaults; lists must match element by element), and no device field or map entry
+    we own is there that we no longer set."""
     if isinstance(desired, dict):
-        return isinstance(actual, dict) and all(
-            k in actual and contains(actual[k], v, k) for k, v in desired.items()
-        )
+        if not isinstance(actual, dict):
+            return False
+        if key in _EXACT_MAPS and actual.keys() != desired.keys():
+            return False
+        if key == "devices" and any(actual.get(k) and k not in desired for k in _OWNED_DEVICE_KEYS):
+            return False
+        return all(k in actual and contains(actual[k], v, k) for k, v in desired.items())
     if isinstance(desired, list):
         return (
             isinstance(actual, list)
@@ -141,6 +164,18 @@ class SlicePublisher:
             self._devices = list(devices)
             self._counters = list(shared_counters)
             self._content_key = key
+            self._generation += 1
+        self._reconciler.poke()
+
+    def publish_again(self) -> None:
+        """Writes every slice of the pool again under a new generation, content unchanged.
+
+        The scheduler retries the pods it found unschedulable on any ResourceSlice update
+        and on little else: the binding watch asks for this once the pods it told
+        TenantReady have left the scheduler's PreBind (binding_watch.REQUEUE_AFTER_S)."""
+        with self._lock:
+            if self._content_key is None:
+                return
             self._generation += 1
         self._reconciler.poke()
 

@@ -210,3 +210,34 @@ def default_chart_image() -> str:
     image = yaml.safe_load((REPO / "charts/flexgpu/values.yaml").read_text())["image"]
     registry = f"{image['registry']}/" if image.get("registry") else ""
     return f"{registry}{image['repository']}:{chart['appVersion']}"
+
+
+def scheduling_report(api: Any, namespace: str) -> str:
+    """Each pod's phase, node and last scheduling message, and each claim's allocation and
+    status conditions: what a failure needs to be understood."""
+    events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+    reasons: dict[str, str] = {}
+    for event in sorted(events, key=lambda e: str(e.last_timestamp or e.event_time or "")):
+        if event.involved_object.kind == "Pod" and event.type == "Warning":
+            reasons[event.involved_object.name] = f"{event.reason}: {event.message}"
+    lines = []
+    for pod in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
+        name = pod.metadata.name
+        lines.append(
+            f"{name}: {pod.status.phase} node={pod.spec.node_name} {reasons.get(name, '')}"
+        )
+    for claim in client.ResourceV1Api(api).list_namespaced_resource_claim(namespace).items:
+        results = claim.status.allocation.devices.results if claim.status.allocation else []
+        entries = (
+            [
+                (e.device, [(c.type, c.status) for c in e.conditions or []])
+                for e in claim.status.devices or []
+            ]
+            if claim.status
+            else []
+        )
+        lines.append(
+            f"claim {claim.metadata.name}: "
+            f"{[(r.device, r.binding_conditions) for r in results or []]} {entries}"
+        )
+    return "\n".join(lines)

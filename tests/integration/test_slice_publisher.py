@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from flexgpu.driver.names import DRIVER_NAME
-from flexgpu.driver.resource_slice import render_whole_gpus
+from flexgpu.driver.resource_slice import render_node_gpus
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.topology import load_topology
 from flexgpu.kubelet_plugin.api.kube_api import KubeApi
@@ -48,7 +48,7 @@ def published(api: Any, kube: KubeApi, tmp_path: Path) -> Iterator[tuple[str, Sl
     create_simulated_node(api, node, labels={"flexgpu.dev/test": "publisher"})
     backend = SimulatedBackend(load_topology("hgx-h100-8"), node, state_path=tmp_path / "s.json")
     publisher = SlicePublisher(kube, node, resync_interval_s=5)
-    publisher.set_devices(render_whole_gpus(backend.list_gpus()))
+    publisher.set_devices(render_node_gpus(backend.list_gpus()))
     publisher.start()
     yield node, publisher
     publisher.stop()
@@ -205,7 +205,7 @@ def test_published_content_is_stable_for_every_topology(
             load_topology(topology), node, state_path=tmp_path / f"{topology}.json"
         )
         publisher = SlicePublisher(kube, node, resync_interval_s=5)
-        publisher.set_devices(render_whole_gpus(backend.list_gpus()))
+        publisher.set_devices(render_node_gpus(backend.list_gpus()))
         publisher.start()
         try:
             wait_for(lambda n=node: _our_slices(api, n), what=f"{topology} slices")
@@ -230,7 +230,7 @@ def test_slices_return_within_5s_of_an_apiserver_restart(tmp_path: Path) -> None
         publisher = SlicePublisher(
             KubeApi.from_kubeconfig(plane.kubeconfig), node, resync_interval_s=30
         )
-        publisher.set_devices(render_whole_gpus(backend.list_gpus()))
+        publisher.set_devices(render_node_gpus(backend.list_gpus()))
         publisher.start()
         try:
             first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]

@@ -46,7 +46,7 @@ def real_node(cluster: ControlPlane) -> Iterator[RealNode]:
         node.cleanup()
 
 
-def install_plugin(node: RealNode, image: str) -> Any:
+def install_plugin(node: RealNode, image: str, shared_gpus: str = SHARED_GPUS) -> Any:
     chart.install(
         node,
         release=RELEASE,
@@ -57,7 +57,7 @@ def install_plugin(node: RealNode, image: str) -> Any:
             "--set-string",
             f"kubeletPlugin.dynamicMigGpus={DYNAMIC_MIG_GPUS}",
             "--set-string",
-            f"kubeletPlugin.sharedGpus={SHARED_GPUS}",
+            f"kubeletPlugin.sharedGpus={shared_gpus}",
         ),
     )
     return chart.wait_plugin_serving(node, PLUGIN_NAMESPACE, image=image)

@@ -27,6 +27,11 @@ CRASH_STEPS = (
     "after-devices-created",
     "after-cdi-written",
     "unprepare-locked",
+    # Binding conditions (1.36+): a partition made before binding, a shared GPU's tenant.
+    "early-recorded",
+    "early-created",
+    "early-ready",
+    "tenant-decided",
 )
 _CRASHED = "fault injection: SIGKILL at"
 

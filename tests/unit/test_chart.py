@@ -130,7 +130,9 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         for r in rule["resources"]
         if set(rule["verbs"]) & {"create", "update", "patch", "delete"}
     }
-    assert writes == {"resourceslices", "resourceclaims/status"}
+    # Its node's slices, its claims' status.devices (a merge patch) and its own entry of a
+    # GpuNodePolicy's status.nodes (admission policies narrow each to its node).
+    assert writes == {"resourceslices", "resourceclaims/status", "gpunodepolicies/status"}
     # Events: only in namespace default (where Events about Nodes go), and the admission
     # policy limits them to the plugin's own Node.
     events = find(docs, "Role", "kubelet-plugin-node-events")

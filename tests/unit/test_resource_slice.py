@@ -7,7 +7,7 @@ import pytest
 from flexgpu.driver.gpu_model import GpuInfo, HealthState, MigMode
 from flexgpu.driver.resource_slice import (
     chunk_devices,
-    render_whole_gpus,
+    render_node_gpus,
     semver,
     slice_specs,
     whole_gpu_device,
@@ -84,7 +84,7 @@ def test_unknown_numa_and_root_are_omitted_not_invented() -> None:
 
 def test_unhealthy_gpus_are_not_published_and_order_is_by_index() -> None:
     gpus = [_gpu(2), _gpu(0), _gpu(1, health=HealthState.UNHEALTHY)]
-    assert [d["name"] for d in render_whole_gpus(gpus)] == ["gpu-0", "gpu-2"]
+    assert [d["name"] for d in render_node_gpus(gpus)] == ["gpu-0", "gpu-2"]
 
 
 def test_chunking_respects_the_per_slice_device_limits() -> None:
@@ -121,6 +121,29 @@ def test_quantities_compare_by_value_as_the_server_canonicalises_them() -> None:
     assert not contains({"capacity": {"memory": {"value": "41Gi"}}, "name": "gpu-0"}, desired)
     # Only quantity fields compare by value; a name never does.
     assert not contains({"name": "1k"}, {"name": "1000"})
+
+
+def test_a_field_the_plugin_no_longer_sets_must_be_gone_from_the_server() -> None:
+    """A restarted plugin compares the slices it finds with what it wants: binding conditions
+    it no longer publishes (feature off, the GPU's tenant published), a taint cleared or an
+    attribute dropped still on the server mean a write, while fields the server adds do not."""
+    from flexgpu.kubelet_plugin.devices.slice_publisher import contains
+
+    want = {"devices": [{"name": "gpu-2", "attributes": {"tenant": {"string": ""}}}]}
+    held = {"devices": [{"name": "gpu-2", "attributes": {"tenant": {"string": ""}}}]}
+    assert contains(held, want)
+    stale = {"bindingConditions": ["gpu.flexgpu.dev/TenantReady"]}
+    assert not contains({"devices": [{**held["devices"][0], **stale}]}, want)
+    tainted = {"taints": [{"key": "gpu.flexgpu.dev/xid", "effect": "NoSchedule"}]}
+    assert not contains({"devices": [{**held["devices"][0], **tainted}]}, want)
+    extra = {"name": "gpu-2", "attributes": {"tenant": {"string": ""}, "old": {"int": 1}}}
+    assert not contains({"devices": [extra]}, want)
+    # Defaults inside what we set (a taint's timeAdded) are the server's to add.
+    want_taint = {"devices": [{"name": "gpu-2", "taints": [{"key": "k", "effect": "None"}]}]}
+    got_taint = {
+        "devices": [{"name": "gpu-2", "taints": [{"key": "k", "effect": "None", "timeAdded": "t"}]}]
+    }
+    assert contains(got_taint, want_taint)
 
 
 def test_a_1_34_server_gets_each_counter_set_beside_its_consumers() -> None:

@@ -3,6 +3,7 @@ on free loopback ports, with client-certificate auth, RBAC and ServiceAccount to
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -193,6 +194,8 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={sched_port}",
                 *gates,
+                # To read the scheduler's decisions while a test runs (5: the DRA plugin's).
+                *_verbosity("FLEXGPU_SCHEDULER_VERBOSITY"),
             ],
         )
 
@@ -326,3 +329,9 @@ class ControlPlane:
         }
         path.write_text(yaml.safe_dump(doc))
         path.chmod(0o600)
+
+
+def _verbosity(variable: str) -> list[str]:
+    """``--v=N`` from the environment variable, if set (a number)."""
+    value = os.environ.get(variable, "")
+    return [f"--v={int(value)}"] if value.strip() else []

@@ -64,6 +64,18 @@ to install, instead of a failed install halfway (helm template: pass --api-versi
 {{- define "flexgpu.pluginName" -}}{{ include "flexgpu.fullname" . }}-kubelet-plugin{{- end -}}
 {{- define "flexgpu.controllerName" -}}{{ include "flexgpu.fullname" . }}-controller{{- end -}}
 {{- define "flexgpu.webhookSecret" -}}{{ include "flexgpu.fullname" . }}-webhook-tls{{- end -}}
+{{/* The Secret the controller mounts its webhook certificate from: cert-manager's, or the
+admin's own (webhook.tls.secretName); "": the controller makes its own and keeps it in
+flexgpu.webhookSecret (then, and only then, it may touch that Secret). */}}
+{{- define "flexgpu.webhookMountedSecret" -}}
+{{- if .Values.webhook.enabled -}}
+{{- if and .Values.webhook.certManager.enabled .Values.webhook.tls.secretName -}}
+{{- fail "webhook.tls.secretName and webhook.certManager.enabled both say where the webhook's certificate comes from: set one of them" -}}
+{{- else if .Values.webhook.certManager.enabled -}}{{ include "flexgpu.webhookSecret" . }}
+{{- else -}}{{ .Values.webhook.tls.secretName }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- define "flexgpu.webhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-validation{{- end -}}
 {{- define "flexgpu.tenantWebhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-tenancy{{- end -}}
 {{/* The tenancy webhook is rendered (and the controller may write it) when shared GPUs serve

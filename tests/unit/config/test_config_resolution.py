@@ -13,14 +13,20 @@ from flexgpu.driver.config_resolution import (
     ConfigResolutionError,
     ConfigSource,
     DeviceType,
-    check_config_for_device,
     config_applies_to_device,
     default_config,
     parse_config_entries,
     resolve_configs,
     validate_config_entries,
+    wrong_kind_message,
 )
-from flexgpu.driver.opaque_config import GpuConfig, MigConfig, SharingStrategy, parse_opaque_config
+from flexgpu.driver.opaque_config import (
+    GpuConfig,
+    MigConfig,
+    OpaqueConfig,
+    SharingStrategy,
+    parse_opaque_config,
+)
 
 V = "gpu.flexgpu.dev/v1alpha1"
 
@@ -232,9 +238,8 @@ def test_config_applies_to_device(kind: str, device_type: DeviceType, applies: b
     assert config_applies_to_device(config, device_type) is applies
 
 
-def test_check_config_for_device_texts() -> None:
-    check_config_for_device(GpuConfig(), request="gpu", device_type="shared", device_name="gpu-0")
-    cases = [
+def test_wrong_kind_message_texts() -> None:
+    cases: list[tuple[OpaqueConfig, DeviceType, str, str]] = [
         (
             MigConfig(),
             "gpu",
@@ -256,9 +261,8 @@ def test_check_config_for_device_texts() -> None:
         ),
     ]
     for config, device_type, name, text in cases:
-        with pytest.raises(ConfigResolutionError) as caught:
-            check_config_for_device(config, request="r", device_type=device_type, device_name=name)  # type: ignore[arg-type]
-        assert caught.value.problems == [text]
+        assert not config_applies_to_device(config, device_type)
+        assert wrong_kind_message(config, "r", device_type, name) == text
 
 
 def test_unknown_device_type_is_a_programming_error() -> None:

@@ -147,8 +147,8 @@ def test_gpu_check_script_runs_read_only(
     for name in dir(FakeNvml):
         if name.startswith("nvml"):
             monkeypatch.setattr(pynvml, name, getattr(fake, name))
-    script = Path(__file__).resolve().parents[2] / "gpu" / "check_nvml_readonly.py"
-    monkeypatch.setattr("sys.argv", ["check_nvml_readonly.py", "--json"])
+    script = Path(__file__).resolve().parents[2] / "gpu" / "test_nvml_readonly.py"
+    monkeypatch.setattr("sys.argv", ["test_nvml_readonly.py", "--json"])
     with pytest.raises(SystemExit) as exited:
         runpy.run_path(str(script), run_name="__main__")
     assert exited.value.code == 0

@@ -21,7 +21,12 @@ from flexgpu.driver.names import (
     TENANT_TAKEN_CONDITION,
 )
 from flexgpu.driver.node_policy import GpuMode
-from flexgpu.kubelet_plugin.agents.binding_watch import CLAIMS, RESEND_FIRST_S, BindingWatch
+from flexgpu.kubelet_plugin.agents.binding_watch import (
+    CLAIMS,
+    REQUEUE_AFTER_S,
+    RESEND_FIRST_S,
+    BindingWatch,
+)
 from flexgpu.kubelet_plugin.api.kube_api import ApiError
 from flexgpu.kubelet_plugin.claims.claim_source import claim_path
 from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
@@ -105,6 +110,7 @@ class World:
         self.published: list[list[dict[str, Any]]] = []
         self._events: Any = None
         self.record_reads = 0
+        self.requeues = 0
         self.attribute = TenantAttribute(
             self.node.preparer.load_checkpoint, self.node.devices, self._republish
         )
@@ -118,11 +124,15 @@ class World:
             failure_s=60,
             records=self._records,
             tenants_changed=self.attribute.update,
+            requeue=self._requeue,
             clock=self.clock,
         )
         self.attribute.held = self.watch.tenants.holders
         self.watch.ensure_watch()
         assert self.watch.claims.wait_synced(5)
+
+    def _requeue(self) -> None:
+        self.requeues += 1
 
     def _records(self) -> Any:
         self.record_reads += 1
@@ -434,5 +444,31 @@ def test_a_refused_decision_is_written_again_paced_and_built_anew(tmp_path: Path
         world.clock.now += RESEND_FIRST_S
         world.pass_once()
         assert world.conditions("team-a", "a") == [READY]
+    finally:
+        world.stop()
+
+
+def test_slices_are_written_again_once_the_tenant_ready_pods_left_prebind(tmp_path: Path) -> None:
+    """While pods wait in PreBind the scheduler counts their claims' capacity twice and finds
+    fractions that fit unschedulable; only a ResourceSlice update retries those. So once the
+    scheduler has had its poll after a TenantReady, the node's slices are written again, once;
+    a claim sent back (TenantTaken) alone asks for nothing."""
+    world = World(
+        tmp_path,
+        [
+            shared_claim("a1", "team-a", "2026-12-02T10:00:00Z"),
+            shared_claim("b1", "team-b", "2026-12-02T10:00:01Z"),
+        ],
+    )
+    try:
+        world.pass_once()
+        assert world.conditions("team-a", "a1") == [READY]
+        assert world.requeues == 0, "not before the scheduler's poll"
+        world.clock.now += REQUEUE_AFTER_S
+        world.pass_once()
+        assert world.requeues == 1
+        world.clock.now += REQUEUE_AFTER_S
+        world.pass_once()
+        assert world.requeues == 1, "once per decision"
     finally:
         world.stop()
