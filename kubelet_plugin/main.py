@@ -257,6 +257,7 @@ def start_node(
             objects=objects,
             api=api,
             publisher=publisher,
+            status_refusals=lambda: status.refused,
         )
 
     def stop() -> None:

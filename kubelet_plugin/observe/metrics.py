@@ -166,6 +166,8 @@ class NodeSources:
     node: str
     gpu_health: Callable[[], Sequence[HealthState]] | None = None
     slice_counts: Callable[[], tuple[int, int]] | None = None  # (publishes, failures)
+    # Claim status writes the API server refused even as built from a fresh read.
+    status_refusals: Callable[[], int] | None = None
 
 
 class NodeCollector(Collector):
@@ -201,6 +203,15 @@ class NodeCollector(Collector):
             failures.add_metric([node], failed)
         yield publishes
         yield failures
+        refused = CounterMetricFamily(
+            "flexgpu_plugin_claim_status_refused",
+            "Claim status writes the API server refused even as built from a fresh read "
+            "(the plugin's log names the claim and the server's reason)",
+            labels=["node"],
+        )
+        if self.sources.status_refusals is not None:
+            refused.add_metric([node], self.sources.status_refusals())
+        yield refused
 
 
 class MetricsServer:

@@ -95,6 +95,7 @@ def observe_node(
     objects: ClaimObjects,
     api: KubeApi,
     publisher: SlicePublisher,
+    status_refusals: Callable[[], int] | None = None,
 ) -> Callable[[], None]:
     """Registers the node's collectors, starts sampling and the endpoint; returns the stop.
     Without a port nothing starts (and nothing is sampled)."""
@@ -120,6 +121,7 @@ def observe_node(
                 node_name,
                 gpu_health=lambda: [g.health for g in devices.gpus()],
                 slice_counts=lambda: (publisher.reconciles, publisher.failures),
+                status_refusals=status_refusals,
             )
         ),
     )

@@ -208,6 +208,7 @@ def plugin_exposition(tmp_path: Path) -> bytes:
                 NODE,
                 gpu_health=lambda: [g.health for g in devices.gpus()],
                 slice_counts=lambda: (3, 1),
+                status_refusals=lambda: 2,
             )
         ),
     )
@@ -234,6 +235,7 @@ def test_plugin_exposition_passes_promtool_and_is_served(tmp_path: Path) -> None
         b"flexgpu_plugin_mig_operations_total{",
         b"flexgpu_plugin_mps_daemon_operations_total{",
         b"flexgpu_plugin_slice_publishes_total{",
+        b'flexgpu_plugin_claim_status_refused_total{node="metrics-node"} 2.0',
         b"flexgpu_plugin_gpus{",
         b"flexgpu_claim_sm_utilization_ratio{",
         b"flexgpu_claim_used_gpu_seconds_total{",
