@@ -9,12 +9,30 @@ other drivers' ones; unprepare removes ours.
 Writes are coalesced per claim: a claim's first change opens a short window, and what is
 written when it closes is the claim's latest desired state, so several prepares and
 unprepares of one claim become at most one write, and a prepare undone within the window
-becomes none. Each write builds on the copy of the claim that prepare read (or the previous
-write returned), guarded by its resourceVersion; only a conflict costs a fresh read.
+becomes none.
+
+Each write is built from the claim as the server has it: the copy prepare read (or the
+previous write returned) when there is one, a fresh read after a conflict or a refusal.
+Entries are written only for devices the claim has allocated now: a claim sent back and
+allocated anew keeps no entry of its first allocation.
+
+Two forms, because of how the apiserver compares an allocation: an opaque config's
+parameters are a RawExtension, compared byte by byte with what it stores, and it stores the
+bytes the claim's creator sent. kubectl, helm and every Go client send compact JSON, which is
+also what the apiserver itself writes when it applies a patch; the Python client sends ", "
+and ": ". So a write is first a JSON merge patch of ``status.devices`` alone, guarded by
+resourceVersion, which the server applies to the claim as it stores it; where the server
+takes that for an allocation change (the stored bytes are not compact), it is a replace of
+the claim as just read, whose allocation goes back in this client's serialisation. A write
+refused in both forms (parameters stored in yet another serialisation) is counted
+(``refused``) and logged with the server's reason. A refused write is never sent again as it
+was; a write that keeps meeting newer claims is retried later, and a binding write is retried
+for as long as the scheduler waits for it.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import logging
@@ -287,14 +305,16 @@ class ClaimStatusWriter:
         """Makes the claim's entries of this node equal to ``pending.devices`` (those still
         allocated) and keeps everyone else's.
 
-        A JSON merge patch of ``status.devices`` guarded by resourceVersion: server-side apply
-        is refused on claims whose allocation carries opaque config parameters (the server
-        rebuilds status.allocation without them), and a PUT sends the allocation back
-        re-serialised (see the module docstring). Raises ApiError (404: the claim is gone;
-        422: refused even as built from a fresh read) or StillConflicting."""
+        Written as a JSON merge patch of ``status.devices``, guarded by resourceVersion; where
+        the server takes that for an allocation change (see the module docstring: opaque
+        config parameters stored in another serialisation than its own), as a replace of the
+        claim read just before. Raises ApiError (404: the claim is gone; 422: refused in both
+        forms, or refused twice in one) or StillConflicting."""
         claim = self._objects.get(pending.uid)
+        forms = [self._merge_patch, self._replace]
         refused_once = False
-        for _ in range(CONFLICT_ATTEMPTS):
+        conflicts = 0
+        while conflicts < CONFLICT_ATTEMPTS:
             if claim is None:
                 claim = self._api.get(claim_path(pending.namespace, pending.name))
             if (claim.get("metadata") or {}).get("uid") != pending.uid:
@@ -306,26 +326,22 @@ class ClaimStatusWriter:
             if _same_entries([d for d in devices if self._ours(d)], wanted):
                 self._settled(pending, claim)
                 return  # already so (for example a prepare undone before it was written)
-            patch = {
-                "metadata": {
-                    "resourceVersion": (claim.get("metadata") or {}).get("resourceVersion")
-                },
-                "status": {"devices": keep + wanted},
-            }
             try:
                 self.writes += 1
-                written = self._api.request(
-                    "PATCH",
-                    claim_path(pending.namespace, pending.name, "status"),
-                    query={"fieldManager": self._manager},
-                    body=patch,
-                    content_type=MERGE_PATCH,
-                )
+                written = forms[0](pending, claim, keep + wanted)
             except ApiError as err:
-                if err.status == 409 or (err.status == 422 and not refused_once):
-                    # Someone else changed it, or our copy no longer matches what the server
-                    # has (a claim allocated anew): build the write again from a fresh read.
-                    refused_once = refused_once or err.status == 422
+                if err.status == 409:
+                    conflicts += 1
+                    claim = None  # someone else changed it: read it again
+                    continue
+                if err.status == 422 and _allocation_refused(err) and len(forms) > 1:
+                    forms.pop(0)  # the server's own re-serialisation differs: the next form
+                    claim = None
+                    continue
+                if err.status == 422 and not refused_once:
+                    # Our copy may no longer match what the server has (a claim allocated
+                    # anew): build the write again from a fresh read, once.
+                    refused_once = True
                     claim = None
                     continue
                 raise
@@ -333,6 +349,34 @@ class ClaimStatusWriter:
             return
         raise StillConflicting(
             f"every one of {CONFLICT_ATTEMPTS} writes met a newer version of the claim"
+        )
+
+    def _merge_patch(
+        self, pending: _Pending, claim: Mapping[str, Any], devices: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """``status.devices`` alone: the server applies it to the claim as it stores it."""
+        version = (claim.get("metadata") or {}).get("resourceVersion")
+        return self._api.request(
+            "PATCH",
+            claim_path(pending.namespace, pending.name, "status"),
+            query={"fieldManager": self._manager},
+            body={"metadata": {"resourceVersion": version}, "status": {"devices": devices}},
+            content_type=MERGE_PATCH,
+        )
+
+    def _replace(
+        self, pending: _Pending, claim: Mapping[str, Any], devices: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The claim as just read, with ``status.devices`` replaced: its allocation goes back
+        in this client's serialisation (JSON with ", " and ": "), which is the stored one for
+        claims whose opaque configs a client that writes JSON so created."""
+        body = copy.deepcopy(dict(claim))
+        body.setdefault("status", {})["devices"] = devices
+        return self._api.request(
+            "PUT",
+            claim_path(pending.namespace, pending.name, "status"),
+            query={"fieldManager": self._manager},
+            body=body,
         )
 
     def _still_allocated(self, pending: _Pending, claim: Mapping[str, Any]) -> list[DeviceStatus]:
@@ -393,6 +437,12 @@ class ClaimStatusWriter:
                 entry["shareID"] = d.share_id
             entries.append(entry)
         return entries
+
+
+def _allocation_refused(err: ApiError) -> bool:
+    """The server took the write for a change of status.allocation (which a driver may not
+    make): the write's form, not its content, is what it refused."""
+    return "status.allocation" in err.message
 
 
 def _comparable(entry: Mapping[str, Any]) -> str:

@@ -217,13 +217,19 @@ def _status_attacks(
     ours = _claim(api, namespace, "on-a")
 
     def write(claim: dict[str, Any], **kwargs: Any) -> Any:
-        # As the plugin writes: a merge patch guarded by resourceVersion (it holds no update).
+        # As the plugin writes first: a merge patch guarded by resourceVersion.
         return plugin.patch_namespaced_resource_claim_status(
             claim["metadata"]["name"],
             namespace,
             {"metadata": claim["metadata"], "status": claim["status"]},
             _content_type="application/merge-patch+json",
             **kwargs,
+        )
+
+    def replace(claim: dict[str, Any], **kwargs: Any) -> Any:
+        # Its second form (the claim as read, status.devices replaced): refused alike.
+        return plugin.replace_namespaced_resource_claim_status(
+            claim["metadata"]["name"], namespace, claim, **kwargs
         )
 
     foreign = _with_devices(theirs, (DRIVER, NODE_B, "gpu-0"))
@@ -258,6 +264,8 @@ def _status_attacks(
         "its own claim: reserved for another pod": reserved,
     }
     refused = {what: _denial(write, body) for what, body in rows.items()}
+    for body in rows.values():
+        _denial(replace, body)
     # Nothing changed; and its own entry it may write.
     assert _claim(api, namespace, "on-b")["status"] == theirs["status"]
     assert _claim(api, namespace, "on-a")["status"] == ours["status"]

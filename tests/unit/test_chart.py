@@ -130,7 +130,7 @@ def test_plugin_is_least_privilege_and_rolls_without_a_gap(helm: Path) -> None:
         for r in rule["resources"]
         if set(rule["verbs"]) & {"create", "update", "patch", "delete"}
     }
-    # Its node's slices, its claims' status.devices (a merge patch) and its own entry of a
+    # Its node's slices, its claims' status.devices (patch or replace) and its own entry of a
     # GpuNodePolicy's status.nodes (admission policies narrow each to its node).
     assert writes == {"resourceslices", "resourceclaims/status", "gpunodepolicies/status"}
     # Events: only in namespace default (where Events about Nodes go), and the admission
@@ -253,7 +253,7 @@ def test_plugin_claim_status_rights_follow_the_server_release(
     docs = render(helm, *values, kube_version=kube_version)
     rules = find(docs, "ClusterRole", "kubelet-plugin")["rules"]
     status = [r for r in rules if r["resources"] == ["resourceclaims/status"]]
-    assert [r["verbs"] for r in status] == [["patch"]]
+    assert [r["verbs"] for r in status] == [["update", "patch"]]
     driver = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
     assert driver == (
         [
@@ -261,7 +261,7 @@ def test_plugin_claim_status_rights_follow_the_server_release(
                 "apiGroups": ["resource.k8s.io"],
                 "resources": ["resourceclaims/driver"],
                 "resourceNames": ["gpu.flexgpu.dev"],
-                "verbs": ["associated-node:patch"],
+                "verbs": ["associated-node:update", "associated-node:patch"],
             }
         ]
         if granular

@@ -337,3 +337,26 @@ def test_a_write_that_keeps_meeting_newer_claims_is_retried_later_not_dropped(
     clock.now += 10.0
     writer.write_due()
     assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
+
+
+def test_where_the_server_takes_the_patch_for_an_allocation_change_the_claim_is_replaced(
+    api: FakeKubeApi, objects: ClaimObjects, writer: ClaimStatusWriter, clock: Clock
+) -> None:
+    """Opaque parameters stored in a non-compact serialisation (the Python client's) make the
+    server's own patch look like an allocation change; the claim as just read goes back
+    whole instead, and that is not counted as a refusal."""
+    changed = ApiError(
+        422,
+        "Invalid",
+        'ResourceClaim.resource.k8s.io "c" is invalid: status.allocation: Invalid value: '
+        "null: field cannot be modified once set",
+    )
+    api.fail_writes = [changed]
+    read_by_prepare(api, objects)
+    writer.prepared("ns", "c", "u1", [GPU0])
+    clock.now += 1.0
+    writer.write_due()
+    assert [m for m, _, _ in api.bodies] == ["PATCH", "PUT"]
+    assert api.sent[-2:] == [("GET", PATH), ("PUT", PATH + "/status")]
+    assert entries(api)[-1] == (DRIVER_NAME, "gpu-0")
+    assert writer.refused == 0
