@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from flexgpu.controller.tenant_selector import tenant_expression
+from tests.conftest import wait_for
 from tests.node.conftest import DYNAMIC_MIG_GPUS, install_plugin
 from tests.node.support import (
     DRIVER,
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 READY = f"{DRIVER}/PartitionReady"
 # Two shared GPUs for the tenancy case (the session's chart shares gpu-5 only).
-TWO_SHARED = "3,5"
+TWO_SHARED = "3\\,5"  # helm --set-string: a comma separates values unless escaped
 
 
 def _mig_claim(kind: str) -> dict[str, Any]:
@@ -73,13 +74,20 @@ def test_a_mig_config_on_an_on_demand_partition_runs_with_binding_conditions(
     run_pod(api, namespace, one_claim_pod(plugin, name, name))
     rep = wait_report(plugin, namespace, name)
     assert len(rep.visible_devices) == 1 and rep.visible_devices[0].startswith("MIG-")
-    claim = client.ResourceV1Api(api).read_namespaced_resource_claim(name, namespace)
+    resources = client.ResourceV1Api(api)
+
+    def prepared() -> Any:
+        # Prepare's Ready goes out after the status writer's 1 s window.
+        claim = resources.read_namespaced_resource_claim(name, namespace)
+        (entry,) = claim.status.devices or [None]
+        true = {c.type for c in (entry.conditions if entry else []) if c.status == "True"}
+        return claim if {READY, "Ready"} <= true else None
+
+    claim = wait_for(prepared, timeout_s=30, what="PartitionReady and Ready on the claim")
     (result,) = claim.status.allocation.devices.results
     assert result.device.startswith(f"gpu-{DYNAMIC_MIG_GPUS}-mig-1g10gb-")
     assert result.binding_conditions == [READY], "the chart's default on 1.37: on"
     (entry,) = claim.status.devices
-    true = {c.type for c in entry.conditions if c.status == "True"}
-    assert {READY, "Ready"} <= true
     assert rep.visible_devices[0] in str(entry.data)
     delete_pods(api, namespace, name)
 
