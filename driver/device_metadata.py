@@ -23,7 +23,7 @@ its kubelet-plugin helper writes, so any consumer of the KEP reads flexgpu's fil
 Each device carries the attributes it is published with, so a workload reads what it was
 selected by, plus what only prepare knows: the UUID of a MIG device created on demand, and
 for a share of a shared GPU its ``shareID`` and what the scheduler granted it
-(``consumed<Capacity>``, e.g. ``consumedMemory`` in bytes, ``consumedCompute`` in percent).
+(``consumedMemory`` in bytes, ``consumedCompute`` in percent of the GPU's SMs).
 The published ``tenant`` of a shared GPU is left out: it is a scheduling mark (the claim's
 own namespace), not a property of the device.
 
@@ -56,9 +56,12 @@ FILE_SUFFIX: Final = "-metadata.json"
 # Set by the control plane on claims made from a ResourceClaimTemplate.
 POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"
 
+# What a share of a shared GPU is granted, as its file says it (``consumed<Name>``). Its
+# ``multiprocessors`` capacity is there to select on and only ever consumed as 0.
+SHARE_CAPACITIES: Final = ("memory", "compute")
+
 # resource.k8s.io validation of a metadata device (and of a slice's device).
 MAX_ATTRIBUTES: Final = 32
-MAX_ATTRIBUTE_NAME: Final = 32
 
 # The Go encoder escapes these inside strings; JSON allows them raw, but a file that reads the
 # same whichever driver wrote it is easier to compare and to trust.
@@ -118,19 +121,22 @@ def device_attributes(
     consumed: Mapping[str, Quantity] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """A prepared device's attributes: as published (less ``tenant``), its ``uuid`` where
-    prepare learnt it (an on-demand MIG device's), and for a share its ``shareID`` and
-    ``consumed<Capacity>`` (integers: bytes of memory, percent of compute, rounded up). At
-    most 32, the published ones first; names are sorted, as the upstream encoder sorts them."""
+    prepare learnt it (an on-demand MIG device's), and for a share its ``shareID`` and what it
+    was granted of ``SHARE_CAPACITIES`` (``consumedMemory`` in bytes, ``consumedCompute`` in
+    percent; integers, rounded up). At most 32, the published ones first; names are sorted,
+    as the upstream encoder sorts them."""
     attrs = {k: dict(v) for k, v in published.items() if k != TENANT_ATTRIBUTE}
     if uuid:
         attrs["uuid"] = {"string": uuid}
     extra: dict[str, dict[str, Any]] = {}
     if share_id:
         extra["shareID"] = {"string": share_id}
-    for name, quantity in sorted((consumed or {}).items()):
-        extra["consumed" + name[:1].upper() + name[1:]] = {"int": quantity.ceil()}
+    for name in SHARE_CAPACITIES:
+        quantity = (consumed or {}).get(name)
+        if quantity is not None:
+            extra["consumed" + name[:1].upper() + name[1:]] = {"int": quantity.ceil()}
     for key, value in extra.items():
-        if len(key) <= MAX_ATTRIBUTE_NAME and key not in attrs:
+        if key not in attrs:
             attrs[key] = value
     # A published device holds at most 32 attributes and capacities together, so this only
     # bites if that ever changes: the extras are dropped first.

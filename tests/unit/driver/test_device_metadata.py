@@ -171,11 +171,16 @@ def test_an_on_demand_mig_device_gets_the_uuid_prepare_learnt() -> None:
 
 
 def test_a_share_carries_its_id_and_what_it_was_granted_as_integers() -> None:
-    consumed = {"memory": parse_quantity("16Gi"), "compute": parse_quantity("30")}
+    consumed = {
+        "memory": parse_quantity("16Gi"),
+        "compute": parse_quantity("30"),
+        "multiprocessors": parse_quantity("0"),  # selected on, never granted
+    }
     attrs = device_attributes({"type": {"string": "shared"}}, share_id="s-1", consumed=consumed)
     assert attrs["shareID"] == {"string": "s-1"}
     assert attrs["consumedMemory"] == {"int": 16 * 1024**3}
     assert attrs["consumedCompute"] == {"int": 30}
+    assert "consumedMultiprocessors" not in attrs
 
 
 def test_never_more_than_32_attributes_the_published_ones_kept() -> None:
