@@ -12,6 +12,12 @@ GPU container needs (the NVIDIA driver's libraries and programs, hooks, control 
 come from NVIDIA's generator at plugin start and sit at spec level, applied once per spec; they
 set ``NVIDIA_VISIBLE_DEVICES=void``, as every spec does, so an NVIDIA runtime hook on the node
 adds nothing of its own and CDI alone decides what a container gets.
+
+Each request of the claim also gets a CDI device of its own, ``<claimUID>_metadata_<request>``,
+that mounts the request's device metadata file (KEP-5304, driver/device_metadata.py) read-only
+where the KEP says a container finds it. The kubelet hands it with the request's first device,
+so a container sees the files of the requests it names and no others. (Device names are DNS
+labels, which hold no ``_``: the two kinds of name never meet.)
 """
 
 from __future__ import annotations
@@ -95,6 +101,20 @@ class CdiDevice:
 
 
 @dataclass(frozen=True)
+class MetadataMount:
+    """One request's device metadata file: where it is on the host, where the container reads
+    it."""
+
+    request: str  # the base request name
+    host_path: str
+    container_path: str
+
+
+# Read-only, and nothing in a JSON file is to be executed, set-uid or a device.
+METADATA_MOUNT_OPTIONS = ("ro", "bind", "nosuid", "nodev", "noexec")
+
+
+@dataclass(frozen=True)
 class ClaimIdentity:
     uid: str
     namespace: str
@@ -120,6 +140,23 @@ def cdi_device_name(claim_uid: str, device_name: str, share_id: str | None = Non
 def cdi_device_id(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
     """Fully qualified CDI name the runtime resolves: ``gpu.flexgpu.dev/claim=<name>``."""
     return f"{CDI_KIND}={cdi_device_name(claim_uid, device_name, share_id)}"
+
+
+def metadata_device_name(claim_uid: str, request: str) -> str:
+    """The CDI device that mounts one request's metadata file: ``<claimUID>_metadata_<request>``."""
+    return _CDI_NAME_UNSAFE.sub("_", f"{claim_uid}_metadata_{request}")
+
+
+def metadata_device_id(claim_uid: str, request: str) -> str:
+    return f"{CDI_KIND}={metadata_device_name(claim_uid, request)}"
+
+
+def metadata_requests(spec: Mapping[str, Any], claim_uid: str) -> list[str]:
+    """The requests whose metadata files a spec of ours mounts (none in specs of releases
+    before device metadata)."""
+    prefix = f"{claim_uid}_metadata_"
+    names = [str(d.get("name", "")) for d in spec.get("devices", [])]
+    return sorted(n[len(prefix) :] for n in names if n.startswith(prefix))
 
 
 def device_env_name(claim_uid: str, device_name: str, share_id: str | None = None) -> str:
@@ -193,9 +230,11 @@ def render_claim_spec(
     devices: Sequence[CdiDevice],
     driver_edits: Mapping[str, Any] | None = None,
     boot_id: str = "",
+    metadata: Sequence[MetadataMount] = (),
 ) -> dict[str, Any]:
-    """The spec for one claim: one CDI device per allocated device, the NVIDIA driver's edits
-    at spec level; ``boot_id`` names the boot it is written in (device_env_value)."""
+    """The spec for one claim: one CDI device per allocated device, one per request that
+    mounts its metadata file, the NVIDIA driver's edits at spec level; ``boot_id`` names the
+    boot it is written in (device_env_value)."""
     cdi_devices = []
     for device in devices:
         own = device_env_name(claim.uid, device.device_name, device.share_id)
@@ -212,6 +251,21 @@ def render_claim_spec(
             {
                 "name": cdi_device_name(claim.uid, device.device_name, device.share_id),
                 "containerEdits": edits,
+            }
+        )
+    for mount in metadata:
+        cdi_devices.append(
+            {
+                "name": metadata_device_name(claim.uid, mount.request),
+                "containerEdits": {
+                    "mounts": [
+                        {
+                            "hostPath": mount.host_path,
+                            "containerPath": mount.container_path,
+                            "options": list(METADATA_MOUNT_OPTIONS),
+                        }
+                    ]
+                },
             }
         )
     spec: dict[str, Any] = {

@@ -100,6 +100,7 @@ def start_node(
     from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
     from flexgpu.kubelet_plugin.claims.claim_source import ApiClaimSource
     from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+    from flexgpu.kubelet_plugin.claims.metadata_files import FOLDER as METADATA_FOLDER
     from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
     from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
     from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
@@ -164,6 +165,8 @@ def start_node(
         crash_at=crash_step(),
         status=status,
         driver_edits=driver_edits,
+        # Under the data dir, which is the same path on the host (the runtime mounts from it).
+        metadata_dir=config.data_dir / METADATA_FOLDER,
     )
     preparer.shared_gpu_tenants = config.shared_gpu_tenants
     mps_pods = _mps_pods(config, api, backend, driver_edits, events)

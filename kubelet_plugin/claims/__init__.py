@@ -8,9 +8,10 @@ module of the package must not load the others.)
 A claim's state is its record in the checkpoint (``checkpoint_records.ClaimRecord``, fields
 ``state`` and ``early``): one file per claim, ``<data dir>/claims/<uid>.json``, replaced
 atomically (checkpoint.py), so a SIGKILL leaves the old record or the new one, never a mix. A
-record lists what its claim creates or changes on the node (CDI spec, MIG instances, MPS share,
-time-slices) and is written *before* any of it is made, so it always covers what may exist;
-undo (claim_undo.py) removes what it lists, wherever the work got to, and skips what is gone.
+record lists what its claim creates or changes on the node (CDI spec, device metadata folder,
+MIG instances, MPS share, time-slices) and is written *before* any of it is made, so it
+always covers what may exist; undo (claim_undo.py) removes what it lists, wherever the work got
+to, and skips what is gone.
 
 States
 ------
@@ -46,8 +47,9 @@ prepare and unprepare waiting.
     -------------------------------  ----------  ------------------------------------------
     no record -> PrepareStarted      prepare     the claim read and allocated here, admitted
                                                  against the other records (prepare_checks)
-    PrepareStarted -> Prepared       prepare     MIG instances made, sharing set, CDI spec
-                                                 written
+    PrepareStarted -> Prepared       prepare     MIG instances made, sharing set, device
+                                                 metadata files written, then the CDI spec
+                                                 that mounts them
     PrepareStarted -> removed        prepare     a step failed: undone and deleted; the
                                                  claim's error goes to the kubelet
     PrepareStarted, early Creating   prepare     a half-done earlier attempt (a SIGKILL,
@@ -83,8 +85,9 @@ A record that cannot be written (a full disk) is no state of its own: prepare fa
 changes anything, or undoes what it did when Prepared cannot be written (early partitions
 alike, reported as PartitionFailed); a record reconcile rebuilt is held in memory, with an
 Event saying so. After the records, reconcile removes what no record
-owns: CDI specs, MPS daemons and dynamic-MIG instances that no record and no surviving spec
-uses, temp files of killed writes (startup_leftovers.py).
+owns: CDI specs, device metadata folders (metadata_files.py), MPS daemons and dynamic-MIG
+instances that no record and no surviving spec uses, temp files of killed writes
+(startup_leftovers.py).
 
 What a SIGKILL leaves
 ---------------------
@@ -99,6 +102,8 @@ to one): the record, what is on the node, and what comes next.
   found by placement). Rolled back.
 - ``after-mps-started``: PrepareStarted, its MIG instances, MPS daemon and limits, time-slice.
   Rolled back.
+- ``after-metadata-written``: PrepareStarted, all of it but the CDI spec: the request's device
+  metadata files are written, no spec names them yet. Rolled back (the folder with it).
 - ``after-cdi-written``: PrepareStarted and all of it, the CDI spec included. Rolled back; the
   kubelet prepares again.
 - Prepared written: kept by reconcile; the kubelet's repeat gets the recorded devices.

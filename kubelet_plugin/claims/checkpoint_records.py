@@ -107,6 +107,17 @@ class CreatedResources(_Record):
     mps_share: MpsShareRecord | None = None
     # GPU index (as a string: JSON keys) -> time-slice interval this claim set.
     time_slices: dict[str, str] = Field(default_factory=dict)
+    # The claim's device metadata folder (KEP-5304; metadata_files.py): one file per request.
+    metadata_dir: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _metadata_only_when_set(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Records without metadata (early partitions, records of earlier releases rebuilt or
+        # migrated) are written as before: same bytes, same checksum.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("metadata_dir") is None:
+            data.pop("metadata_dir", None)
+        return data
 
 
 class ClaimRecord(_Record):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flexgpu.driver.claim_results import AllocatedDevice, parse_allocated_device
+from flexgpu.driver.device_metadata import POD_CLAIM_NAME_ANNOTATION
 from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
 
@@ -20,6 +21,9 @@ class ClaimView:
     devices: tuple[AllocatedDevice, ...] = ()
     # ``status.allocation.devices.config`` entries, class configs first as the API orders them.
     configs: tuple[Mapping[str, Any], ...] = ()
+    # For a claim made from a ResourceClaimTemplate: its name in the pod's spec
+    # (``pod.spec.resourceClaims[].name``), which names its device metadata folder.
+    pod_claim_name: str | None = None
 
 
 class ClaimSource(Protocol):
@@ -44,6 +48,7 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
             for i, r in enumerate(results)
         ),
         configs=tuple(devices.get("config") or []),
+        pod_claim_name=(meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION) or None,
     )
 
 

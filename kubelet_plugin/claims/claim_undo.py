@@ -1,6 +1,7 @@
 """Undo of a claim record: removes what the record says prepare created or changed (CDI
-spec, time-slice, MPS daemon, MIG instance), wherever prepare got to. Used by unprepare, by a
-failed or repeated prepare, by start-up reconcile and by early partition creation."""
+spec, device metadata files, time-slice, MPS daemon, MIG instance), wherever prepare got to.
+Used by unprepare, by a failed or repeated prepare, by start-up reconcile and by early
+partition creation."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from flexgpu.driver.backend_errors import GpuLostError, NotFoundError
 from flexgpu.driver.gpu_model import MigDevice, TimeSliceInterval
 from flexgpu.driver.mps_daemon_spec import serves_mig
 from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, MigInstanceRecord
+from flexgpu.kubelet_plugin.claims.metadata_files import MetadataFiles
 from flexgpu.kubelet_plugin.claims.mps_daemons import MpsDaemons
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 
@@ -29,10 +31,12 @@ class ClaimUndo:
         devices: NodeDevices,
         mps: Callable[[], MpsDaemons],
         step: Callable[[str, str], None],
+        metadata: MetadataFiles,
     ) -> None:
         self.devices = devices
         self._mps = mps
         self._step = step
+        self._metadata = metadata
 
     @property
     def mps(self) -> MpsDaemons:
@@ -49,6 +53,12 @@ class ClaimUndo:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
                 done.append(f"removed CDI spec {Path(path).name}")
+        # After the spec: no spec ever names a file that is gone. Not listed in ``done``: like
+        # the record, the folder is the plugin's own file in its data dir, which outlives a
+        # reboot, and "what was left set" after one is about what containers were handed.
+        folder = record.created.metadata_dir
+        if folder:
+            self._metadata.remove(folder, record.uid)
         backend = self.devices.backend
         for index in record.created.time_slices:
             shared = any(index in r.created.time_slices for r in others)

@@ -120,7 +120,8 @@ class EarlyPartitions:
                 name=claim.name,
                 state=ClaimState.PREPARE_STARTED,
                 early=EarlyStage.CREATING,
-                devices=device_records(claim, ours),
+                # No metadata yet: prepare writes it, and the record it replaces this with.
+                devices=device_records(claim, ours, metadata=()),
                 created=CreatedResources(
                     mig_instances=intended_partitions(preparer.devices, self._node, claim)
                 ),

@@ -3,10 +3,10 @@ and MIG instances, the devices the kubelet is told, and the status the user sees
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from flexgpu.driver.cdi import CdiDevice, cdi_device_id
+from flexgpu.driver.cdi import CdiDevice, cdi_device_id, metadata_device_id
 from flexgpu.driver.claim_results import AllocatedDevice
 from flexgpu.driver.gpu_model import MigDevice, MpsDaemon
 from flexgpu.driver.mps_daemon_spec import MigMpsDaemonSpec
@@ -157,23 +157,41 @@ def mig_mps_status(share: MpsShareRecord | None, uuid: str) -> dict[str, Any] | 
     return data
 
 
-def device_records(claim: ClaimView, ours: Sequence[AllocatedDevice]) -> list[DeviceRecord]:
-    """One record per device (per share); a device serving several requests lists them."""
-    by_device: dict[tuple[str, str | None], DeviceRecord] = {}
+def device_records(
+    claim: ClaimView,
+    ours: Sequence[AllocatedDevice],
+    metadata: Collection[str] | None = None,
+) -> list[DeviceRecord]:
+    """One record per device (per share); a device serving several requests lists them.
+    Each request's device metadata CDI device goes with one of its devices (the kubelet hands
+    a container the CDI devices of the requests it names): one that serves no other request
+    where there is one. ``metadata``: the requests whose spec has one (None: all of them;
+    a spec written before device metadata has none)."""
+    # The last result of a device describes it, in the order its first result has.
+    last: dict[tuple[str, str | None], AllocatedDevice] = {}
+    requests: dict[tuple[str, str | None], set[str]] = {}
     for d in ours:
         key = (d.device, d.share_id)
-        previous = by_device.get(key)
-        names = (previous.request_names if previous else []) + [d.base_request]
-        by_device[key] = DeviceRecord(
-            request_names=sorted(set(names)),
+        last[key] = d
+        requests.setdefault(key, set()).add(d.base_request)
+    ids = {key: [cdi_device_id(claim.uid, key[0], key[1])] for key in last}
+    wanted = {d.base_request for d in ours}
+    for request in sorted(wanted if metadata is None else wanted & set(metadata)):
+        serving = [key for key in last if request in requests[key]]
+        carrier = next((k for k in serving if requests[k] == {request}), serving[0])
+        ids[carrier].append(metadata_device_id(claim.uid, request))
+    return [
+        DeviceRecord(
+            request_names=sorted(requests[key]),
             pool_name=d.pool,
             device_name=d.device,
-            cdi_device_ids=[cdi_device_id(claim.uid, d.device, d.share_id)],
+            cdi_device_ids=ids[key],
             share_id=d.share_id,
             consumed_capacity=d.consumed_texts(),
             admin_access=d.admin_access,
         )
-    return list(by_device.values())
+        for key, d in last.items()
+    ]
 
 
 def one_per_device(ours: Sequence[AllocatedDevice]) -> list[AllocatedDevice]:
@@ -203,7 +221,13 @@ def partition_ready(uuid: str) -> Condition:
 
 
 def intended_resources(
-    devices: NodeDevices, node_name: str, spec_file: str, claim: ClaimView, plan: SharingPlan
+    devices: NodeDevices,
+    node_name: str,
+    spec_file: str,
+    claim: ClaimView,
+    plan: SharingPlan,
+    *,
+    metadata_dir: str | None = None,
 ) -> CreatedResources:
     """What prepare is about to create or change for the claim, recorded before it does."""
     mps = None
@@ -235,4 +259,5 @@ def intended_resources(
         mig_instances=intended_partitions(devices, node_name, claim),
         mps_share=mps,
         time_slices={str(i): str(v) for i, v in plan.time_slices.items()},
+        metadata_dir=metadata_dir,
     )

@@ -1,9 +1,10 @@
 """Prepare / unprepare of claims on this node: the crash-safe state machine.
 
 Per claim: record ``PrepareStarted`` (with everything about to be created or changed: CDI
-spec, MPS daemon use, time-slice) -> do it -> record ``Prepared``. A SIGKILL between any two
-steps leaves a record that says what may exist, so a retry or the next start can finish or
-roll back. Unprepare works from the checkpoint alone: the claim object may already be gone.
+spec, device metadata files, MPS daemon use, time-slice) -> do it -> record ``Prepared``. A
+SIGKILL between any two steps leaves a record that says what may exist, so a retry or the
+next start can finish or roll back. Unprepare works from the checkpoint alone: the claim
+object may already be gone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flexgpu.driver.atomic_file import atomic_write_bytes
 from flexgpu.driver.cdi import (
     CdiDevice,
     ClaimIdentity,
+    MetadataMount,
     encode_spec,
     render_claim_spec,
     spec_file_name,
@@ -40,6 +42,8 @@ from flexgpu.kubelet_plugin.claims.claim_source import ClaimSource, ClaimView
 from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
 from flexgpu.kubelet_plugin.claims.claim_undo import ClaimUndo
 from flexgpu.kubelet_plugin.claims.holder_wait import HolderWait
+from flexgpu.kubelet_plugin.claims.metadata_files import FOLDER as METADATA_FOLDER
+from flexgpu.kubelet_plugin.claims.metadata_files import MetadataFiles
 from flexgpu.kubelet_plugin.claims.mps_daemons import BackendMpsDaemons, MpsDaemons
 from flexgpu.kubelet_plugin.claims.prepare_checks import ClaimConflictError, admit
 from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
@@ -97,6 +101,7 @@ class ClaimPreparerImpl:
         crash_at: str | None = None,
         status: ClaimStatusWriter | None = None,
         driver_edits: Mapping[str, Any] | None = None,
+        metadata_dir: Path | None = None,
     ) -> None:
         self.node_name = node_name
         # The edits every GPU container needs (driver_edits.py), merged into each claim's spec.
@@ -118,7 +123,9 @@ class ClaimPreparerImpl:
         self._store = store
         self._lock = lock
         self.cdi_dir = cdi_dir
-        self._undo = ClaimUndo(devices, lambda: self.mps, self._step)
+        # Device metadata files (KEP-5304), beside the checkpoint unless main.py says where.
+        self.metadata = MetadataFiles(metadata_dir or store.claims_dir.parent / METADATA_FOLDER)
+        self._undo = ClaimUndo(devices, lambda: self.mps, self._step, self.metadata)
         # Holders on their way out are waited for, briefly (holder_wait.py).
         self.holders = HolderWait(lambda uid: self._store.get(uid) is not None)
 
@@ -361,7 +368,12 @@ class ClaimPreparerImpl:
         ``ready``: partitions created before the pod was bound, (GPU, placement) -> instance;
         the new record names them, replacing the early one in a single write."""
         intended = intended_resources(
-            self.devices, self.node_name, self._spec_file(claim.uid), claim, plan
+            self.devices,
+            self.node_name,
+            self._spec_file(claim.uid),
+            claim,
+            plan,
+            metadata_dir=self.metadata.claim_dir(claim.uid) if ours else None,
         )
         record = ClaimRecord(
             uid=claim.uid,
@@ -388,7 +400,10 @@ class ClaimPreparerImpl:
             except SharingSetupError as err:
                 raise PrepareError(str(err)) from None
             self._step("after-mps-started", claim.uid)
-            self._write_spec(claim, cdi_devices)
+            # The files before the spec that mounts them: a spec never names a missing file.
+            mounts = self.metadata.write(self.devices, claim, ours, cdi_devices) if ours else []
+            self._step("after-metadata-written", claim.uid)
+            self._write_spec(claim, cdi_devices, mounts)
             self._step("after-cdi-written", claim.uid)
             created = with_ids(record.created, [mig for _, mig in materialised if mig])
             if mig_share is not None:
@@ -477,11 +492,15 @@ class ClaimPreparerImpl:
             )
         return device
 
-    def _write_spec(self, claim: ClaimView, devices: Sequence[CdiDevice]) -> None:
+    def _write_spec(
+        self, claim: ClaimView, devices: Sequence[CdiDevice], metadata: Sequence[MetadataMount]
+    ) -> None:
         if not devices:
             return  # nothing of ours in the claim: a spec needs at least one device
         identity = ClaimIdentity(claim.uid, claim.namespace, claim.name)
-        spec = render_claim_spec(identity, devices, self.driver_edits, self._store.boot_id)
+        spec = render_claim_spec(
+            identity, devices, self.driver_edits, self._store.boot_id, metadata
+        )
         # The container runtime reads the spec without a checksum, so its data is synced: a
         # rename that survives a power loss never names a torn spec. The directory is not: a
         # lost rename only follows a reboot, after which the kubelet prepares again.

@@ -25,6 +25,8 @@ from flexgpu.driver.cdi import (
     LEGACY_ENV_CLAIM_NAMESPACE,
     LEGACY_ENV_DEVICES,
     LEGACY_ENV_TIME_SLICE,
+    claim_uid_from_spec_file,
+    metadata_requests,
     parse_device_env_value,
     spec_env,
 )
@@ -51,11 +53,16 @@ class SpecFacts:
     legacy: bool  # written before one CDI device per allocated device
     # The boot id the spec was written in; "" in specs of releases that did not record it.
     boot_id: str = ""
+    # The requests whose device metadata files it mounts (none before device metadata).
+    metadata_requests: tuple[str, ...] = ()
 
 
 def spec_facts(path: Path) -> SpecFacts | None:
     try:
-        env = spec_env(json.loads(path.read_bytes()))
+        document = json.loads(path.read_bytes())
+        env = spec_env(document)
+        uid = claim_uid_from_spec_file(path.name)
+        metadata = tuple(metadata_requests(document, uid)) if uid else ()
     except (OSError, ValueError, AttributeError):
         return None  # unreadable: no runtime can use it either; removed as an orphan
     devices = []
@@ -78,7 +85,15 @@ def spec_facts(path: Path) -> SpecFacts | None:
         namespace, _, name = claim.partition("/")
         # Devices that disagree (a spec pieced together from two boots) name no boot.
         boot_id = boots.pop() if len(boots) == 1 else ""
-        return SpecFacts(namespace, name, tuple(devices), env, legacy=False, boot_id=boot_id)
+        return SpecFacts(
+            namespace,
+            name,
+            tuple(devices),
+            env,
+            legacy=False,
+            boot_id=boot_id,
+            metadata_requests=metadata,
+        )
     # One CDI device for the whole claim, identity and GPUs in shared variables.
     names = [n for n in env.get(LEGACY_ENV_DEVICES, "").split(",") if n]
     uuids = [u for u in env.get(ENV_VISIBLE_DEVICES, "").split(",") if u and u != "void"]

@@ -1,5 +1,6 @@
 """What start-up reconcile reports, and its last step: leftovers no claim record owns (CDI
-specs, MPS daemons, dynamic-MIG instances, temp files of killed writes) are removed."""
+specs, device metadata folders, MPS daemons, dynamic-MIG instances, temp files of killed
+writes) are removed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 class ReconcileReport:
     rolled_back: list[str] = field(default_factory=list)
     orphan_specs_removed: list[str] = field(default_factory=list)
+    # Device metadata folders (by claim UID) that no record owns.
+    orphan_metadata_removed: list[str] = field(default_factory=list)
     rebuilt: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     migrated: list[str] = field(default_factory=list)

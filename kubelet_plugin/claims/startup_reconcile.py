@@ -15,9 +15,9 @@ order, each step safe to repeat after a crash:
    against the API; corrupt files are set aside only once the rebuilt records are written,
    files of a newer version are never touched;
 4. rolls back half-done claims (partitions made ready before binding are kept while binding
-   conditions are on: early_partitions.py), deletes CDI specs no record owns, then stops MPS
-   daemons and destroys dynamic-MIG instances that no record and no surviving spec uses (a
-   MIG device's daemon first: it holds its partition).
+   conditions are on: early_partitions.py), deletes CDI specs and device metadata folders no
+   record owns, then stops MPS daemons and destroys dynamic-MIG instances that no record and
+   no surviving spec uses (a MIG device's daemon first: it holds its partition).
 
 A write that fails (a full disk) does not stop the plugin: the record is held in memory, an
 Event says so, and unprepare, which frees space, keeps working.
@@ -122,6 +122,10 @@ def reconcile_at_start(
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             report.orphan_specs_removed.append(path.name)
+    # After the specs: a spec left would name files that are gone. A record owns a folder only
+    # if it lists one (a record rebuilt from a spec of an earlier release does not).
+    owners = {uid for uid, r in records.items() if r.created.metadata_dir}
+    report.orphan_metadata_removed = preparer.metadata.remove_unowned(owners)
     in_specs = spec_references(preparer.cdi_dir)
     stop_unused_mps_daemons(preparer, records.values(), in_specs, report)
     destroy_unowned_partitions(preparer, records.values(), in_specs, report)
@@ -139,8 +143,9 @@ def reconcile_at_start(
         )
     log.info(
         "start-up reconcile: checkpoint %s; kept %d, rolled back %d, rebuilt %d, migrated %d, "
-        "dropped %d record(s) of an earlier boot, removed %d orphan CDI spec(s), stopped %d MPS "
-        "daemon(s) and destroyed %d MIG instance(s) no claim uses",
+        "dropped %d record(s) of an earlier boot, removed %d orphan CDI spec(s) and %d device "
+        "metadata folder(s), stopped %d MPS daemon(s) and destroyed %d MIG instance(s) no claim "
+        "uses",
         report.checkpoint_status,
         len(report.kept),
         len(report.rolled_back),
@@ -148,6 +153,7 @@ def reconcile_at_start(
         len(report.migrated),
         len(report.stale_dropped),
         len(report.orphan_specs_removed),
+        len(report.orphan_metadata_removed),
         len(report.mps_daemons_stopped),
         len(report.mig_instances_destroyed),
     )
@@ -303,8 +309,8 @@ def _rebuild_from_cdi(
             ours = [
                 d for d in claim.devices if d.driver == DRIVER_NAME and d.pool == preparer.node_name
             ]
-            devices = device_records(claim, ours)
-        created = _created_from_spec(preparer, os.fspath(path), facts, live)
+            devices = device_records(claim, ours, metadata=facts.metadata_requests)
+        created = _created_from_spec(preparer, uid, os.fspath(path), facts, live)
         report.rebuilt_mig += len(created.mig_instances)
         report.rebuilt_mps += created.mps_share is not None
         report.rebuilt_time_slices += len(created.time_slices)
@@ -351,12 +357,14 @@ def _live_partitions(preparer: ClaimPreparerImpl) -> dict[str, MigDevice]:
 
 def _created_from_spec(
     preparer: ClaimPreparerImpl,
+    uid: str,
     spec_path: str,
     facts: SpecFacts,
     live: dict[str, MigDevice],
 ) -> CreatedResources:
     """What the claim's spec shows it holds: the MIG instances its MIG UUIDs name, its MPS
-    daemon (by pipe folder) with its limits, and time-slicing on its GPUs."""
+    daemon (by pipe folder) with its limits, time-slicing on its GPUs, and the device
+    metadata folder whose files it mounts."""
     env = facts.env
     mig = []
     for uuid in (d.uuid for d in facts.devices if d.uuid):
@@ -399,7 +407,11 @@ def _created_from_spec(
         if gpu is not None and device.time_slice:
             slices[str(gpu.index)] = device.time_slice
     return CreatedResources(
-        cdi_spec_path=spec_path, mig_instances=mig, mps_share=mps, time_slices=slices
+        cdi_spec_path=spec_path,
+        mig_instances=mig,
+        mps_share=mps,
+        time_slices=slices,
+        metadata_dir=preparer.metadata.claim_dir(uid) if facts.metadata_requests else None,
     )
 
 

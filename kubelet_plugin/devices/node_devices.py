@@ -403,6 +403,16 @@ class NodeDevices:
         with self._lock:
             return self._partitions.get(device_name)
 
+    def attributes(self, device_name: str) -> dict[str, Any] | None:
+        """The device's attributes as last rendered for its slice (also while it is withdrawn
+        for a fault), without the tenant the slice adds; None for a device never published."""
+        with self._lock:
+            for rendered in self._rendered.values():
+                for device in rendered.devices:
+                    if device["name"] == device_name:
+                        return dict(device.get("attributes") or {})
+        return None
+
     def mig_profiles(self, index: int) -> list[MigProfile]:
         if index in self._profiles:
             return list(self._profiles[index])

@@ -216,6 +216,36 @@ def test_container_naming_one_request_sees_only_that_requests_devices(
     assert not seen["first"] & seen["second"]
 
 
+def test_device_metadata_per_request_read_only(api: Any, namespace: str, plugin: RealNode) -> None:
+    """KEP-5304's files as a container finds them: one per request it names, read-only, each
+    naming the request's devices with the UUIDs the container was given."""
+    create_claim(
+        api, namespace, "meta", {"requests": [gpu_request("first"), gpu_request("second")]}
+    )
+    containers = {"first": [{"name": "g", "request": "first"}], "both": [{"name": "g"}]}
+    run_pod(api, namespace, workload_pod(plugin, "meta", containers, {"g": "meta"}))
+    first = wait_report(plugin, namespace, "meta", "first")
+    both = wait_report(plugin, namespace, "meta", "both")
+    expected = {
+        request: claim_uuids(api, namespace, "meta", request) for request in ("first", "second")
+    }
+    delete_pods(api, namespace, "meta")
+    root = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/meta"
+    path = {r: f"{root}/{r}/gpu.flexgpu.dev-metadata.json" for r in expected}
+    assert sorted(first.metadata) == [path["first"]]
+    assert sorted(both.metadata) == sorted(path.values())
+    for request, uuids in expected.items():
+        objects = both.metadata_objects(path[request])
+        assert [o["apiVersion"] for o in objects] == [
+            "metadata.resource.k8s.io/v1beta1",
+            "metadata.resource.k8s.io/v1alpha1",
+        ]
+        (entry,) = objects[0]["requests"]
+        assert entry["name"] == request
+        assert {d["attributes"]["uuid"]["string"] for d in entry["devices"]} == uuids
+    assert set(both.metadata_writes.values()) == {"Read-only file system"}
+
+
 def test_container_with_two_claims_sees_both(api: Any, namespace: str, plugin: RealNode) -> None:
     for name in ("x", "y"):
         create_claim(api, namespace, name, {"requests": [gpu_request()]})
@@ -252,6 +282,10 @@ def test_mig_partition_created_on_demand(api: Any, namespace: str, plugin: RealN
     # The partition exists only once prepared, so its UUID is not published beforehand.
     assert len(rep.visible_devices) == 1
     assert rep.visible_devices[0].startswith("MIG-")
+    # Its metadata file names the partition made for it.
+    (path,) = rep.metadata
+    (device,) = rep.metadata_objects(path)[0]["requests"][0]["devices"]
+    assert device["attributes"]["uuid"] == {"string": rep.visible_devices[0]}
     (result,) = allocated(api, namespace, "mig")
     assert result.device.startswith(f"gpu-{DYNAMIC_MIG_GPUS}-mig-1g10gb")
     assert_control_nodes_usable(rep)

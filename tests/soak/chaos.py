@@ -25,6 +25,7 @@ CRASH_STEPS = (
     "prepare-locked",
     "after-prepare-started",
     "after-devices-created",
+    "after-metadata-written",
     "after-cdi-written",
     "unprepare-locked",
     # Binding conditions (1.36+): a partition made before binding, a shared GPU's tenant.

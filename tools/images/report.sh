@@ -1,7 +1,8 @@
 #!/bin/sh
 # Entry point of the GPU workload image: prints, again every REPORT_INTERVAL seconds, what the
 # runtime gave this container (environment, NVIDIA device nodes and whether opening them passes
-# the device cgroup, driver files and mounts), so tests read it from the container log.
+# the device cgroup, driver files and mounts, device metadata files and whether writing them
+# fails), so tests read it from the container log.
 # Line format: "fgr <seq> <kind> <value>", between "fgr <seq> begin" and "fgr <seq> end".
 seq=0
 while :; do
@@ -21,6 +22,13 @@ while :; do
       [ -e "$f" ] && echo "fgr $seq file $f"
     done
   done
+  # Device metadata (KEP-5304): each file on one line, and what appending to it answers.
+  find /var/run/kubernetes.io/dra-device-attributes -name '*-metadata.json' 2>/dev/null | sort |
+    while IFS= read -r f; do
+      echo "fgr $seq meta $f $(tr -d '\n' < "$f" | tr -s ' ')"
+      err=$( (: >> "$f") 2>&1 | sed 's/.*: //')
+      echo "fgr $seq metawrite $f ${err:-written}"
+    done
   grep -E 'nvidia|cuda|mps' /proc/self/mountinfo | while read -r _ _ _ _ point _; do
     echo "fgr $seq mount $point"
   done

@@ -3,7 +3,9 @@ its log as the kubelet wrote it (CRI format: ``<time> <stream> <tag> <line>``)."
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 # ENXIO: the device cgroup let the open through and no driver answered, as on a GPU node
 # without a loaded kernel module. EPERM would mean the cgroup denied it.
@@ -32,6 +34,22 @@ class Report:
     files: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
     nvml: list[str] = field(default_factory=list)
+    # Device metadata files (KEP-5304) by path: their content on one line, and what writing
+    # to them answered ("written", or the error, e.g. "Read-only file system").
+    metadata: dict[str, str] = field(default_factory=dict)
+    metadata_writes: dict[str, str] = field(default_factory=dict)
+
+    def metadata_objects(self, path: str) -> list[dict[str, Any]]:
+        """The JSON objects of a metadata file, in order (one per API version)."""
+        text, decoder, at = self.metadata[path], json.JSONDecoder(), 0
+        objects: list[dict[str, Any]] = []
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at == len(text):
+                return objects
+            obj, at = decoder.raw_decode(text, at)
+            objects.append(obj)
 
     @property
     def visible_devices(self) -> list[str]:
@@ -112,6 +130,9 @@ def parse(log: str) -> list[Report]:
             current.mounts.append(value)
         elif kind == "nvml":
             current.nvml.append(value)
+        elif kind in ("meta", "metawrite"):
+            path, _, text = value.partition(" ")
+            (current.metadata if kind == "meta" else current.metadata_writes)[path] = text
     return done
 
 

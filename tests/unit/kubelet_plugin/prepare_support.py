@@ -39,8 +39,11 @@ class ClaimTable:
         *devices: AllocatedDevice,
         configs: tuple[dict[str, Any], ...] = (),
         namespace: str = "ns",
+        pod_claim_name: str | None = None,
     ) -> ClaimRef:
-        view = ClaimView(f"uid-{name}", namespace, name, True, tuple(devices), configs)
+        view = ClaimView(
+            f"uid-{name}", namespace, name, True, tuple(devices), configs, pod_claim_name
+        )
         self.views[(namespace, name)] = view
         return ClaimRef(namespace, name, view.uid)
 

@@ -74,13 +74,19 @@ def test_one_cdi_device_per_allocated_device_and_all_load_with_the_cdi_library(
     assert all(not r.error for r in results.values()), results
 
     returned = [i for r in results.values() for d in r.devices for i in d.cdi_device_ids]
-    assert all(len(d.cdi_device_ids) == 1 for r in results.values() for d in r.devices)
-    assert len(returned) == len(set(returned)) == 6
+    # Each device its own CDI device; the first device of each request (five requests) also
+    # the one that mounts the request's device metadata file.
+    assert all(len(d.cdi_device_ids) in {1, 2} for r in results.values() for d in r.devices)
+    assert len(returned) == len(set(returned)) == 6 + 5
+    assert len([i for i in returned if "_metadata_" in i]) == 5
     # What the runtime would resolve: exactly the devices the kubelet was told about.
     assert cdi_devices(node.root / "cdi") == sorted(returned)
 
     by_request = {d.request_names: d for d in results[two.uid].devices}
-    assert by_request[("a",)].cdi_device_ids == (f"gpu.flexgpu.dev/claim={two.uid}-gpu-0",)
+    assert by_request[("a",)].cdi_device_ids == (
+        f"gpu.flexgpu.dev/claim={two.uid}-gpu-0",
+        f"gpu.flexgpu.dev/claim={two.uid}_metadata_a",
+    )
     spec = _spec(node, two.uid)
     per_device = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     # A container naming request "a" gets gpu-0's node and nothing of gpu-3.
@@ -149,7 +155,7 @@ def test_a_mig_device_gets_its_capability_nodes(node: Node, driver: Path) -> Non
     ref = node.table.add("mig", device(f"gpu-{gpu}-mig-3g40gb-4"))
     assert not node.preparer.prepare([ref])[ref.uid].error
     (instance,) = node.backend.list_mig_devices(gpu)
-    (cdi,) = _spec(node, ref.uid)["devices"]
+    cdi, metadata = _spec(node, ref.uid)["devices"]
     gi = instance.gpu_instance_id
     assert cdi["containerEdits"]["deviceNodes"] == [
         {
@@ -174,7 +180,9 @@ def test_a_mig_device_gets_its_capability_nodes(node: Node, driver: Path) -> Non
     ]
     fields = parse_device_env_value(_device_env(cdi["containerEdits"]).popitem()[1])
     assert fields["uuid"] == instance.uuid and fields["uuid"].startswith("MIG-")
-    assert cdi_devices(node.root / "cdi") == [f"gpu.flexgpu.dev/claim={cdi['name']}"]
+    assert cdi_devices(node.root / "cdi") == [
+        f"gpu.flexgpu.dev/claim={name}" for name in (cdi["name"], metadata["name"])
+    ]
 
 
 def test_a_missing_generator_is_named_with_its_setting(tmp_path: Path, driver: Path) -> None:

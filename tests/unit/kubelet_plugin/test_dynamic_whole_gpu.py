@@ -26,7 +26,7 @@ PARTITION = f"gpu-{DYNAMIC_GPU}-mig-1g10gb-6"
 
 def _granted_uuid(node: Node, uid: str) -> str:
     spec = json.loads(node.preparer.spec_path(uid).read_text())
-    (cdi,) = spec["devices"]
+    cdi, _metadata = spec["devices"]
     (own,) = [e for e in cdi["containerEdits"]["env"] if e.startswith("FLEXGPU_DEVICE_")]
     return str(own.split("=", 2)[2].split(";")[0])
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from flexgpu.driver.device_metadata import decode_metadata
 from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimState
 from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
@@ -73,6 +74,12 @@ def test_concurrent_callers_never_fail(node: Node, callers: int) -> None:
     assert set(records) == used
     assert {r.state for r in records.values()} == {ClaimState.PREPARED}
     assert len(list(preparer.cdi_dir.iterdir())) == len(used)
+    # Each claim's device metadata is its own: one folder per claim, naming that claim.
+    folders = sorted(preparer.metadata.root.iterdir())
+    assert [f.name for f in folders] == sorted(used)
+    for folder in folders:
+        (file,) = folder.glob("*/metadata.json")
+        assert decode_metadata(file.read_bytes())[0]["metadata"]["uid"] == folder.name
     migs = sum(1 for ref in claims[:callers] if ref.name.startswith("mig-"))
     assert len(node.backend.list_mig_devices(DYNAMIC_GPU)) == migs
     # Every repeat got the same answer as the first call for its claim.
@@ -86,6 +93,7 @@ def test_concurrent_callers_never_fail(node: Node, callers: int) -> None:
     assert failed == [], f"{len(failed)} of {callers} unprepare calls failed: {failed[:3]}"
     assert preparer.load_checkpoint().claims == {}
     assert list(preparer.cdi_dir.iterdir()) == []
+    assert list(preparer.metadata.root.iterdir()) == []
     assert node.backend.list_mig_devices(DYNAMIC_GPU) == []
     assert node.backend.mps_daemons() == []
 

@@ -78,10 +78,14 @@ def test_prepare_writes_cdi_and_records_prepared(
     (device,) = result.devices
     assert (device.pool_name, device.device_name) == (NODE, "gpu-1")
     assert device.request_names == ("gpu",)  # subrequest suffix stripped
-    assert device.cdi_device_ids == (f"{DRIVER}/claim=uid-c-gpu-1",)
+    assert device.cdi_device_ids == (
+        f"{DRIVER}/claim=uid-c-gpu-1",
+        f"{DRIVER}/claim=uid-c_metadata_gpu",  # the request's device metadata file
+    )
     spec = json.loads(preparer.spec_path("uid-c").read_text())
-    (cdi,) = spec["devices"]
+    cdi, metadata = spec["devices"]
     assert cdi["name"] == "uid-c-gpu-1"
+    assert metadata["name"] == "uid-c_metadata_gpu"
     (own,) = cdi["containerEdits"]["env"]
     assert own.startswith("FLEXGPU_DEVICE_UID_C_GPU_1=uuid=GPU-")
     # The boot it was written in: a rebuild after a power loss never trusts an older one.
@@ -94,11 +98,12 @@ def test_prepare_writes_cdi_and_records_prepared(
     assert preparer.prepare([ref])["uid-c"] == result
 
 
-def test_a_prepare_syncs_only_the_cdi_spec_and_an_unprepare_nothing(
+def test_a_prepare_syncs_only_the_cdi_spec_and_metadata_and_an_unprepare_nothing(
     preparer: ClaimPreparerImpl, table: ClaimTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The records before and after are unsynced (checkpoint.py says why); the spec's data is
-    # synced because the container runtime reads it unchecked.
+    # The records before and after are unsynced (checkpoint.py says why); the data of the spec
+    # and of the request's device metadata file is synced because the container runtime and
+    # the container read them unchecked.
     synced: list[str] = []
     real_fsync = os.fsync
 
@@ -109,9 +114,11 @@ def test_a_prepare_syncs_only_the_cdi_spec_and_an_unprepare_nothing(
     monkeypatch.setattr(os, "fsync", counting_fsync)
     ref = table.add("c", gpu("gpu-1"))
     assert preparer.prepare([ref])["uid-c"].error == ""
-    assert len(synced) == 1 and Path(synced[0]).parent == preparer.cdi_dir
+    assert len(synced) == 2
+    assert Path(synced[0]).parent == preparer.metadata.root / "uid-c" / "gpu"
+    assert Path(synced[1]).parent == preparer.cdi_dir
     assert preparer.unprepare([ref])["uid-c"] == UnprepareResult()
-    assert len(synced) == 1
+    assert len(synced) == 2
 
 
 def test_only_our_driver_and_pool_are_prepared(

@@ -62,7 +62,7 @@ def _power_loss(node: Node, ref: ClaimRef) -> None:
 
 def _spec_env(spec: Path) -> dict[str, str]:
     document: dict[str, Any] = json.loads(spec.read_text())
-    (cdi,) = document["devices"]
+    cdi, _metadata = document["devices"]
     return dict(item.split("=", 1) for item in cdi["containerEdits"]["env"])
 
 

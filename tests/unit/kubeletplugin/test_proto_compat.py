@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +28,8 @@ from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra_health.v1alpha1 import (
     health_pb2 as health_v1alpha1,
 )
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.pluginregistration.v1 import registration_pb2
+from tests.go_modules import module_dir
 
-REPO = Path(__file__).resolve().parents[3]
-GO_MOD = REPO / "tools" / "k8s" / "go.mod"
 SKIP_ENV = "FLEXGPU_SKIP_UPSTREAM_PROTO"
 
 # Upstream file (relative to k8s.io/kubelet/pkg/apis) -> our generated module.
@@ -42,27 +40,6 @@ PAIRS: dict[str, ModuleType] = {
     "dra-health/v1alpha1/api.proto": health_v1alpha1,
     "dra-health/v1/api.proto": health_v1,
 }
-
-
-def kubelet_module_version(go_mod: Path = GO_MOD) -> str:
-    match = re.search(
-        r"^\s*k8s\.io/kubelet\s*=>\s*k8s\.io/kubelet\s+(v\S+)", go_mod.read_text(), re.M
-    )
-    if not match:
-        pytest.fail(f"{go_mod} has no 'k8s.io/kubelet => k8s.io/kubelet vX' replace line")
-    return match.group(1)
-
-
-def go_module_cache() -> Path:
-    if os.environ.get("GOMODCACHE"):
-        return Path(os.environ["GOMODCACHE"])
-    go = shutil.which("go")
-    if go:
-        out = subprocess.run([go, "env", "GOMODCACHE"], check=False, capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.strip():
-            return Path(out.stdout.strip())
-    gopath = os.environ.get("GOPATH") or str(Path.home() / "go")
-    return Path(gopath.split(os.pathsep)[0]) / "pkg" / "mod"
 
 
 _GOGO_IMPORT = re.compile(
@@ -105,8 +82,7 @@ def compile_descriptor_set(root: Path, files: list[str], workdir: Path) -> d.Fil
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d.FileDescriptorProto]:
-    version = kubelet_module_version()
-    apis = go_module_cache() / "k8s.io" / f"kubelet@{version}" / "pkg" / "apis"
+    apis = module_dir("k8s.io/kubelet") / "pkg" / "apis"
     missing = [name for name in PAIRS if not (apis / name).is_file()]
     if missing:
         message = (

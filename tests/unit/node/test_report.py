@@ -14,6 +14,8 @@ T0 stdout F fgr 1 dev /dev/nvidia0 c3:0 No such device or address
 T0 stdout F fgr 1 dev /dev/nvidiactl c3:ff Operation not permitted
 T0 stdout F fgr 1 file /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
 T0 stdout F fgr 1 mount /run/mps/pipe
+T0 stdout F fgr 1 meta /var/run/m/gpu.flexgpu.dev-metadata.json {"a": 1}{"a": 2}
+T0 stdout F fgr 1 metawrite /var/run/m/gpu.flexgpu.dev-metadata.json Read-only file system
 T0 stdout F fgr 1 end
 T0 stdout F fgr 2 begin
 T0 stdout F fgr 2 env NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-c
@@ -33,6 +35,9 @@ def test_complete_reports_only_with_their_fields() -> None:
     assert rep.gpu_nodes() == ["/dev/nvidia0"]
     assert rep.files == ["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
     assert rep.mounts == ["/run/mps/pipe"]
+    path = "/var/run/m/gpu.flexgpu.dev-metadata.json"
+    assert rep.metadata_objects(path) == [{"a": 1}, {"a": 2}]
+    assert rep.metadata_writes == {path: "Read-only file system"}
 
 
 def test_gpu_uuids_from_either_variable() -> None:
