@@ -217,11 +217,14 @@ def _status_attacks(
     ours = _claim(api, namespace, "on-a")
 
     def write(claim: dict[str, Any], **kwargs: Any) -> Any:
-        # As the plugin writes first: a merge patch guarded by resourceVersion.
+        # As the plugin writes first: a merge patch guarded by resourceVersion, here making
+        # the three status fields exactly the row's (a field the row lacks is removed).
+        status = claim.get("status") or {}
+        fields = {key: status.get(key) for key in ("allocation", "reservedFor", "devices")}
         return plugin.patch_namespaced_resource_claim_status(
             claim["metadata"]["name"],
             namespace,
-            {"metadata": claim["metadata"], "status": claim["status"]},
+            {"metadata": claim["metadata"], "status": fields},
             _content_type="application/merge-patch+json",
             **kwargs,
         )
