@@ -31,13 +31,14 @@ WHOLE_GPU = re.compile(r"gpu-\d+")
 
 @dataclass
 class Seen:
-    """What a container was given: its environment, device nodes, driver files and other
-    GPU mounts (MPS pipes and shared memory)."""
+    """What a container was given: its environment, device nodes, driver files, device
+    metadata files (KEP-5304) and other GPU mounts (MPS pipes and shared memory)."""
 
     env: dict[str, str] = field(default_factory=dict)
     device_nodes: list[str] = field(default_factory=list)
     driver_files: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
+    metadata: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -149,8 +150,9 @@ def short_uuid(uuid: str) -> str:
 
 
 def files_cell(seen: Seen) -> str:
+    metadata = f"; {len(seen.metadata)} metadata files" if seen.metadata else ""
     if not seen.device_nodes and not seen.driver_files and not seen.mounts:
-        return "no device nodes or driver files"
+        return "no device nodes or driver files" + metadata
     gpu_nodes = [p for p in seen.device_nodes if p.removeprefix("/dev/nvidia").isdigit()]
     other = len(seen.device_nodes) - len(gpu_nodes)
     parts = [_first(gpu_nodes)] if gpu_nodes else []
@@ -160,7 +162,7 @@ def files_cell(seen: Seen) -> str:
         parts.append(f"{len(seen.driver_files)} driver files")
     if seen.mounts:
         parts.append(f"{len(seen.mounts)} mounts")
-    return "; ".join(parts)
+    return "; ".join(parts) + metadata
 
 
 def rows(api: Any, seen_of: Callable[[str, str], Seen], namespace: str = NAMESPACE) -> list[Row]:

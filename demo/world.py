@@ -21,6 +21,7 @@ from kubernetes import client, config
 
 from demo import real_node, usage
 from demo.catalog import Seen, env_of
+from flexgpu.driver.device_metadata import CONTAINER_DIR as METADATA_ROOT
 from tools.cluster import create_simulated_node
 from tools.cluster.binaries import REPO_ROOT, helm_tools_dir
 from tools.cluster.control_plane import ControlPlane, free_port
@@ -336,6 +337,10 @@ def container_seen(node_root: Path, node: str, namespace: str, pod: str) -> Seen
         except ValueError:  # being written
             return seen
         seen.device_nodes = [d["path"] for d in (spec.get("linux") or {}).get("devices") or []]
-        # A simulated node has no driver root: what its plugin mounts is MPS's.
-        seen.mounts = [m["destination"] for m in spec.get("mounts") or []]
+        # A simulated node has no driver root: what its plugin mounts is MPS's, and the
+        # device metadata files.
+        for mount in spec.get("mounts") or []:
+            where = str(mount["destination"])
+            kind = seen.metadata if where.startswith(METADATA_ROOT) else seen.mounts
+            kind.append(where)
     return seen

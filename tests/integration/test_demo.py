@@ -186,10 +186,12 @@ def test_unsatisfiable_claim_is_explained(rows: dict[str, catalog.Row], api: Any
 
 def test_container_files_come_from_its_spec(rows: dict[str, catalog.Row]) -> None:
     """Simulated nodes have no driver root: their containers get no device nodes or driver
-    files, and the table says so rather than leaving the column empty."""
-    assert rows["one-gpu"].files == "no device nodes or driver files"
+    files, and the table says so rather than leaving the column empty; each gets its
+    request's device metadata file (KEP-5304)."""
+    assert rows["one-gpu"].files == "no device nodes or driver files; 1 metadata files"
     # MPS clients get the control daemon's pipe and shared memory folders.
-    assert rows["mps"].files.endswith(" mounts"), rows["mps"]
+    assert " mounts; " in rows["mps"].files, rows["mps"]
+    assert rows["mps"].files.endswith(" metadata files"), rows["mps"]
     assert rows["too-big"].files == "-"
 
 
