@@ -425,7 +425,11 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
                         out[(ns, name)] = "Refused"
                     else:
                         return None
-            return out
+            # A pod found unschedulable while the node's slices were written again (a plugin
+            # restart, a tenant published) is retried: settled once what fits runs.
+            states = list(out.values())
+            fits = min(FITS[row.kind], len(states)) - states.count("Refused")
+            return out if states.count("Running") >= fits else None
 
         deadline = time.monotonic() + SETTLE_S
         while (outcome := settled()) is None:
