@@ -148,7 +148,11 @@ def checkpoint_claims(node: SimulatedGpuNode) -> dict[str, Any]:
     """The node's claim records by UID (one file each under <data dir>/claims)."""
     records = {}
     for path in sorted((node.data_dir / "claims").glob("*.json")):
-        claim = json.loads(path.read_text())["data"]["claim"]
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue  # removed by an unprepare since the listing: not a record any more
+        claim = json.loads(text)["data"]["claim"]
         records[claim["uid"]] = claim
     return records
 
