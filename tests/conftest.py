@@ -119,9 +119,14 @@ def namespace(api: Any) -> Iterator[str]:
 
 
 def wait_for(
-    predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"
+    predicate: Any,
+    timeout_s: float = 30.0,
+    interval_s: float = 0.1,
+    what: str = "condition",
+    explain: Any = None,
 ) -> Any:
-    """Polls until predicate() returns something truthy; fails the test with `what`."""
+    """Polls until predicate() returns something truthy; fails the test with `what` (and,
+    with ``explain``, what it returns then: the state a failure needs to be understood)."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -129,7 +134,8 @@ def wait_for(
         if last:
             return last
         time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+    detail = f"\n{explain()}" if explain is not None else ""
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r}){detail}")
 
 
 def holds_for(predicate: Any, seconds: float, why: str, interval_s: float = 0.2) -> None:

@@ -156,12 +156,13 @@ def test_an_over_subscribed_burst_runs_what_fits_and_the_rest_waits_with_a_reaso
     pods = _create_burst(api, namespace, counts)
     shares = [name for name, kind in pods if kind == "share"]
     # Fractions that fit (15 x 4Gi of an 80 GB GPU) never wait behind claims that do not.
-    deadline = time.monotonic() + RUNS_WITHIN_S
-    while not all(_phases(api, namespace).get(p) == "Running" for p in shares):
-        if time.monotonic() > deadline:
-            report = scheduling_report(api, namespace)
-            pytest.fail(f"fractions still waiting after {RUNS_WITHIN_S} s:\n{report}")
-        time.sleep(0.2)
+    wait_for(
+        lambda: all(_phases(api, namespace).get(p) == "Running" for p in shares),
+        timeout_s=RUNS_WITHIN_S,
+        interval_s=0.2,
+        what="every fraction Running",
+        explain=lambda: scheduling_report(api, namespace),
+    )
 
     # Whatever else runs runs, the rest is reported unschedulable.
     def settled() -> dict[str, str] | None:

@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -431,12 +430,13 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
             fits = min(FITS[row.kind], len(states)) - states.count("Refused")
             return out if states.count("Running") >= fits else None
 
-        deadline = time.monotonic() + SETTLE_S
-        while (outcome := settled()) is None:
-            if time.monotonic() > deadline:
-                report = "\n".join(scheduling_report(api, ns) for ns in namespaces)
-                pytest.fail(f"row {row.id} not settled after {SETTLE_S} s:\n{report}")
-            time.sleep(0.2)
+        outcome = wait_for(
+            settled,
+            timeout_s=SETTLE_S,
+            interval_s=0.2,
+            what=f"row {row.id} settled",
+            explain=lambda: "\n".join(scheduling_report(api, ns) for ns in namespaces),
+        )
         running = [key for key, state in outcome.items() if state == "Running"]
         refused = [key for key, state in outcome.items() if state == "Refused"]
         # Prepare refuses a mix of namespaces on one shared GPU only where nothing decided
