@@ -17,13 +17,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flexgpu.driver.atomic_file import atomic_write_bytes
 from flexgpu.driver.cdi import (
     CdiDevice,
     ClaimIdentity,
     MetadataMount,
-    encode_spec,
-    render_claim_spec,
     spec_file_name,
 )
 from flexgpu.driver.claim_results import AllocatedDevice, ClaimResultError
@@ -46,6 +43,7 @@ from flexgpu.kubelet_plugin.claims.metadata_files import FOLDER as METADATA_FOLD
 from flexgpu.kubelet_plugin.claims.metadata_files import MetadataFiles
 from flexgpu.kubelet_plugin.claims.mps_daemons import BackendMpsDaemons, MpsDaemons
 from flexgpu.kubelet_plugin.claims.prepare_checks import ClaimConflictError, admit
+from flexgpu.kubelet_plugin.claims.prepare_errors import HeldError, PrepareError
 from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
 from flexgpu.kubelet_plugin.claims.prepare_records import (
     device_records,
@@ -58,6 +56,7 @@ from flexgpu.kubelet_plugin.claims.prepare_records import (
 )
 from flexgpu.kubelet_plugin.claims.sharing import SharingError, SharingPlan
 from flexgpu.kubelet_plugin.claims.sharing_setup import SharingSetupError, apply_sharing
+from flexgpu.kubelet_plugin.claims.spec_file import write_claim_spec
 from flexgpu.kubelet_plugin.claims.tenancy import ONE_NAMESPACE, SharedGpuTenants, TenantMixError
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.fault_injection import crash_if_at
@@ -71,18 +70,6 @@ from flexgpu.kubelet_plugin.kubeletplugin import (
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-
-
-class PrepareError(Exception):
-    """A claim cannot be prepared; the message goes to the kubelet (and the pod's events)."""
-
-
-class HeldError(PrepareError):
-    """The claim's devices are held by claims the node still has prepared (``holders``)."""
-
-    def __init__(self, message: str, holders: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.holders = holders
 
 
 class ClaimPreparerImpl:
@@ -495,16 +482,14 @@ class ClaimPreparerImpl:
     def _write_spec(
         self, claim: ClaimView, devices: Sequence[CdiDevice], metadata: Sequence[MetadataMount]
     ) -> None:
-        if not devices:
-            return  # nothing of ours in the claim: a spec needs at least one device
-        identity = ClaimIdentity(claim.uid, claim.namespace, claim.name)
-        spec = render_claim_spec(
-            identity, devices, self.driver_edits, self._store.boot_id, metadata
+        write_claim_spec(
+            self._spec_file(claim.uid),
+            ClaimIdentity(claim.uid, claim.namespace, claim.name),
+            devices,
+            driver_edits=self.driver_edits,
+            boot_id=self._store.boot_id,
+            metadata=metadata,
         )
-        # The container runtime reads the spec without a checksum, so its data is synced: a
-        # rename that survives a power loss never names a torn spec. The directory is not: a
-        # lost rename only follows a reboot, after which the kubelet prepares again.
-        atomic_write_bytes(self._spec_file(claim.uid), encode_spec(spec), sync_directory=False)
 
     def undo(self, record: ClaimRecord, all_records: Iterable[ClaimRecord]) -> list[str]:
         """Removes what the record says was (or may have been) created (claim_undo.py). The
