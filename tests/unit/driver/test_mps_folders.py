@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def processes(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def _start(tmp_path: Path, name: str, pipe: Path, started: list[subprocess.Popen[bytes]]) -> None:
     program = tmp_path / name
-    program.write_text("#!/bin/sh\nsleep 600\n:\n")
+    # One process, no child: a shell forks its `sleep`, and until the fork has exec'd, the
+    # copy still shows the program's name (a second "daemon" a kill of the first misses).
+    program.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
     program.chmod(0o755)
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
     started.append(subprocess.Popen([str(program)], env=env))
