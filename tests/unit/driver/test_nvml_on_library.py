@@ -312,7 +312,8 @@ class _FakeMpsDaemons:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.program = tmp_path / "bin" / "nvidia-cuda-mps-control"
         self.program.parent.mkdir()
-        self.program.write_text("#!/bin/sh\nsleep 600\n:\n")
+        # One process, no child (a shell's forked `sleep` would briefly show this name too).
+        self.program.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
         self.program.chmod(0o755)
 
     def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
