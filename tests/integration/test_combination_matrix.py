@@ -338,6 +338,15 @@ def _events(api: Any, namespace: str, reason: str) -> dict[str, str]:
     }
 
 
+def _claims_left(api: Any, namespaces: list[str]) -> list[str]:
+    claims = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces().items
+    return [
+        f"{c.metadata.namespace}/{c.metadata.name}"
+        for c in claims
+        if c.metadata.namespace in namespaces
+    ]
+
+
 def _allocated(api: Any, namespace: str) -> bool:
     claims = client.ResourceV1Api(api).list_namespaced_resource_claim(namespace).items
     return any(c.status and c.status.allocation for c in claims)
@@ -404,7 +413,12 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
         if row.event == "restart":
             plugin.kill_and_start()
         elif row.event == "delete-before-binding":
-            wait_for(lambda: _allocated(api, namespaces[0]), timeout_s=60, what="a claim allocated")
+            wait_for(
+                lambda: _allocated(api, namespaces[0]),
+                timeout_s=SETTLE_S,
+                what="a claim allocated",
+                explain=lambda: scheduling_report(api, namespaces[0]),
+            )
             core.delete_namespaced_pod("p0", namespaces[0], grace_period_seconds=0)
             deleted.add((namespaces[0], "p0"))
 
@@ -469,6 +483,14 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
             lambda: not any(r["namespace"] in namespaces for r in checkpoint_claims(node).values()),
             timeout_s=SETTLE_S,
             what="the row's claim records removed",
+        )
+        # The next row starts on a cluster whose scheduler no longer counts this row's
+        # allocations: a claim still allocated in the API holds its device there.
+        wait_for(
+            lambda: not _claims_left(api, namespaces),
+            timeout_s=SETTLE_S,
+            what="the row's ResourceClaims gone from the API",
+            explain=lambda: repr(_claims_left(api, namespaces)),
         )
     wait_for(lambda: not _partitions_made(node), timeout_s=60, what="no partition left")
     assert _refused_writes(node) == refused_before, row.id
