@@ -12,7 +12,9 @@ exactly what prepare accepts:
 * DeviceClasses (``spec.config``): the configs for our driver, as class configs.
 * GpuNodePolicies (``flexgpu.dev/v1alpha1``): ``driver.node_policy.parse_node_policy``.
 
-Configs for other drivers are ignored; an object without any of ours is allowed untouched.
+Configs for other drivers are ignored, except NVIDIA's (``gpu.nvidia.com``) on requests only
+flexgpu serves, which no driver would read (``controller.config_addressing``); an object
+without any of ours is allowed untouched.
 Every problem is listed in the rejection, one per line, each naming its JSON path.
 
 Updates are checked only when the checked part changed (a claim's spec is immutable; a label or
@@ -28,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from flexgpu.controller.config_addressing import misaddressed_configs
 from flexgpu.driver.config_resolution import (
     ConfigSource,
     DeviceType,
@@ -113,7 +116,7 @@ def validate_claim_spec(spec: object, *, path: str = "spec") -> Problems:
     devices = _mapping(spec_map.get("devices")) if spec_map is not None else None
     if devices is None:
         return []
-    return validate_config_entries(
+    return misaddressed_configs(devices, path=f"{path}.devices") + validate_config_entries(
         devices.get("config"),
         path=f"{path}.devices.config",
         source=ConfigSource.CLAIM,

@@ -300,6 +300,8 @@ def _config(config: str) -> list[dict[str, Any]]:
         return []
     if config == "nvidia":
         # Left over from NVIDIA's driver: another driver's config, not flexgpu's to apply.
+        # Admission refuses it (docs/migrating.md); no webhook runs here, as where an admin
+        # turned it off, and the claim is served without it.
         parameters = {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "GpuConfig",

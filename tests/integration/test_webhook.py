@@ -395,11 +395,23 @@ def test_kubectl_apply_shows_the_rejection(
 
 def test_claims_of_other_drivers_never_reach_the_webhook(webhook: Webhook, claims: Any) -> None:
     before = webhook.requests_served("resourceclaims")
-    claims(claim_spec({"whatever": 1}, driver="gpu.nvidia.com"))
+    claims(claim_spec({"whatever": 1}, "gpu.nvidia.com", driver="gpu.nvidia.com"))
     claims({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}})
     claims(claim_spec(mps(defaultActiveThreadPercentage=50)))  # ours: reaches it
     wait_for(lambda: webhook.requests_served("resourceclaims") >= before + 1, timeout_s=10)
     assert webhook.requests_served("resourceclaims") == before + 1
+
+
+def test_a_half_migrated_claim_is_refused_with_the_fix(webhook: Webhook, claims: Any) -> None:
+    """NVIDIA's driver name left on the config of a claim for flexgpu's class: the apiserver
+    sends it to the webhook, which refuses it (no driver would read that config)."""
+    before = webhook.requests_served("resourceclaims")
+    message = _rejection(
+        claims, claim_spec(mps(defaultActiveThreadPercentage=50), driver="gpu.nvidia.com")
+    )
+    assert "spec.devices.config[0].opaque.driver: 'gpu.nvidia.com' is read by no driver" in message
+    assert "set opaque.driver to 'gpu.flexgpu.dev'" in message
+    wait_for(lambda: webhook.requests_served("resourceclaims") >= before + 1, timeout_s=10)
 
 
 def test_bad_node_policy_is_rejected(webhook: Webhook, api: Any, policy_crd_served: bool) -> None:
@@ -437,7 +449,7 @@ def test_outage_blocks_nothing_but_policy_edits_and_restart_reuses_the_secret(
     webhook.stop()
     # Another driver's claim is never sent to the webhook; ours is (failurePolicy Ignore) and
     # is admitted: prepare runs the same checks, so it cannot take effect anyway.
-    claims(claim_spec({"whatever": 1}, driver="gpu.nvidia.com"))
+    claims(claim_spec({"whatever": 1}, "gpu.nvidia.com", driver="gpu.nvidia.com"))
     claims(claim_spec(mps(defaultActiveThreadPercentage=0)))
     if policy_crd_served:
         objects = client.CustomObjectsApi(api)
