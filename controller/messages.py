@@ -324,12 +324,22 @@ def _nodes_text(ev: Evaluation) -> str:
     return f" The pod may use {len(ev.fit.usable)} of {total} nodes."
 
 
+def _claim_words(ev: Evaluation) -> str:
+    extended = ev.claim.extended_resources
+    if extended:
+        asked = ", ".join(f"{name}: {count}" for name, count in extended)
+        return f"The pod's extended resources ({asked}, served by DRA)"
+    return f"Claim {ev.claim.model.name}"
+
+
 def pod_message(ev: Evaluation, lookup: Lookup) -> str:
-    """For the pod's Event: names the claim."""
+    """For the pod's Event: names the claim (or the extended resources it stands for)."""
+    words = _claim_words(ev)
     if ev.explanation.outcome == "error":
-        head = f"Claim {ev.claim.model.name} stops the scheduler with an error."
+        stops = "stop" if ev.claim.extended_resources else "stops"
+        head = f"{words} {stops} the scheduler with an error."
     else:
-        head = f"Claim {ev.claim.model.name} cannot be allocated on any node this pod may use."
+        head = f"{words} cannot be allocated on any node this pod may use."
     return clip(f"{head}{_nodes_text(ev)} {body_text(ev, lookup)}")
 
 

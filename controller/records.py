@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from flexgpu.controller.extended_resources import extended_resources
 from flexgpu.driver.allocation import (
     DeviceClass,
     Node,
@@ -78,6 +79,9 @@ class CachedClaim:
     allocated_at: datetime | None = None
     # flexgpu's allocated devices that carry binding conditions, with what they wait for.
     bindings: tuple[DeviceBinding, ...] = ()
+    # Not an API object: the claim the scheduler will make for a pod's extended resources
+    # (controller.extended_resources), as (resource name, count).
+    extended_resources: tuple[tuple[str, int], ...] = ()
 
     @property
     def allocated(self) -> bool:
@@ -123,6 +127,11 @@ class PodRecord:
     affinity: NodeSelector | None = None  # required node affinity
     tolerations: tuple[Toleration, ...] = ()
     deleting: bool = False
+    # Extended resources the pod asks for (name -> count, as the scheduler sums them), e.g.
+    # {"nvidia.com/gpu": 2}; a DeviceClass may serve them (DRAExtendedResource).
+    extended_resources: Mapping[str, int] = field(default_factory=dict)
+    # status.extendedResourceClaimStatus was written: the scheduler made the pod's claim.
+    extended_claim_made: bool = False
 
     @property
     def key(self) -> str:
@@ -245,10 +254,12 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
 
 
 def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
-    """The pod, or None when it references no ResourceClaim (those are not kept)."""
+    """The pod, or None when it references no ResourceClaim and asks for no extended resource
+    (those are not kept)."""
     spec = obj.get("spec") or {}
     entries = [e for e in spec.get("resourceClaims") or [] if isinstance(e, dict)]
-    if not entries:
+    extended = extended_resources(spec)
+    if not entries and not extended:
         return None
     meta = _meta(obj)
     status = obj.get("status") or {}
@@ -278,6 +289,8 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         affinity=parse_node_selector(affinity),
         tolerations=_tolerations(spec),
         deleting=bool(meta.get("deletionTimestamp")),
+        extended_resources=extended,
+        extended_claim_made=bool(status.get("extendedResourceClaimStatus")),
     )
 
 
