@@ -98,8 +98,12 @@ def test_chart_ships_the_generated_crds() -> None:
 
 
 def test_device_classes_match_the_demo_catalog(helm: Path) -> None:
+    # The catalog is what the test world of every release applies: the chart as on 1.36, before
+    # its default names nvidia.com/gpu (test_whole_gpu_class_serves_nvidia_gpu_by_default_...).
     rendered = {
-        d["metadata"]["name"]: d["spec"] for d in render(helm) if d["kind"] == "DeviceClass"
+        d["metadata"]["name"]: d["spec"]
+        for d in render(helm, kube_version="1.36.1")
+        if d["kind"] == "DeviceClass"
     }
     demo = {
         d["metadata"]["name"]: d["spec"]
@@ -671,3 +675,22 @@ def test_mps_daemon_priority_and_resources_are_values(helm: Path) -> None:
     assert 'priorityClassName.orValue("") == "gpu-daemons"' in policy
     assert 'requests.orValue({}) == {"cpu":"10m","memory":"64Mi"}' in policy
     assert 'limits.orValue({}) == {"memory":"1Gi"}' in policy
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values", "expected"),
+    [
+        ("1.37.2", (), "nvidia.com/gpu"),  # auto: GA, as NVIDIA's own DRA chart
+        ("1.36.1", (), None),  # auto: beta, an admin may have the gate off
+        ("1.37.2", ("deviceClasses.gpuExtendedResourceName=",), None),
+        ("1.35.0", ("deviceClasses.gpuExtendedResourceName=example.com/gpu",), "example.com/gpu"),
+    ],
+)
+def test_whole_gpu_class_serves_nvidia_gpu_by_default_where_it_is_ga(
+    helm: Path, kube_version: str, values: tuple[str, ...], expected: str | None
+) -> None:
+    docs = render(helm, *values, kube_version=kube_version)
+    spec = next(
+        d for d in docs if d["kind"] == "DeviceClass" and d["metadata"]["name"] == "gpu.flexgpu.dev"
+    )["spec"]
+    assert spec.get("extendedResourceName") == expected

@@ -112,6 +112,18 @@ off
 {{- end -}}
 {{- end -}}
 
+{{/* The whole-GPU class's extendedResourceName: "auto" is nvidia.com/gpu on Kubernetes
+1.37+, where DRAExtendedResource is GA (as NVIDIA's own DRA chart does), and none before;
+"" none; anything else that name. */}}
+{{- define "flexgpu.gpuExtendedResourceName" -}}
+{{- $name := toString .Values.deviceClasses.gpuExtendedResourceName -}}
+{{- if eq $name "auto" -}}
+{{- if semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version -}}nvidia.com/gpu{{- end -}}
+{{- else -}}
+{{- $name -}}
+{{- end -}}
+{{- end -}}
+
 {{/* MPS daemons as pods need the driver root (their program comes from it). */}}
 {{- define "flexgpu.mpsDaemonPods" -}}
 {{- if and .Values.kubeletPlugin.mpsDaemonPods .Values.kubeletPlugin.nvidiaDriverRoot -}}true{{- end -}}
