@@ -143,8 +143,8 @@ def start_node(
         raise StartupFailed(f"no GPUs: {err}") from None
     except DriverEditsError as err:
         raise StartupFailed(str(err)) from None
-    # Without a metrics port nothing would read the counters: prometheus_client and the
-    # counting wrappers are left out (about 6 MiB of resident memory).
+    # Without a metrics port nothing would read the counters: prometheus_client, the
+    # counting backend and the pipeline's metrics stage are left out (about 6 MiB resident).
     observed = metric_settings.port is not None
     if observed:
         from flexgpu.kubelet_plugin.observe.observed_backend import ObservedBackend

@@ -239,3 +239,21 @@ def test_the_plugin_passes_gate_then_metrics_then_tenancy(observed: bool) -> Non
     assert names == (
         ["start-up gate", "metrics", "tenancy"] if observed else ["start-up gate", "tenancy"]
     )
+
+
+def test_metrics_times_each_call_and_counts_its_failed_claims_passing_them_on_unchanged() -> None:
+    from flexgpu.kubelet_plugin.observe import metrics
+
+    node = "pipeline-node"
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, {"node": node, **labels}) or 0.0
+
+    pipeline = ClaimPipeline([metrics.CallMetrics(node)], End([]))
+    busy = sample("flexgpu_plugin_unprepare_errors_total", reason="other")
+    timed = sample("flexgpu_plugin_unprepare_duration_seconds_count")
+    results = pipeline.unprepare([A, B])
+    assert results == {"u1": UnprepareResult(""), "u2": UnprepareResult("busy")}
+    assert sample("flexgpu_plugin_unprepare_errors_total", reason="other") == busy + 1
+    assert sample("flexgpu_plugin_unprepare_duration_seconds_count") == timed + 1
+    assert sample("flexgpu_plugin_prepare_duration_seconds_count") == 0, "unprepare only"
