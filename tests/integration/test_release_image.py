@@ -20,10 +20,10 @@ pytestmark = pytest.mark.integration
 
 def _fresh_cache(tmp: Path, shared: Path) -> Path:
     """An empty image cache that shares only what is not image layout: the .deb downloads
-    (apt's candidates, by name and version) and the toolkit programs (tools/nvidia-ctk's
+    (apt's candidates, by name and version) and the shipped Go programs (hooks/'s
     cache, keyed by its module pins)."""
     tmp.mkdir()
-    for entry in shared.glob("nvidia-ctk-*"):
+    for entry in shared.glob("hooks-*"):
         (tmp / entry.name).symlink_to(entry)
     (tmp / "images").mkdir()
     (tmp / "images" / "debs").symlink_to(shared / "images" / "debs", target_is_directory=True)

@@ -2,7 +2,8 @@
 
 - the flexgpu image, the one the release publishes and every test runs: Debian 12's Python
   3.11 runtime (its .deb packages), flexgpu's dependencies as installed in this environment,
-  NVIDIA's CDI tools (tools/nvidia-ctk) and the project's own packages from the source tree;
+  the Go programs it ships (hooks/: NVIDIA's CDI tools and flexgpu's hooks) and the project's
+  own packages from the source tree;
 - for the real test node: the sandbox (pause) image, a small static program of our own, and
   the GPU workload image, busybox and a script that reports what the container received;
 - a Debian stand-in for ``ubuntu:22.04``, the image NVIDIA's quickstart manifests name, so the
@@ -11,7 +12,9 @@
 Reproducible: layers are tars with sorted entries, owned by root and dated at the epoch, and
 the image config has no build time, so the same inputs give the same digest (docs/releasing.md
 lists the inputs; ``--inputs`` prints them). Each layer is cached under a key of its inputs,
-so a warm build only re-tars what changed (the flexgpu packages).
+so a warm build only re-tars what changed (the flexgpu packages). Layers and archives follow
+the build cache's rules (tools/buildcache.py): written to a temp file and renamed, a hit
+counts as a use, and eviction keeps what was used in the keep period.
 
     python -m tools.images.build [pause|workload|ubuntu|flexgpu ...] [--inputs]
 
@@ -21,7 +24,6 @@ prints ``role, name, archive`` per image (all of them by default).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import buildcache
 from tools.images import debs, oci, python_env
 
 HERE = Path(__file__).resolve().parent
@@ -94,10 +97,7 @@ class BuiltImage:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("FLEXGPU_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexgpu"
-    )
-    return Path(base) / "images"
+    return buildcache.cache_root() / "images"
 
 
 def _hash(parts: Iterable[bytes]) -> str:
@@ -123,6 +123,7 @@ def _cached_layer(key: str, populate: Callable[[Path], None]) -> oci.Layer:
     tar = layers / f"{key}.tar"
     digest_file = layers / f"{key}.digest"
     if tar.exists() and digest_file.exists():
+        buildcache.touch(tar)
         return oci.Layer(tar, digest_file.read_text().strip(), tar.stat().st_size)
     with tempfile.TemporaryDirectory(prefix="flexgpu-layer-", dir=layers) as tmp:
         rootfs = Path(tmp) / "rootfs"
@@ -130,8 +131,8 @@ def _cached_layer(key: str, populate: Callable[[Path], None]) -> oci.Layer:
         populate(rootfs)
         layer = oci.write_layer(rootfs, tar)
     digest_file.write_text(layer.digest + "\n")
-    # Every edit of the sources (or of this file) makes new layers: keep the latest two.
-    _prune(layers, f"{key.rsplit('-', 1)[0]}-*.tar", keep=tar)
+    # Every edit of the sources (or of this file) makes new layers.
+    _evict(layers, f"{key.rsplit('-', 1)[0]}-*.tar", keep=tar)
     return layer
 
 
@@ -172,20 +173,19 @@ def _archive(name: str, file_name: str, layers: list[oci.Layer], config: oci.Ima
     parts = [name.encode(), repr(config).encode()]
     key = _hash(parts + [layer.digest.encode() for layer in layers])
     dest = cache_root() / f"{file_name}-{key}.tar"
-    if not dest.exists():
+    if dest.exists():
+        buildcache.touch(dest)
+    else:
         oci.write_archive(dest, name, layers, config)
-        _prune(cache_root(), f"{file_name}-*.tar", keep=dest)
+        _evict(cache_root(), f"{file_name}-*.tar", keep=dest)
     return dest
 
 
-def _prune(folder: Path, pattern: str, keep: Path, count: int = 2) -> None:
-    """Drops all but the newest ``count`` files matching ``pattern`` (never ``keep``): every
-    source edit makes a new flexgpu layer and archive."""
-    found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in found[count:]:
-        if old != keep:
-            old.unlink(missing_ok=True)
-            old.with_suffix(".digest").unlink(missing_ok=True)
+def _evict(folder: Path, pattern: str, keep: Path) -> None:
+    """The build cache's eviction over the files matching ``pattern`` (every source edit makes
+    a new flexgpu layer and archive), with a layer's digest beside it."""
+    for old in buildcache.evict(folder, pattern, keep=keep):
+        old.with_suffix(".digest").unlink(missing_ok=True)
 
 
 def pause_image() -> BuiltImage:
@@ -304,21 +304,17 @@ def _project(rootfs: Path) -> None:
         path.chmod(0o755)
 
 
-TOOLKIT_SCRIPT = REPO / "tools" / "nvidia-ctk" / "build.sh"
+TOOLKIT_SCRIPT = buildcache.SCRIPTS["hooks"]
 TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "flexgpu-cdi-common", "flexgpu-cdi-hooks")
 
 
 def _toolkit_dir() -> Path:
-    """NVIDIA's CDI tools (nvidia-ctk, the static nvidia-cdi-hook, flexgpu-cdi-common),
-    built by tools/nvidia-ctk from its module pins."""
-    proc = subprocess.run(
-        ["bash", str(TOOLKIT_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if proc.returncode != 0:
-        raise ImageBuildError(
-            f"{TOOLKIT_SCRIPT} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    """The Go programs the image ships (nvidia-ctk, the static nvidia-cdi-hook,
+    flexgpu-cdi-common, flexgpu-cdi-hooks), built by hooks/ from its module pins."""
+    try:
+        return buildcache.path("hooks", timeout=1800)
+    except buildcache.BuildError as e:
+        raise ImageBuildError(str(e)) from e
 
 
 def _toolkit_layer() -> oci.Layer | None:

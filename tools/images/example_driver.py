@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from tools import buildcache
 from tools.images import build, oci
 
-BUILD_SCRIPT = build.REPO / "tools" / "example-driver" / "build.sh"
 GO_MOD = build.REPO / "tools" / "example-driver" / "go.mod"
 MODULE = "sigs.k8s.io/dra-example-driver"
 PROGRAM = "dra-example-kubeletplugin"
@@ -37,14 +36,10 @@ def version() -> str:
 
 def binary() -> Path:
     """Builds the plugin (or finds it in the tool cache); its path."""
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if proc.returncode != 0:
-        raise build.ImageBuildError(
-            f"{BUILD_SCRIPT} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return buildcache.path("example-driver", timeout=1800) / PROGRAM
+    except buildcache.BuildError as e:
+        raise build.ImageBuildError(str(e)) from e
 
 
 def example_driver_image() -> build.BuiltImage:
