@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Go programs the flexgpu image ships (tools/images copies them in): our
+# Builds the Go programs the flexgpu image ships (release/image.py copies them in): our
 # flexgpu-cdi-common (the NVIDIA Container Toolkit's generator for the CDI edits every GPU
 # container needs) and flexgpu-cdi-hooks (the toolkit's hooks, several in one process), and
 # beside them nvidia-ctk and nvidia-cdi-hook from the toolkit this module pins. Into the tool

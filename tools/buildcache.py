@@ -150,11 +150,12 @@ def touch(entry: Path) -> None:
         os.utime(mark)
 
 
-def evict(folder: Path, pattern: str, keep: Path) -> list[Path]:
+def evict(folder: Path, pattern: str, keep: Path, keep_days: float | None = None) -> list[Path]:
     """Removes the entries of ``folder`` matching ``pattern`` that were not used for the keep
-    period, never ``keep`` (the current one) and never one whose lock another process holds.
-    Returns what it removed."""
-    limit = time.time() - keep_seconds()
+    period (``keep_days``, else the setting), never ``keep`` (the current one) and never one
+    whose lock another process holds. Returns what it removed."""
+    period = keep_seconds() if keep_days is None else keep_days * 86400.0
+    limit = time.time() - period
     removed: list[Path] = []
     for entry in sorted(folder.glob(pattern)):
         if entry.suffix == ".lock" or entry == keep:

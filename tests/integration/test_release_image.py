@@ -1,4 +1,4 @@
-"""The flexgpu image the release publishes is the one tools/images builds for the tests: two
+"""The flexgpu image the release publishes is the one release/ builds for the tests: two
 builds from empty layer caches give the same manifest digest, and the image holds what the
 daemons run (the project's packages and console scripts, Debian's Python, NVIDIA's CDI
 programs, the controller's user)."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.images import build
-from tools.images.push import manifest_digest
+from release import image as build
+from release.push import manifest_digest
 
 pytestmark = pytest.mark.integration
 

@@ -265,3 +265,6 @@ def test_python_eviction_of_file_entries(tmp_path: Path) -> None:
     assert all(files[n].exists() for n in ("recent", "locked", "current"))
     buildcache.touch(files["locked"])
     assert buildcache.evict(tmp_path, "flexgpu-*.tar", keep=files["current"]) == []
+    # Cheap to make again, short kept: the recent one goes with a half-day period.
+    removed = buildcache.evict(tmp_path, "flexgpu-*.tar", keep=files["current"], keep_days=0.5)
+    assert removed == [files["recent"]]

@@ -20,12 +20,13 @@ from typing import Any
 
 from kubernetes import client
 
+from release.layers import BuiltImage
 from tools import buildcache
 from tools.cluster.binaries import control_plane_dir
 from tools.cluster.control_plane import ControlPlane, free_port
 from tools.cluster.feature_gates import settable_gates
 from tools.cluster.process import Component
-from tools.images.build import BuiltImage, build_all
+from tools.images.build import build_all
 from tools.node import cgroups, configs, credentials, driver_root, namespace, reaper
 from tools.node.binaries import node_binaries
 from tools.node.image_source import ImageSource
