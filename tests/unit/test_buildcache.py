@@ -268,3 +268,21 @@ def test_python_eviction_of_file_entries(tmp_path: Path) -> None:
     # Cheap to make again, short kept: the recent one goes with a half-day period.
     removed = buildcache.evict(tmp_path, "flexgpu-*.tar", keep=files["current"], keep_days=0.5)
     assert removed == [files["recent"]]
+
+
+def test_every_build_goes_through_the_helper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each registered script answers a query with an entry of the cache (so it sources the
+    helper and computes its key before anything else), and none keeps a lock, mark or eviction
+    rule of its own."""
+    monkeypatch.setenv("FLEXGPU_CACHE", str(tmp_path))
+    for name, script in buildcache.SCRIPTS.items():
+        found, complete = buildcache.entry(name)
+        assert found.parent == tmp_path and not complete, name
+        text = script.read_text()
+        assert "buildcache.sh" in text, script
+        for own in ("flock", ".complete", "ls -dt", "out.tmp", "cache_root="):
+            assert own not in text, f"{script} does its own {own!r}"
+    scripts = set(REPO.glob("tools/*/build.sh")) | set(REPO.glob("*/build.sh"))
+    assert scripts <= set(buildcache.SCRIPTS.values())
