@@ -106,7 +106,7 @@ class PluginConfig(BaseModel):
     driver_root: Path | None = None
     # The same folder as the container runtime on the host sees it (default: driver_root).
     host_driver_root: Path | None = None
-    # Prints the driver's common CDI edits (tools/nvidia-ctk); a name is looked up in PATH.
+    # Prints the driver's common CDI edits (hooks/); a name is looked up in PATH.
     cdi_generator: str = "flexgpu-cdi-common"
     # Host path of nvidia-cdi-hook; None: the image's copy is installed into the data dir.
     nvidia_cdi_hook: Path | None = None
