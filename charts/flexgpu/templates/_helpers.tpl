@@ -80,6 +80,10 @@ flexgpu.webhookSecret (then, and only then, it may touch that Secret). */}}
 {{- define "flexgpu.tenantWebhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-tenancy{{- end -}}
 {{/* The tenancy webhook is rendered (and the controller may write it) when shared GPUs serve
 one namespace at a time and the controller serves webhooks. */}}
+{{- define "flexgpu.tolerationWebhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-gpu-tolerations{{- end -}}
+{{/* The pod toleration webhook is rendered (and the controller may write it) when the admin
+names tolerations and the controller serves webhooks. */}}
+{{- define "flexgpu.tolerationWebhook" -}}{{ if and .Values.webhook.enabled .Values.webhook.gpuTolerations }}true{{ end }}{{- end -}}
 {{- define "flexgpu.tenantWebhook" -}}{{ if and .Values.webhook.enabled (eq .Values.kubeletPlugin.sharedGpuTenants "namespace") }}true{{ end }}{{- end -}}
 
 {{/* ServiceAccounts: the chart's own, or one the admin made (serviceAccount.create=false). */}}
