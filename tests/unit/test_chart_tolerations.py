@@ -79,7 +79,7 @@ def test_without_tolerations_there_is_no_pod_webhook_and_no_right_for_it(
     helm: Path, values: str
 ) -> None:
     docs = render(helm, values)
-    assert not [d for d in docs if NAME == d["metadata"]["name"]]
+    assert not [d for d in docs if d["metadata"]["name"] == NAME]
     role = find(docs, "ClusterRole", "controller")
     assert not any("resourceclaimtemplates" in r["resources"] for r in role["rules"])
     assert not any(NAME in r.get("resourceNames", []) for r in role["rules"])

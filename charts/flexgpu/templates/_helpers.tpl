@@ -122,14 +122,15 @@ off
 {{- end -}}
 
 {{/*
-The kubelet plugin's affinity: kubeletPlugin.affinity, with the device-plugin guard added to
-every required node selector term (terms are ORed, so each needs it), so no override of the
-affinity can put the plugin on a node NVIDIA's device plugin serves.
+The kubelet plugin's affinity: kubeletPlugin.affinity, with the device-plugin guard's label
+(kubeletPlugin.devicePluginGuard.labelKey, when set) added to every required node selector
+term (terms are ORed, so each needs it), so no override of the affinity can put the plugin
+on a node so labelled. The guard proper is the plugin's own check of the Node's allocatable.
 */}}
 {{- define "flexgpu.kubeletPluginAffinity" -}}
 {{- $affinity := deepCopy (.Values.kubeletPlugin.affinity | default dict) -}}
 {{- $guard := .Values.kubeletPlugin.devicePluginGuard -}}
-{{- if $guard.enabled -}}
+{{- if and $guard.enabled $guard.labelKey -}}
 {{- $expr := dict "key" $guard.labelKey "operator" "NotIn" "values" (list "true") -}}
 {{- $node := get $affinity "nodeAffinity" | default dict -}}
 {{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
