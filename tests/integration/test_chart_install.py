@@ -293,6 +293,16 @@ def test_controller_as_its_service_account_leads_and_serves(
         )
         assert {h.client_config.ca_bundle for h in tenancy.webhooks} == {secret.data["ca.crt"]}
         assert {h.client_config.service.name for h in tenancy.webhooks} == {CONTROLLER_SA}
+        # And the pod toleration webhook's (its rules name pods, which the admission policy
+        # allows for that configuration alone).
+        tolerations = wait_for(
+            lambda: _filled(
+                admission.read_mutating_webhook_configuration("flexgpu-gpu-tolerations")
+            ),
+            timeout_s=60,
+            what="caBundle written into the chart's toleration configuration",
+        )
+        assert {h.client_config.ca_bundle for h in tolerations.webhooks} == {secret.data["ca.crt"]}
         assert controller.running(), controller.log_tail()
         assert "Forbidden" not in controller.log_tail(400)
     finally:
