@@ -258,6 +258,7 @@ def test_controller_as_its_service_account_leads_and_serves(
             f"--webhook-secret-namespace={NS}",
             "--webhook-configuration-name=flexgpu-validation",
             "--tenant-webhook-configuration-name=flexgpu-tenancy",
+            "--toleration-webhook-configuration-name=flexgpu-gpu-tolerations",
             # As the chart runs it: the configuration is the chart's, the controller fills in
             # the caBundle only.
             "--webhook-ca-bundle-only",

@@ -89,6 +89,7 @@ def operator_node(api: Any, plugin: RealNode) -> Iterator[RealNode]:
     """The session's node shaped as the Operator leaves it, the chart installed again by
     the recipe; put back as it was afterwards."""
     core = client.CoreV1Api(api)
+    before = dict(core.read_node(NODE).metadata.labels or {})
     core.patch_node(NODE, {"metadata": {"labels": OPERATOR_LABELS}})
     spec = plugin.layout.cdi_dir / TOOLKIT_SPEC
     spec.write_text(yaml.safe_dump(_toolkit_spec()))
@@ -119,7 +120,9 @@ def operator_node(api: Any, plugin: RealNode) -> Iterator[RealNode]:
         yield plugin
     finally:
         spec.unlink(missing_ok=True)
-        core.patch_node(NODE, {"metadata": {"labels": dict.fromkeys(OPERATOR_LABELS)}})
+        # The labels as they were (the node had nvidia.com/gpu.present=true already).
+        restored = {key: before.get(key) for key in OPERATOR_LABELS}
+        core.patch_node(NODE, {"metadata": {"labels": restored}})
         install_plugin(plugin, plugin.flexgpu_image)
 
         def back() -> bool:
