@@ -172,3 +172,61 @@ def test_without_the_webhook_the_same_pod_stays_pending_on_the_taint(
         )
 
     wait_for(refused, timeout_s=60, what="the scheduler to name the taint", explain=conditions)
+
+
+def test_an_outage_fails_closed_or_open_as_the_failure_policy_says(
+    cluster: ControlPlane, api: Any, namespace: str
+) -> None:
+    """With no controller answering, ``Fail`` refuses a pod whose claims are flexgpu's and
+    ``Ignore`` admits it without the toleration; a pod naming no claim is never sent."""
+    core = client.CoreV1Api(api)
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    secrets = f"flexgpu-outage-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": secrets}})
+    name = f"{TOLERATIONS}-outage"
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(
+        namespace, {"metadata": {"name": "one-gpu"}, **WHOLE_GPU}
+    )
+    pod = make_pod("gpu", "true", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}, NODE)
+    try:
+        with run_webhook_for_tests(
+            cluster.kubeconfig,
+            cluster.workdir / "logs" / "tolerations-outage-webhook.log",
+            secret_namespace=secrets,
+            configuration_name=f"{VALIDATION}-outage",
+            extra_args=(
+                f"--toleration-webhook-configuration-name={name}",
+                "--toleration-failure-policy=Fail",
+            ),
+        ):
+            wait_for(
+                lambda: _tolerations(_dry_run(api, namespace, pod)) == [ADDED],
+                timeout_s=30,
+                what="the toleration webhook to mutate pods",
+            )
+        # The process is gone: Fail refuses the pod, and names the webhook.
+
+        def refused() -> str:
+            try:
+                _dry_run(api, namespace, pod)
+            except client.ApiException as error:
+                return str(error.body)
+            return ""
+
+        message = wait_for(refused, timeout_s=30, what="the pod refused while nobody answers")
+        assert "tolerations.pods.gpu.flexgpu.dev" in message, message
+        assert _dry_run(api, namespace, make_pod("plain", "true", {}, NODE))
+        admission.patch_mutating_webhook_configuration(
+            name, [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]
+        )
+        wait_for(
+            lambda: not refused(),
+            timeout_s=30,
+            what="the pod admitted under Ignore",
+        )
+        assert _tolerations(_dry_run(api, namespace, pod)) == []
+    finally:
+        for kind, config in (("validating", f"{VALIDATION}-outage"), ("mutating", name)):
+            with contextlib.suppress(client.ApiException):
+                getattr(admission, f"delete_{kind}_webhook_configuration")(config)
+        core.delete_namespace(secrets)
