@@ -136,6 +136,10 @@ class PluginConfig(BaseModel):
     binding_conditions: Literal["auto", "on", "off"] = "auto"
     # After creating a partition failed, the GPU's partitions stay tainted this long.
     partition_failure_seconds: float = Field(default=300.0, ge=0)
+    # on: wait, publishing nothing, while a device plugin serves the node (its resources in
+    # the Node's allocatable; api/device_plugin_guard.py), reading the Node this often.
+    device_plugin_guard: Literal["on", "off"] = "on"
+    device_plugin_recheck_seconds: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 

@@ -28,6 +28,7 @@ from flexgpu.kubelet_plugin.malloc_arenas import limit_malloc_arenas
 if TYPE_CHECKING:
     from flexgpu.driver.backend import GpuBackend
     from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.api.device_plugin_guard import DevicePluginGuard
     from flexgpu.kubelet_plugin.api.kube_api import KubeApi
     from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
     from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
@@ -77,8 +78,11 @@ class NodeReadiness:
     def __init__(self, gate: StartupGate) -> None:
         self._gate = gate
         self.publisher: SlicePublisher | None = None
+        self.guard: DevicePluginGuard | None = None
 
     def __call__(self) -> str | None:
+        if self.guard is not None and self.guard.waiting:
+            return self.guard.waiting
         if not self._gate.ready:
             return "starting: prepares are not served yet"
         publisher = self.publisher
@@ -427,11 +431,42 @@ def _health_endpoint(config: PluginConfig, readiness: NodeReadiness) -> Callable
     from flexgpu.kubelet_plugin.observe.health_endpoint import HealthEndpoint
 
     def alive() -> str | None:
+        if readiness.guard is not None and readiness.guard.waiting:
+            return None  # waiting on purpose, with no socket yet: a restart would not help
         return probe(config.registration_socket)
 
     endpoint = HealthEndpoint(config.health_port, alive=alive, ready=readiness)
     log.info("health probes on :%d (/livez, /readyz)", endpoint.port)
     return endpoint.stop
+
+
+def _no_device_plugin(config: PluginConfig, readiness: NodeReadiness) -> bool:
+    """Waits while a device plugin serves the node (api/device_plugin_guard.py), before
+    anything registers with the kubelet; False when a signal ended the wait."""
+    if config.device_plugin_guard == "off":
+        return True
+    from flexgpu.kubelet_plugin.api.device_plugin_guard import DevicePluginGuard
+    from flexgpu.kubelet_plugin.api.node_events import NodeEventRecorder
+
+    try:
+        api = make_api(config)
+    except Exception as err:  # start_node reports a bad kubeconfig with its own error
+        log.warning("device plugin check skipped: %s", err)
+        return True
+    guard = DevicePluginGuard(
+        api,
+        config.node_name,
+        NodeEventRecorder(api, config.node_name),
+        config.device_plugin_recheck_seconds,
+    )
+    readiness.guard = guard
+    stop_signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.signal(s, lambda *_: guard.stop()) for s in stop_signals}
+    try:
+        return guard.wait_until_clear()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run(config: PluginConfig) -> int:
@@ -441,6 +476,10 @@ def run(config: PluginConfig) -> int:
     server = Server(pipeline, config.server_options(), gate)
     readiness = NodeReadiness(gate)
     stops: list[Callable[[], None]] = [_health_endpoint(config, readiness)]
+    if not _no_device_plugin(config, readiness):
+        for stop in stops:
+            stop()
+        return 0
 
     def after_start() -> None:
         try:

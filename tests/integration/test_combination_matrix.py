@@ -15,7 +15,10 @@ Dimensions:
 - an event in flight: none; the plugin killed between allocation and its binding decision
   (PartitionReady/TenantReady) and started again; the pod and its claim deleted before
   binding; a reallocation after a refusal (a partition whose creation fails once, or a shared
-  GPU taken by the other namespace).
+  GPU taken by the other namespace);
+- the node's taint: none, or ``nvidia.com/gpu:NoSchedule`` as GPU node pools carry it, with
+  each pod given what the controller's pod toleration webhook adds (its own function over
+  the row's real template and classes; no controller runs here).
 
 allpairspy picks rows so that every pair of values (of the combinations that exist) meets in
 at least one row; the module prints the matrix and its pair coverage. Combinations that do
@@ -29,6 +32,7 @@ asks; afterwards no partition, no claim record and no refused status write is le
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -42,6 +46,8 @@ import pytest
 from allpairspy import AllPairs
 from kubernetes import client
 
+from flexgpu.controller.gpu_tolerations import DEFAULT_GPU_TOLERATIONS, answer_toleration_review
+from flexgpu.controller.pod_claim_lookup import ApiClaimLookup
 from flexgpu.controller.tenant_selector import tenant_expression
 from flexgpu.driver.sim_backend import SimulatedBackend
 from tests.conftest import target_minor, wait_for
@@ -56,6 +62,7 @@ from tests.integration.gpu_workloads import (
 )
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
+from tools.cluster.nodes import mark_node_ready
 
 pytestmark = pytest.mark.integration
 
@@ -79,8 +86,10 @@ TENANCY = ("one", "two")
 ARRIVAL = ("one", "burst")
 BINDING = ("on", "off")
 EVENTS = ("none", "restart", "delete-before-binding", "realloc-after-refusal")
-DIMENSIONS = (KINDS, CONFIGS, TENANCY, ARRIVAL, BINDING, EVENTS)
-NAMES = ("kind", "config", "tenancy", "arrival", "binding", "event")
+TAINTS = ("none", "gpu")
+DIMENSIONS = (KINDS, CONFIGS, TENANCY, ARRIVAL, BINDING, EVENTS, TAINTS)
+NAMES = ("kind", "config", "tenancy", "arrival", "binding", "event", "taint")
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -91,12 +100,15 @@ class Row:
     arrival: str
     binding: str
     event: str
+    taint: str
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return tuple(getattr(self, n) for n in NAMES)
 
     @property
     def id(self) -> str:
-        return "-".join(
-            (self.kind, self.config, self.tenancy, self.arrival, self.binding, self.event)
-        )
+        return "-".join(self.values)
 
 
 def _valid(values: list[str]) -> bool:
@@ -158,9 +170,7 @@ def matrix() -> list[Row]:
 def coverage(rows: list[Row]) -> tuple[int, int]:
     """(pairs covered, valid pairs)."""
     valid = valid_pairs()
-    covered = set().union(
-        *(_pairs((r.kind, r.config, r.tenancy, r.arrival, r.binding, r.event)) for r in rows)
-    )
+    covered = set().union(*(_pairs(r.values) for r in rows))
     return len(covered & valid), len(valid)
 
 
@@ -326,6 +336,43 @@ def _template(row: Row, namespace: str) -> dict[str, Any]:
     return {"metadata": {"name": "t"}, "spec": {"spec": {"devices": devices}}}
 
 
+def _taint(api: Any, row: Row) -> None:
+    """The node tainted as the row says (the taint of other rows removed)."""
+    if row.taint == "gpu":
+        mark_node_ready(api, NODE, taints=[GPU_TAINT])
+        return
+    core = client.CoreV1Api(api)
+    taints = core.read_node(NODE).spec.taints or []
+    kept = [
+        {"key": t.key, "value": t.value, "effect": t.effect}
+        for t in taints
+        if t.key != GPU_TAINT["key"]
+    ]
+    if len(kept) != len(taints):
+        core.patch_node(NODE, {"spec": {"taints": kept or None}})
+
+
+def _admitted(api: Any, namespace: str, pod: dict[str, Any], row: Row) -> dict[str, Any]:
+    """The pod as the pod toleration webhook admits it on a tainted row: its answer to the
+    review, over the row's template and classes as the API server has them."""
+    if row.taint != "gpu":
+        return pod
+    review = {
+        "request": {
+            "uid": "matrix",
+            "operation": "CREATE",
+            "namespace": namespace,
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": pod,
+        }
+    }
+    answer = answer_toleration_review(list(DEFAULT_GPU_TOLERATIONS), ApiClaimLookup(api), review)
+    assert answer is not None and "patch" in answer["response"], (row.id, answer)
+    (op,) = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert op["path"] == "/spec/tolerations", (row.id, op)
+    return {**pod, "spec": {**pod["spec"], "tolerations": op["value"]}}
+
+
 def _phases(api: Any, namespace: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items}
 
@@ -394,6 +441,7 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
     if row.binding == "on" and target_minor() < 36:
         pytest.skip("binding conditions need Kubernetes 1.36+")
     plugin.ensure(row)
+    _taint(api, row)
     refused_before = _refused_writes(node)
     core = client.CoreV1Api(api)
     resources = client.ResourceV1Api(api)
@@ -410,7 +458,7 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
                 {"g": {"resourceClaimTemplateName": "t"}},
                 node=NODE,
             )
-            core.create_namespaced_pod(ns, pod)
+            core.create_namespaced_pod(ns, _admitted(api, ns, pod, row))
         deleted: set[tuple[str, str]] = set()
         if row.event == "restart":
             plugin.kill_and_start()

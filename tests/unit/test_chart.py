@@ -309,7 +309,7 @@ def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(he
     from flexgpu.controller.webhook_config import ServiceRef
 
     docs = render(helm)
-    rendered = find(docs, "MutatingWebhookConfiguration")
+    rendered = find(docs, "MutatingWebhookConfiguration", "tenancy")
     assert rendered["metadata"]["name"] == "t-flexgpu-tenancy"
     built = build_tenant_webhook_configuration(
         ServiceRef("flexgpu-system", "t-flexgpu-controller", 443), None, name="unused"
@@ -318,7 +318,12 @@ def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(he
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--tenant-webhook-configuration-name=t-flexgpu-tenancy" in args
     role = find(docs, "ClusterRole", "controller")
-    rules = [r for r in role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+    rules = [
+        r
+        for r in role["rules"]
+        if "mutatingwebhookconfigurations" in r["resources"]
+        and "t-flexgpu-tenancy" in r.get("resourceNames", [])
+    ]
     assert [(r.get("resourceNames"), set(r["verbs"])) for r in rules] == [
         (["t-flexgpu-tenancy"], {"get", "update", "patch"})
     ]
@@ -327,9 +332,12 @@ def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(he
     assert "reinvocationPolicy" in policy["spec"]["validations"][1]["expression"]
     for values in ("kubeletPlugin.sharedGpuTenants=any", "webhook.enabled=false"):
         docs = render(helm, values)
-        assert not [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"], values
+        mutating = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        assert not [d for d in mutating if "tenancy" in d["metadata"]["name"]], values
         role = find(docs, "ClusterRole", "controller")
-        assert not any("mutatingwebhookconfigurations" in r["resources"] for r in role["rules"])
+        assert not any("t-flexgpu-tenancy" in r.get("resourceNames", []) for r in role["rules"]), (
+            values
+        )
         args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
         assert not any(a.startswith("--tenant-webhook") for a in args), values
 
