@@ -49,6 +49,7 @@ from pydantic import (
 from flexgpu.driver.gpu_model import TimeSliceInterval
 from flexgpu.driver.names import OPAQUE_API_VERSION
 from flexgpu.driver.quantity import INT64_MAX, Quantity, QuantityError, parse_quantity
+from flexgpu.driver.share_config import COMPUTE_LIMIT_ALLOWED, ShareConfig
 from flexgpu.driver.strict_json import strict_json_loads
 from flexgpu.driver.validation_messages import (
     MAX_PROBLEMS,
@@ -91,6 +92,7 @@ __all__ = [
     "MpsConfig",
     "OpaqueConfig",
     "OpaqueConfigError",
+    "ShareConfig",
     "SharingStrategy",
     "Strategy",
     "TimeSlicingConfig",
@@ -278,6 +280,7 @@ class GpuConfig(StrictModel):
     apiVersion: Literal["gpu.flexgpu.dev/v1alpha1"] = "gpu.flexgpu.dev/v1alpha1"
     kind: Literal["GpuConfig"] = "GpuConfig"
     sharing: GpuSharing | None = None
+    share: ShareConfig | None = None  # only on a shared GPU (driver.config_support)
 
     @property
     def effective_sharing(self) -> GpuSharing:
@@ -389,6 +392,7 @@ _ALLOWED: Final[dict[Pattern, str]] = {
     ("apiVersion",): OPAQUE_API_VERSION,
     ("kind",): _KINDS_ALLOWED,
     **nested(("sharing",), SHARING_ALLOWED),
+    ("share", "computeLimit"): COMPUTE_LIMIT_ALLOWED,
 }
 _KEYS_ALLOWED: Final = nested(("sharing",), SHARING_KEYS_ALLOWED)
 _RULES: Final[dict[str, MessageRules]] = {
