@@ -4,7 +4,8 @@ Users put these under ``opaque.parameters`` of a claim's or a DeviceClass's ``co
 ``driver: gpu.flexgpu.dev``. The ``sharing`` block has the shape of NVIDIA's DRA driver
 (``resource.nvidia.com/v1beta1``), so a ``GpuConfig`` manifest migrates by changing only
 ``driver`` and ``apiVersion``. NVIDIA's MIG kind ``MigDeviceConfig`` is read as ``MigConfig``
-(the parsed config keeps the kind it was written with).
+(the parsed config keeps the kind it was written with). ``GpuConfig`` also takes a ``share``
+block of flexgpu's own (``driver.share_config``: a burstable fraction's ``computeLimit``).
 
 ``parse_opaque_config`` is the one entry point: the admission webhook and the kubelet plugin's
 prepare both call it, so what admission accepts is exactly what prepare accepts. It does no I/O
