@@ -8,7 +8,9 @@ exactly what prepare accepts:
   ``gpu.flexgpu.dev`` is parsed (``driver.config_resolution.validate_config_entries`` →
   ``driver.opaque_config.parse_opaque_config``). When a request's ``deviceClassName`` is one of
   ours (``gpu.flexgpu.dev`` and ``shared-gpu.flexgpu.dev`` select GPUs, ``mig.flexgpu.dev`` MIG
-  devices), a config naming that request must be of the matching kind.
+  devices), a config naming that request must be of the matching kind, and the config
+  prepare would pick for it must fit the device (a fraction's ``share.computeLimit`` not
+  below the compute its request reserves, ``driver.config_support``).
 * DeviceClasses (``spec.config``): the configs for our driver, as class configs.
 * GpuNodePolicies (``flexgpu.dev/v1alpha1``): ``driver.node_policy.parse_node_policy``.
 
@@ -34,6 +36,7 @@ from flexgpu.controller.config_addressing import misaddressed_configs
 from flexgpu.driver.config_resolution import (
     ConfigSource,
     DeviceType,
+    request_compute_percents,
     request_device_counts,
     validate_config_entries,
 )
@@ -122,6 +125,7 @@ def validate_claim_spec(spec: object, *, path: str = "spec") -> Problems:
         source=ConfigSource.CLAIM,
         request_device_types=request_device_types(devices.get("requests")),
         request_counts=request_device_counts(devices.get("requests")),
+        request_compute=request_compute_percents(devices.get("requests")),
         driver=DRIVER_NAME,
     )
 

@@ -5,9 +5,10 @@ Dimensions:
 - device kind: a whole GPU, an on-demand MIG partition, a static MIG device (made before the
   plugin started), a fraction of a shared GPU;
 - opaque config: none, GpuConfig time-slicing, GpuConfig MPS, MigDeviceConfig time-slicing
-  (NVIDIA's kind name), MigConfig MPS, a config on ``gpu.nvidia.com`` left over from a
-  migration (not flexgpu's: ignored). Time-sliced, MPS and MIG+MPS devices are the kinds
-  with these configs;
+  (NVIDIA's kind name), MigConfig MPS, a burstable fraction (GpuConfig ``share.computeLimit``
+  above the request's compute), a config on ``gpu.nvidia.com`` left over from a migration
+  (not flexgpu's: ignored). Time-sliced, MPS and MIG+MPS devices are the kinds with these
+  configs;
 - tenancy: one namespace, two namespaces at once;
 - arrival: one pod, a burst of 16 pods;
 - binding conditions: on (the 1.37 default) or off (the plugin's ``--binding-conditions=off``,
@@ -23,7 +24,8 @@ Dimensions:
 allpairspy picks rows so that every pair of values (of the combinations that exist) meets in
 at least one row; the module prints the matrix and its pair coverage. Combinations that do
 not exist are excluded by one rule each (``_valid``): a MIG config on a whole GPU, a GpuConfig
-on a MIG device or a fraction, a reallocation where nothing can be refused.
+on a MIG device or a fraction, a burstable config on anything but a fraction, a reallocation
+where nothing can be refused.
 
 Every row: the pods that fit are Running and the rest unschedulable with the scheduler's
 reason; each container got one device of the kind asked for, with the sharing its config
@@ -77,11 +79,21 @@ SHARE = "4Gi"
 SETTLE_S = 120
 # The words of prepare's refusal of a shared GPU that serves another namespace.
 TENANT_REFUSAL = "serves one namespace at a time"
+# A burstable fraction's request and limit (percent of SMs): 16 requests fit on one GPU.
+BURST_COMPUTE, BURST_LIMIT = "5", 60
 # Pods a burst of each kind runs at least (the node's capacity for it).
 FITS = {"whole": 2, "mig": 14, "static-mig": 14, "fraction": 16}
 
 KINDS = ("whole", "mig", "static-mig", "fraction")
-CONFIGS = ("none", "GpuConfig-TS", "GpuConfig-MPS", "MigDeviceConfig-TS", "MigConfig-MPS", "nvidia")
+CONFIGS = (
+    "none",
+    "GpuConfig-TS",
+    "GpuConfig-MPS",
+    "MigDeviceConfig-TS",
+    "MigConfig-MPS",
+    "GpuConfig-burst",
+    "nvidia",
+)
 TENANCY = ("one", "two")
 ARRIVAL = ("one", "burst")
 BINDING = ("on", "off")
@@ -121,6 +133,8 @@ def _valid(values: list[str]) -> bool:
         return False  # a GpuConfig on a MIG device or a fraction: refused likewise
     if kind == "fraction" and config in ("MigDeviceConfig-TS", "MigConfig-MPS"):
         return False
+    if config == "GpuConfig-burst" and kind not in (None, "fraction"):
+        return False  # the share block on a whole GPU: refused (tested in test_share_config)
     if event == "realloc-after-refusal":
         # Something must be refusable: a partition made before binding (on-demand MIG with
         # binding conditions), or a free shared GPU another namespace takes (two tenants).
@@ -263,7 +277,7 @@ def plugin(node: SimulatedGpuNode) -> Plugin:
 # -- one row --------------------------------------------------------------------------------
 
 
-def _request(kind: str, namespace: str) -> dict[str, Any]:
+def _request(kind: str, namespace: str, config: str) -> dict[str, Any]:
     if kind == "whole":
         # Only whole GPUs 4-5: the on-demand GPUs' partitions and the shared GPUs are other
         # rows' (CEL keeps the row's claims off them).
@@ -287,9 +301,12 @@ def _request(kind: str, namespace: str) -> dict[str, Any]:
             ],
         }
     else:
+        wanted = {"memory": SHARE}
+        if config == "GpuConfig-burst":
+            wanted["compute"] = BURST_COMPUTE
         exactly = {
             "deviceClassName": "shared-gpu.flexgpu.dev",
-            "capacity": {"requests": {"memory": SHARE}},
+            "capacity": {"requests": wanted},
             # What the controller's tenancy webhook adds (no controller runs here).
             "selectors": [{"cel": {"expression": tenant_expression(namespace)}}],
         }
@@ -308,6 +325,13 @@ def _config(config: str) -> list[dict[str, Any]]:
     }
     if config == "none":
         return []
+    if config == "GpuConfig-burst":
+        parameters = {
+            "apiVersion": API,
+            "kind": "GpuConfig",
+            "share": {"computeLimit": BURST_LIMIT},
+        }
+        return [{"opaque": {"driver": DRIVER, "parameters": parameters}}]
     if config == "nvidia":
         # Left over from NVIDIA's driver: another driver's config, not flexgpu's to apply.
         # Admission refuses it (docs/migrating.md); no webhook runs here, as where an admin
@@ -330,7 +354,7 @@ def _config(config: str) -> list[dict[str, Any]]:
 
 
 def _template(row: Row, namespace: str) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": [_request(row.kind, namespace)]}
+    devices: dict[str, Any] = {"requests": [_request(row.kind, namespace, row.config)]}
     if configs := _config(row.config):
         devices["config"] = [{**c, "requests": ["g"]} for c in configs]
     return {"metadata": {"name": "t"}, "spec": {"spec": {"devices": devices}}}
@@ -418,6 +442,9 @@ def _check_container(node: SimulatedGpuNode, namespace: str, pod: str, row: Row)
         assert got[0].get("timeSlice") == "Long", (row.id, got)
     if row.config in ("GpuConfig-MPS", "MigConfig-MPS") or row.kind == "fraction":
         assert "CUDA_MPS_PIPE_DIRECTORY" in env, (row.id, sorted(env))
+    if row.config == "GpuConfig-burst":
+        # The limit, not the request (whose proportion of memory would give 6).
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(BURST_LIMIT), (row.id, env)
     if row.config in ("none", "nvidia", "MigDeviceConfig-TS") and row.kind != "fraction":
         assert "CUDA_MPS_PIPE_DIRECTORY" not in env, (row.id, sorted(env))
 

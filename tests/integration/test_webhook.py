@@ -59,6 +59,14 @@ def claim_spec(
     }
 
 
+def burstable_spec(compute: str, limit: int) -> dict[str, Any]:
+    """A fraction reserving ``compute`` percent of SMs with ``share.computeLimit``."""
+    spec = claim_spec({**GPU, "share": {"computeLimit": limit}}, "shared-gpu.flexgpu.dev", ["gpu"])
+    exactly = spec["devices"]["requests"][0]["exactly"]
+    exactly["capacity"] = {"requests": {"memory": "4Gi", "compute": compute}}
+    return spec
+
+
 def claim(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -156,10 +164,25 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         f'{PARAMS}.apiVersion: "resource.nvidia.com/v1beta1" is not allowed; allowed: '
         "gpu.flexgpu.dev/v1alpha1",
     ),
+    # A burstable fraction's limit below what its request reserves; its block on a whole GPU.
+    (
+        "compute-limit-below-the-request",
+        burstable_spec("30", 20),
+        f"{PARAMS}.share.computeLimit: 20 is not allowed (below the 30 percent of SMs request "
+        '"gpu" reserves); allowed: an integer from 30 to 100',
+    ),
+    (
+        "share-block-on-a-whole-gpu",
+        claim_spec({**GPU, "share": {"computeLimit": 50}}, "gpu.flexgpu.dev", ["gpu"]),
+        f'{PARAMS}.share: not supported on a whole GPU (request "gpu"; the block sets a '
+        "fraction's limits); allowed: only on a shared GPU (shared-gpu.flexgpu.dev); an MPS "
+        "client of a whole GPU is capped with sharing.mpsConfig.defaultActiveThreadPercentage",
+    ),
 ]
 
 GOOD_CONFIGS: list[dict[str, Any]] = [
     claim_spec(GPU),
+    burstable_spec("30", 80),
     claim_spec(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
     claim_spec({**GPU, "sharing": {"strategy": "MPS"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
     claim_spec({**MIG, "sharing": {"strategy": "Exclusive"}}, "mig.flexgpu.dev", ["gpu"]),
