@@ -135,6 +135,8 @@ class PodRecord:
     extended_resources: Mapping[str, int] = field(default_factory=dict)
     # status.extendedResourceClaimStatus was written: the scheduler made the pod's claim.
     extended_claim_made: bool = False
+    # spec.schedulingGroup.podGroupName: a gang member waits for its group, not only its GPUs.
+    pod_group: str = ""
 
     @property
     def key(self) -> str:
@@ -292,6 +294,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         deleting=bool(meta.get("deletionTimestamp")),
         extended_resources=extended,
         extended_claim_made=bool(status.get("extendedResourceClaimStatus")),
+        pod_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
     )
 
 

@@ -263,9 +263,23 @@ def test_gang_shares_one_podgroup_claim_of_four_nvlink_gpus(
     )
     core.delete_namespaced_pod(pods[-1], ns, grace_period_seconds=0)
     wait_for(lambda: not checkpoint_claims(node), 60, what="unprepared after the last member")
-    # The PodGroup still holds its reservation, so the claim keeps its allocation until
-    # the PodGroup goes (the resourceclaim controller's rule), and nothing is left here.
     assert not list(node.cdi_dir.glob("*.json"))
+    # The PodGroup still holds its reservation, so the claim keeps its allocation until the
+    # PodGroup goes (the resourceclaim controller's rule); the claim made from the PodGroup's
+    # template goes with it.
+    holds_for(
+        lambda: bool(
+            client.ResourceV1Api(gang_api)
+            .read_namespaced_resource_claim(claim.metadata.name, ns)
+            .status.allocation
+        ),
+        3,
+        "the resourceclaim controller reacts to a pod's deletion within a second here",
+    )
+    client.CustomObjectsApi(gang_api).delete_namespaced_custom_object(
+        GROUP, VERSION, ns, "podgroups", "train-workers"
+    )
+    wait_for(lambda: not claims(gang_api, ns), 60, what="the PodGroup's claim deleted with it")
 
 
 @pytest.mark.parametrize("binding", ["on", "off"])

@@ -46,6 +46,9 @@ WANTED_CONTROLLERS = (
     # Deployments in manifests users bring (NVIDIA's quickstart ones, say) get their pods.
     "deployment-controller",
     "replicaset-controller",
+    # Lifts the finalizer admission puts on every PodGroup once no pod references it; without
+    # it a deleted PodGroup (and the claims it owns) stays for ever. Idle without the gates.
+    "podgroup-protection-controller",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
