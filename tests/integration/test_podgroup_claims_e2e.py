@@ -413,3 +413,52 @@ def test_a_gang_that_does_not_fit_binds_no_pod_and_holds_no_device(
             what=f"a gang of {members - 1} Running",
             explain=lambda: scheduling_report(gang_api, ns),
         )
+
+
+def test_a_kubelet_without_the_gate_refuses_a_podgroup_claim(
+    gang_cluster: ControlPlane, gang_api: Any, ns: str
+) -> None:
+    """Why every kubelet needs DRAWorkloadResourceClaims (admin.md): a node whose kubelet
+    runs without it never asks the plugin for a claim reserved for the pod's PodGroup."""
+    sim = SimulatedGpuNode(gang_cluster.kubeconfig, "gang-nogate", "hgx-h100-8")
+    try:
+        sim.start()
+        objects = recipe("nvlink")
+        pod = next(o for o in objects if o["kind"] == "Pod")
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gang-nogate"}
+        # A gang of one: the refusal is per pod, one member shows it.
+        for obj in objects:
+            policies = obj["spec"].get("podGroupTemplates") or [obj["spec"]]
+            for policy in policies if obj["kind"] in PLURALS else ():
+                policy["schedulingPolicy"]["gang"]["minCount"] = 1
+        (name,) = apply(gang_api, ns, objects, pods=1)
+
+        def refused() -> str:
+            events = client.CoreV1Api(gang_api).list_namespaced_event(ns).items
+            return next(
+                (
+                    str(e.message)
+                    for e in events
+                    if e.involved_object.name == name
+                    and e.reason == "FailedPrepareDynamicResources"
+                ),
+                "",
+            )
+
+        message = wait_for(
+            refused,
+            90,
+            what="the kubelet's refusal to prepare",
+            explain=lambda: (
+                scheduling_report(gang_api, ns)
+                + "\n"
+                + (sim.harness.log_tail(30) if sim.harness else "")
+            ),
+        )
+        assert "was not created for Pod" in message, message
+        assert pods_by_phase(gang_api, ns)[name] == ("Pending", "gang-nogate")
+        assert not checkpoint_claims(sim)
+    finally:
+        client.CoreV1Api(gang_api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        wait_for(lambda: not pods_by_phase(gang_api, ns), 60, what="the pod gone")
+        sim.cleanup()
