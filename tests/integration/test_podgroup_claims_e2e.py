@@ -6,7 +6,8 @@ last member there leaves; a gang that does not fit binds no pod and holds no dev
 
 The combination matrix runs on the default gates, as a cluster is installed; this module
 starts a control plane of its own with the workload gates and crosses the gang with what it
-meets here: device kind (whole NVLink GPUs, on-demand MIG) x binding conditions (on, off)."""
+meets here: claim per group or per member x device kind (whole NVLink GPUs, on-demand MIG) x
+binding conditions (on, off) x fits or not; and shows why every kubelet needs the gate."""
 
 from __future__ import annotations
 
@@ -311,6 +312,63 @@ def test_gang_of_eight_mig_partitions_runs_together(
             assert device["uuid"].startswith("MIG-")
             uuids.add(device["uuid"])
         assert len(uuids) == 8
+
+
+def test_a_podgroup_claim_of_partitions_waits_for_its_binding_conditions_once(
+    gang_api: Any, node: SimulatedGpuNode, ns: str
+) -> None:
+    """A PodGroup's one claim of two on-demand partitions, binding conditions on: the
+    partitions are made once for the group (both devices PartitionReady) and every member
+    gets both, from one record."""
+    objects = recipe("nvlink")
+    template = next(o for o in objects if o["kind"] == "ResourceClaimTemplate")
+    is_1g = f'device.attributes["{DRIVER}"].profile == "1g.10gb"'
+    template["spec"]["spec"]["devices"] = {
+        "requests": [
+            {
+                "name": "gpus",
+                "exactly": {
+                    "deviceClassName": "mig.flexgpu.dev",
+                    "count": 2,
+                    "selectors": [{"cel": {"expression": is_1g}}],
+                },
+            }
+        ]
+    }
+    for obj in objects:
+        for policy in obj["spec"].get("podGroupTemplates") or [obj["spec"]]:
+            if "schedulingPolicy" in policy:
+                policy["schedulingPolicy"]["gang"]["minCount"] = 3
+    pods = apply(gang_api, ns, objects, pods=3)
+    wait_for(
+        lambda: all_running(gang_api, ns, pods),
+        120,
+        what="the three members Running",
+        explain=lambda: scheduling_report(gang_api, ns),
+    )
+    (claim,) = claims(gang_api, ns)
+    assert [r.resource for r in claim.status.reserved_for] == ["podgroups"]
+    results = claim.status.allocation.devices.results
+    assert all(r.binding_conditions == [f"{DRIVER}/PartitionReady"] for r in results)
+    ready = {
+        d.device
+        for d in claim.status.devices or []
+        for c in d.conditions or []
+        if c.type == f"{DRIVER}/PartitionReady" and c.status == "True"
+    }
+    assert ready == {r.device for r in results} and len(ready) == 2
+    assert len(partitions_made(node)) == 2
+    given = {
+        tuple(
+            sorted(
+                d["uuid"] for d in granted(env_from_log(wait_container_output(node, ns, p, "DONE")))
+            )
+        )
+        for p in pods
+    }
+    assert len(given) == 1 and len(next(iter(given))) == 2
+    assert list(checkpoint_claims(node)) == [claim.metadata.uid]
+    assert prepared_lines(node, ns, claim.metadata.name) == 1
 
 
 # (kind, binding conditions): members, devices per member, what the node has room for.
