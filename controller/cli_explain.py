@@ -184,13 +184,20 @@ def _evaluated(read: ClusterRead, claim: CachedClaim, pod: PodRecord | None) -> 
     if ev.satisfiable:
         nodes = list(ev.explanation.allocatable_nodes)
         who = f" for pod {pod.key}" if pod is not None else ""
+        message = (
+            f"Claim {claim.model.key} can be allocated{who} on {', '.join(nodes)}; if a pod "
+            "still waits, the reason is not its GPUs (see kubectl describe pod)."
+        )
+        if pod is not None and pod.pod_group:
+            message += (
+                f" Pod {pod.key} is a member of PodGroup {pod.pod_group}: a gang's pods are bound "
+                "only once enough of them fit together, devices included (the PodGroup's "
+                "PodGroupInitiallyScheduled condition says why not yet)."
+            )
         return Finding(
             claim=claim.model.name,
             state="Allocatable",
-            message=(
-                f"Claim {claim.model.key} can be allocated{who} on {', '.join(nodes)}; if a pod "
-                "still waits, the reason is not its GPUs (see kubectl describe pod)."
-            ),
+            message=message,
             blocked=False,
             nodes=nodes,
         )

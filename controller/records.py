@@ -23,6 +23,7 @@ from flexgpu.driver.allocation import (
     parse_slice,
 )
 from flexgpu.driver.allocation.model import NodeSelector, Taint, Toleration, parse_node_selector
+from flexgpu.driver.claim_consumers import consumers
 from flexgpu.driver.names import DRIVER_NAME
 
 
@@ -74,6 +75,8 @@ class CachedClaim:
     device_classes: frozenset[str]
     # Where an allocated claim landed: the node selector the scheduler wrote (as text).
     allocation_nodes: tuple[str, ...] = ()
+    # status.reservedFor as people read it: pod names, a gang's PodGroup as
+    # "podgroups.scheduling.k8s.io/<name>" (driver.claim_consumers).
     reserved_for: tuple[str, ...] = ()
     # status.allocation.allocationTimestamp; None when the server did not write it.
     allocated_at: datetime | None = None
@@ -132,6 +135,8 @@ class PodRecord:
     extended_resources: Mapping[str, int] = field(default_factory=dict)
     # status.extendedResourceClaimStatus was written: the scheduler made the pod's claim.
     extended_claim_made: bool = False
+    # spec.schedulingGroup.podGroupName: a gang member waits for its group, not only its GPUs.
+    pod_group: str = ""
 
     @property
     def key(self) -> str:
@@ -212,9 +217,7 @@ def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
     for term in selector.terms if selector else ():
         for req in (*term.match_fields, *term.match_expressions):
             nodes.extend(req.values)
-    reserved = tuple(
-        str(ref.get("name", "")) for ref in status.get("reservedFor") or [] if isinstance(ref, dict)
-    )
+    reserved = tuple(c.label for c in consumers(status))
     return CachedClaim(
         model=model,
         created=parse_time(_meta(obj).get("creationTimestamp")),
@@ -291,6 +294,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         deleting=bool(meta.get("deletionTimestamp")),
         extended_resources=extended,
         extended_claim_made=bool(status.get("extendedResourceClaimStatus")),
+        pod_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
     )
 
 
