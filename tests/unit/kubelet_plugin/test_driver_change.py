@@ -47,6 +47,9 @@ from tests.unit.kubelet_plugin.prepare_support import (
     ClaimTable,
     Node,
     device,
+    mig_mps,
+    share,
+    time_slicing,
 )
 
 OLD, NEW = "580.95.05", "590.44.01"
@@ -248,7 +251,7 @@ def test_a_failing_generator_keeps_refusing_says_why_and_is_retried(node: Node, 
         read_fingerprint(root),
         node.preparer,
         generate,
-        events,
+        events=events,
         on_settled=lambda r, n: settled.append((r, n)),
     )
     spec = prepared(node, node.table.add("running", device("gpu-0")))
@@ -324,6 +327,43 @@ def test_the_refresh_runs_beside_prepares_and_unprepares_of_other_claims(
     for ref in leaving:
         assert not node.preparer.spec_path(ref.uid).exists()
         assert node.store.get(ref.uid) is None
+
+
+def test_every_kind_of_prepared_claim_keeps_its_devices_and_sharing_through_a_refresh(
+    node: Node, root: Path
+) -> None:
+    """Crossed with what a claim can hold: a whole GPU, a time-sliced GPU, an on-demand MIG
+    partition with MPS, two fractions of a shared GPU (one claim, another namespace's claim
+    cannot be beside them), a claim with a device on two GPUs."""
+    refs = [
+        node.table.add("whole", device("gpu-0")),
+        node.table.add("sliced", device("gpu-3"), configs=(time_slicing(),)),
+        node.table.add(
+            "migmps",
+            device(f"gpu-{DYNAMIC_GPU}-mig-1g10gb-0"),
+            configs=(mig_mps(defaultActiveThreadPercentage=25),),
+        ),
+        node.table.add(
+            "fractions",
+            share(f"gpu-{SHARED_GPU}", "s-1", "8Gi"),
+            share(f"gpu-{SHARED_GPU}", "s-2", "4Gi"),
+        ),
+        node.table.add("pair", device("gpu-4", "a"), device("gpu-5", "b")),
+    ]
+    specs = {ref.name: prepared(node, ref) for ref in refs}
+    before = {name: json.loads(path.read_text()) for name, path in specs.items()}
+    install(root, NEW)
+    change = DriverChange(root, None, node.preparer, lambda: generated(root))
+    assert change.settle()
+    for name, path in specs.items():
+        after = json.loads(path.read_text())
+        assert after["devices"] == before[name]["devices"], name
+        assert mounted(path) == new_files(), name
+    # What the claims hold is still theirs to release: unprepare undoes it all.
+    for ref in refs:
+        assert node.preparer.unprepare([ref])[ref.uid].error == ""
+    assert node.backend.list_mig_devices(DYNAMIC_GPU) == []
+    assert not list((node.root / "cdi").glob("*.json"))
 
 
 # -- SIGKILL in the refresh ------------------------------------------------------------------
