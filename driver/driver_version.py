@@ -31,13 +31,18 @@ class DriverFingerprint:
 
 def read_fingerprint(driver_root: Path) -> DriverFingerprint | None:
     """The driver installed under ``driver_root`` now, or None while there is none whole."""
+    root = os.fspath(driver_root)
     for folder in LIBRARY_DIRS:
-        link = driver_root / folder / NVML_LIBRARY
+        link = f"{root}/{folder}/{NVML_LIBRARY}"
         try:
-            target = os.path.realpath(link, strict=True)
-            st = os.stat(target)
+            st = os.stat(link)  # through the links: fails on a link to nothing
+            # One readlink names the version where the link is the installer's (one hop);
+            # anything else is resolved whole.
+            target = os.path.join(os.path.dirname(link), os.readlink(link))
+            if _VERSIONED.match(os.path.basename(target)) is None:
+                target = os.path.realpath(link, strict=True)
         except OSError:
-            continue  # absent here, or a link to nothing (a root half-way through a swap)
+            continue  # absent here, not a link, or a link to nothing (a swap half-way)
         match = _VERSIONED.match(os.path.basename(target))
         if match is None:
             return None
