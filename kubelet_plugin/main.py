@@ -212,6 +212,8 @@ def start_node(
     change = DriverChange.at_start(
         config.driver_root, installed, preparer, regenerate, events=events
     )
+    if change is not None and mps_pods is not None:  # MPS daemon pods started later follow
+        change.on_edits = mps_pods.follow_driver
 
     # Built now (no I/O until started) so that prepares served from the gate on can hand it
     # their tenant changes; it writes once started below.
@@ -374,13 +376,9 @@ def _mps_pods(
         return None
     from flexgpu.kubelet_plugin.agents.mps_pod_spec import DEFAULT_RESOURCES
     from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.devices.driver_edits import library_paths
 
-    # The driver's libraries as this process (and the daemon pod) sees them.
-    libraries = [
-        str(config.driver_root / str(m["containerPath"]).lstrip("/"))
-        for m in edits.get("mounts") or []
-        if ".so" in str(m.get("containerPath", ""))
-    ]
+    libraries = library_paths(config.driver_root, edits)
     return MpsDaemonPods(
         api,
         backend,

@@ -59,6 +59,8 @@ class DriverChange:
         self._events = events
         # (result "ok" or "error", specs rewritten): the metric, when metrics are on.
         self.on_settled = on_settled
+        # Called with a new driver's edits once prepared specs follow them (MPS daemon pods).
+        self.on_edits: Callable[[Mapping[str, Any]], None] | None = None
         self._settling = threading.Lock()
         self._announced: DriverFingerprint | None = current
         self._last_error = ""
@@ -133,6 +135,8 @@ class DriverChange:
             except Exception as err:  # the generator over a root still being written
                 return self._failed(old, found, f"generating the driver's CDI edits: {err}")
             report = refresh_specs(self._owner, edits)
+            if self.on_edits is not None:
+                self.on_edits(edits)
             if read_fingerprint(self._root) != found:
                 return False  # changed again meanwhile: the next settle starts over
             if report.failed:

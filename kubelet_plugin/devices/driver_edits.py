@@ -224,6 +224,16 @@ def node_edits(
     return edits if combined is None else combine_hooks(edits, hook, combined)
 
 
+def library_paths(driver_root: Path, edits: Mapping[str, Any]) -> list[str]:
+    """The driver's libraries the edits mount, as this process (and an MPS daemon pod, which
+    mounts the driver root at the same path) sees them."""
+    return [
+        os.fspath(driver_root / str(m["containerPath"]).lstrip("/"))
+        for m in edits.get("mounts") or []
+        if ".so" in str(m.get("containerPath", ""))
+    ]
+
+
 def rebase(edits: Mapping[str, Any], root: Path, host_root: Path) -> dict[str, Any]:
     """Host paths under ``root`` (the plugin's view) moved under ``host_root``."""
     if root == host_root:

@@ -208,8 +208,11 @@ def test_prepares_are_refused_naming_both_versions_until_prepared_specs_name_the
     # Unprepares only remove: they pass.
     assert change.around(UNPREPARE, [newcomer], node.preparer.unprepare)[newcomer.uid].error == ""
 
+    followed: list[Mapping[str, Any]] = []
+    change.on_edits = followed.append
     assert change.settle()
     assert mounted(spec) == new_files()  # a restarted container of the running pod
+    assert followed == [generated(root)]  # MPS daemon pods started later follow too
     result = change.around(PREPARE, [newcomer], node.preparer.prepare)[newcomer.uid]
     assert result.error == ""
     assert mounted(node.preparer.spec_path(newcomer.uid)) == new_files()
