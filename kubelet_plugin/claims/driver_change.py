@@ -180,6 +180,9 @@ class DriverChange:
             f"{len(report.rewritten)} prepared claim spec(s) rewritten, "
             f"{len(report.current)} already current; prepares go on"
         )
+        if report.unusable:
+            listed = ", ".join(f"{uid} ({why})" for uid, why in sorted(report.unusable.items()))
+            message += f"; specs that cannot be read, left as they are: {listed}"
         log.info("%s", message)
         self._event(REGENERATED_REASON, message, "Normal")
         if self.on_settled is not None:

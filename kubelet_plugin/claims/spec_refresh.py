@@ -49,7 +49,10 @@ class SpecOwner(Protocol):
 class RefreshReport:
     rewritten: list[str] = field(default_factory=list)  # claim UIDs
     current: list[str] = field(default_factory=list)  # already had these edits
-    failed: dict[str, str] = field(default_factory=dict)  # claim UID -> why
+    # Claim UID -> why: not written (a full disk...): retried, prepares wait meanwhile.
+    failed: dict[str, str] = field(default_factory=dict)
+    # Claim UID -> why: no spec to rewrite (gone, not JSON): left as it is, nothing waits on it.
+    unusable: dict[str, str] = field(default_factory=dict)
 
 
 def refresh_specs(owner: SpecOwner, edits: Mapping[str, Any]) -> RefreshReport:
@@ -82,16 +85,30 @@ def _refresh_one(
         if not isinstance(spec, dict):
             raise ValueError(f"holds {type(spec).__name__}, not a CDI spec")
         updated = with_driver_edits(spec, edits)
-        if updated == spec:
-            report.current.append(uid)
-            return
+    except (OSError, ValueError) as err:
+        # Not a driver matter: a container handed this spec fails whatever the driver, and
+        # a stale one must not hold every other prepare on the node. Left for the kubelet's
+        # next prepare of the claim (after its unprepare) and start-up reconcile.
+        log.error(
+            "CDI spec %s of claim %s/%s cannot be read to rewrite it: %s",
+            path,
+            record.namespace,
+            record.name,
+            err,
+            extra=fields,
+        )
+        report.unusable[uid] = str(err)
+        return
+    if updated == spec:
+        report.current.append(uid)
+        return
+    try:
         owner.step("spec-refresh-before-write", uid)
         atomic_write_bytes(path, encode_spec(updated), sync_directory=False)
         owner.step("spec-refresh-written", uid)
-    except (OSError, ValueError) as err:
-        # Start-up reconcile owns a missing or foreign spec; the other claims go on.
+    except OSError as err:
         log.error(
-            "CDI spec %s of claim %s/%s not refreshed: %s",
+            "CDI spec %s of claim %s/%s not rewritten: %s",
             path,
             record.namespace,
             record.name,

@@ -223,6 +223,21 @@ def test_prepares_are_refused_naming_both_versions_until_prepared_specs_name_the
     assert change.settle() and settled == [("ok", 1)]  # nothing changed since: nothing to do
 
 
+def test_a_spec_that_cannot_be_read_holds_no_other_prepare(node: Node, root: Path) -> None:
+    events = Events()
+    change = change_for(node, root, events)
+    torn = prepared(node, node.table.add("torn", device("gpu-0")))
+    good = prepared(node, node.table.add("good", device("gpu-3")))
+    torn.write_text('{"kind": "gpu.flexgpu.dev/cl')
+    install(root, NEW)
+    assert change.settle()
+    assert mounted(good) == new_files()
+    assert torn.read_text() == '{"kind": "gpu.flexgpu.dev/cl'  # left as it is, not replaced
+    ref = node.table.add("newcomer", device("gpu-4"))
+    assert change.around(PREPARE, [ref], node.preparer.prepare)[ref.uid].error == ""
+    assert "cannot be read, left as they are: uid-torn" in events.seen[-1][1]
+
+
 def test_a_root_being_swapped_refuses_prepares_and_generates_nothing(
     node: Node, root: Path
 ) -> None:
