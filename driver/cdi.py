@@ -277,6 +277,18 @@ def render_claim_spec(
     return spec
 
 
+def with_driver_edits(
+    spec: Mapping[str, Any], driver_edits: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A claim's spec with the spec-level edits of another driver install: what regenerating
+    a prepared claim's spec after a driver change writes. The devices (device nodes, the
+    claim's own variables and mounts) stay as they were."""
+    result: dict[str, Any] = json.loads(json.dumps(dict(spec)))  # a deep copy
+    result["containerEdits"] = common_edits(driver_edits)
+    result["cdiVersion"] = minimum_cdi_version(result)
+    return result
+
+
 def spec_env(spec: Mapping[str, Any]) -> dict[str, str]:
     """Every variable a spec of ours sets, its devices' and its own (used to rebuild state
     after a lost checkpoint)."""

@@ -10,6 +10,7 @@ it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from flexgpu.kubelet_plugin.api.kube_api import KubeApi
     from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
     from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
+    from flexgpu.kubelet_plugin.claims.driver_change import DriverChange
     from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
     from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 
@@ -93,7 +95,11 @@ class NodeReadiness:
 
 
 def claim_stages(
-    gate: StartupGate, update_tenants: Callable[[], object], node_name: str, observed: bool
+    gate: StartupGate,
+    update_tenants: Callable[[], object],
+    node_name: str,
+    observed: bool,
+    driver_change: DriverChange | None = None,
 ) -> list[Stage]:
     """Every prepare and unprepare passes these stages in this order, then the preparer."""
     from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantTracking
@@ -103,6 +109,8 @@ def claim_stages(
         from flexgpu.kubelet_plugin.observe.metrics import CallMetrics
 
         stages.append(CallMetrics(node_name))
+    if driver_change is not None:  # no spec for a driver that is gone (with a driver root)
+        stages.append(driver_change)
     stages.append(TenantTracking(update_tenants))  # shared GPUs' tenant follows the records
     return stages
 
@@ -116,6 +124,7 @@ def start_node(
     """Everything after the sockets: completes the claim pipeline that ``gate`` begins, and
     returns what stops it all again."""
     from flexgpu.driver.backend_errors import GpuBackendError
+    from flexgpu.driver.driver_version import read_fingerprint
     from flexgpu.kubelet_plugin.agents.health_monitor import HealthMonitor
     from flexgpu.kubelet_plugin.agents.mig_ownership import MigOwnership
     from flexgpu.kubelet_plugin.agents.policy_agent import PolicyAgent
@@ -125,6 +134,7 @@ def start_node(
     from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
     from flexgpu.kubelet_plugin.claims.claim_source import ApiClaimSource
     from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
+    from flexgpu.kubelet_plugin.claims.driver_change import DriverChange
     from flexgpu.kubelet_plugin.claims.metadata_files import FOLDER as METADATA_FOLDER
     from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
     from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
@@ -169,6 +179,8 @@ def start_node(
         binding_conditions=binding_conditions(config, api),
         publish_tenants=config.shared_gpu_tenants == "namespace",
     )
+    # Read before the edits are generated: a change in between is seen, never missed.
+    installed = None if config.driver_root is None else read_fingerprint(config.driver_root)
     try:
         driver_edits = _driver_edits(config, devices)
     except RuntimeError as err:
@@ -199,6 +211,13 @@ def start_node(
         preparer.mps = mps_pods
     with lock:
         reconcile_at_start(preparer, store, claims, events)
+    # With a driver root: prepares wait while specs are brought to a new driver.
+    regenerate = functools.partial(_driver_edits, config, devices)
+    change = DriverChange.at_start(
+        config.driver_root, installed, preparer, regenerate, events=events
+    )
+    if change is not None and mps_pods is not None:  # MPS daemon pods started later follow
+        change.on_edits = mps_pods.follow_driver
 
     # Built now (no I/O until started) so that prepares served from the gate on can hand it
     # their tenant changes; it writes once started below.
@@ -221,7 +240,8 @@ def start_node(
     )
     # Prepares are served from here on (the path is complete before the gate opens); what
     # follows only publishes and watches.
-    pipeline.complete(claim_stages(gate, tenants.update, config.node_name, observed), end=preparer)
+    stages = claim_stages(gate, tenants.update, config.node_name, observed, change)
+    pipeline.complete(stages, end=preparer)
     log.info("claims pass: %s", " > ".join(pipeline.names))
     gate.open(health)
     if readiness is not None:
@@ -284,7 +304,14 @@ def start_node(
             api=api,
             publisher=publisher,
             status_refusals=lambda: status.refused,
+            driver_change=change,
         )
+    watch = None
+    if change is not None:  # after metrics, which count what it settles
+        from flexgpu.kubelet_plugin.agents.driver_watch import DriverWatch
+
+        watch = DriverWatch(change)
+        watch.start()
 
     def stop() -> None:
         # Slices stay: the kubelet removes them 30 s after we disconnect, and a restarted
@@ -294,6 +321,8 @@ def start_node(
         if mps_pods is not None:
             mps_pods.close()  # the daemon pods stay: their clients keep running
         agent.stop()
+        if watch is not None:
+            watch.stop()
         if binding is not None:
             binding.stop()
         health.stop()
@@ -351,13 +380,9 @@ def _mps_pods(
         return None
     from flexgpu.kubelet_plugin.agents.mps_pod_spec import DEFAULT_RESOURCES
     from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.devices.driver_edits import library_paths
 
-    # The driver's libraries as this process (and the daemon pod) sees them.
-    libraries = [
-        str(config.driver_root / str(m["containerPath"]).lstrip("/"))
-        for m in edits.get("mounts") or []
-        if ".so" in str(m.get("containerPath", ""))
-    ]
+    libraries = library_paths(config.driver_root, edits)
     return MpsDaemonPods(
         api,
         backend,
@@ -402,19 +427,15 @@ def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
             )
         return {}
     host_root = config.host_driver_root or config.driver_root
-    hook = config.nvidia_cdi_hook or driver_edits.install_hook(config.data_dir)
-    edits = driver_edits.generate(
+    edits = driver_edits.node_edits(
         driver_root=config.driver_root,
         host_driver_root=host_root,
-        hook_path=hook,
+        data_dir=config.data_dir,
+        own_hook=config.nvidia_cdi_hook,
         generator=config.cdi_generator,
     )
     devices.nodes = DeviceNodes(config.driver_root, host_root, with_control_nodes=False)
-    # An admin's own nvidia-cdi-hook (a host path) comes without our program beside it.
-    if config.nvidia_cdi_hook is not None:
-        return edits
-    combined = driver_edits.install_combined_hook(config.data_dir)
-    return edits if combined is None else driver_edits.combine_hooks(edits, hook, combined)
+    return edits
 
 
 def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:

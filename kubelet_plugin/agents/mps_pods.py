@@ -66,6 +66,7 @@ from flexgpu.kubelet_plugin.agents.mps_pod_status import (
 from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.api.node_events import NodeEventSink
 from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
+from flexgpu.kubelet_plugin.devices.driver_edits import library_paths
 
 log = logging.getLogger(__name__)
 
@@ -393,6 +394,11 @@ class MpsDaemonPods:
             log_dir=os.fspath(folder / "log"),
             shm_dir=os.fspath(folder / "shm"),
         )
+
+    def follow_driver(self, edits: Mapping[str, Any]) -> None:
+        """A new driver's edits (claims/driver_change.py): daemon pods started from now on
+        link its libraries."""
+        self._libraries = library_paths(self._driver_root, edits)
 
     def _library_dir(self) -> Path:
         """Links to the driver's NVIDIA libraries only (the generator's library mounts)."""

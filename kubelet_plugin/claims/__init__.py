@@ -47,6 +47,10 @@ state:
                                                  start-up has not finished
     metrics          observe/metrics.py          none: times the call, counts failed claims
                                                  by reason (only with a metrics port)
+    driver-change    driver_change.py            none: refuses prepares while the driver
+                                                 under the driver root differs from the one
+                                                 the specs were written for (only with a
+                                                 driver root)
     tenancy          tenant_attribute.py         none: after the call, republishes each
                                                  shared GPU's ``tenant`` from the records
     preparer (end)   preparer.py                 every *prepare* and *unprepare* transition
@@ -97,6 +101,10 @@ and unprepare waiting.
     early Ready -> removed           reconcile   only while binding conditions are off; kept
                                                  otherwise, for prepare or the sweep
     Prepared -> Prepared             reconcile   kept as it is
+    Prepared -> Prepared             refresh     its CDI spec rewritten (atomically, under
+                                                 the claim's lock) with a new driver's edits
+                                                 (spec_refresh.py: after a driver change, and
+                                                 at start)
     record of an earlier boot        reconcile   what it set is reset (settings may outlive a
       -> removed                                 reboot), the record dropped
     lost -> Prepared                 reconcile   a corrupt or newer-schema file: rebuilt from
@@ -135,6 +143,9 @@ to one): the record, what is on the node, and what comes next.
   Reconcile treats it as its state says; the next undo skips what is gone.
 - ``early-recorded``: early Creating, nothing made. Rolled back.
 - ``early-created``: early Creating and some partitions. Rolled back.
+- ``spec-refresh-before-write`` / ``spec-refresh-written`` (a spec refresh after a driver
+  change): Prepared, the claim's spec old or new, never torn. The next start refreshes every
+  spec with the edits it generates.
 - ``early-ready``: early Ready, PartitionReady perhaps not written. Kept while binding
   conditions are on: the binding watch writes PartitionReady again, or releases the partitions
   if the claim no longer waits for them.

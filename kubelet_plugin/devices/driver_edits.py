@@ -199,6 +199,41 @@ def generate(
     return edits
 
 
+def node_edits(
+    *,
+    driver_root: Path,
+    host_driver_root: Path,
+    data_dir: Path,
+    own_hook: Path | None,
+    generator: str = GENERATOR,
+) -> dict[str, Any]:
+    """The edits every claim's spec carries: the generator's over ``driver_root``, with the
+    image's hooks installed in ``data_dir`` (or ``own_hook``, an admin's host path) and
+    consecutive hooks combined where our program is installed beside them."""
+    hook = own_hook or install_hook(data_dir)
+    edits = generate(
+        driver_root=driver_root,
+        host_driver_root=host_driver_root,
+        hook_path=hook,
+        generator=generator,
+    )
+    # An admin's own nvidia-cdi-hook (a host path) comes without our program beside it.
+    if own_hook is not None:
+        return edits
+    combined = install_combined_hook(data_dir)
+    return edits if combined is None else combine_hooks(edits, hook, combined)
+
+
+def library_paths(driver_root: Path, edits: Mapping[str, Any]) -> list[str]:
+    """The driver's libraries the edits mount, as this process (and an MPS daemon pod, which
+    mounts the driver root at the same path) sees them."""
+    return [
+        os.fspath(driver_root / str(m["containerPath"]).lstrip("/"))
+        for m in edits.get("mounts") or []
+        if ".so" in str(m.get("containerPath", ""))
+    ]
+
+
 def rebase(edits: Mapping[str, Any], root: Path, host_root: Path) -> dict[str, Any]:
     """Host paths under ``root`` (the plugin's view) moved under ``host_root``."""
     if root == host_root:

@@ -83,11 +83,25 @@ MPS_OPERATIONS: Final = Counter(
     ["node", "operation", "result"],
     registry=REGISTRY,
 )
+DRIVER_CHANGES: Final = Counter(
+    "flexgpu_plugin_driver_changes",
+    "Driver changes under the driver root settled (ok: every prepared spec follows the new "
+    "driver) or failed to settle (error: retried), by result",
+    ["node", "result"],
+    registry=REGISTRY,
+)
+DRIVER_SPECS_REWRITTEN: Final = Counter(
+    "flexgpu_plugin_driver_specs_rewritten",
+    "Prepared claims' CDI specs rewritten for a new driver",
+    ["node"],
+    registry=REGISTRY,
+)
 
 # The reasons a prepare or unprepare error is counted under, from the text the kubelet gets
 # (the preparer reports text only). First match wins; anything else is "other".
 ERROR_REASONS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("starting", re.compile(r"still starting|failed to start")),
+    ("driver_change", re.compile(r"NVIDIA driver under \S+ changed")),
     ("claim_not_found", re.compile(r" not found\b|deleted and re-created")),
     ("not_allocated", re.compile(r"is not allocated|not published by node|out of date")),
     (
@@ -115,6 +129,12 @@ def mig_operation(node: str, operation: str, profile: str, result: str) -> None:
 
 def mps_operation(node: str, operation: str, result: str) -> None:
     MPS_OPERATIONS.labels(node, operation, result).inc()
+
+
+def driver_settled(node: str, result: str, rewritten: int) -> None:
+    DRIVER_CHANGES.labels(node, result).inc()
+    if rewritten:
+        DRIVER_SPECS_REWRITTEN.labels(node).inc(rewritten)
 
 
 def health_event(node: str, event: HealthEvent) -> None:

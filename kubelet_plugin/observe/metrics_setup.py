@@ -12,6 +12,7 @@ usage sampler, the collectors and the /metrics endpoint.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from flexgpu.driver.backend import GpuBackend
 from flexgpu.kubelet_plugin.api.kube_api import KubeApi, path_of
 from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
 from flexgpu.kubelet_plugin.claims.claim_objects import ClaimObjects
+from flexgpu.kubelet_plugin.claims.driver_change import DriverChange
 from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
@@ -96,6 +98,7 @@ def observe_node(
     api: KubeApi,
     publisher: SlicePublisher,
     status_refusals: Callable[[], int] | None = None,
+    driver_change: DriverChange | None = None,
 ) -> Callable[[], None]:
     """Registers the node's collectors, starts sampling and the endpoint; returns the stop.
     Without a port nothing starts (and nothing is sampled)."""
@@ -126,6 +129,8 @@ def observe_node(
         ),
     )
     metrics.register("usage", UsageCollector(sampler))
+    if driver_change is not None:
+        driver_change.on_settled = functools.partial(metrics.driver_settled, node_name)
     sampler.start()
     server = metrics.MetricsServer(settings.port, settings.address)
     log.info(

@@ -16,40 +16,39 @@ Dimensions:
 - an event in flight: none; the plugin killed between allocation and its binding decision
   (PartitionReady/TenantReady) and started again; the pod and its claim deleted before
   binding; a reallocation after a refusal (a partition whose creation fails once, or a shared
-  GPU taken by the other namespace);
+  GPU taken by the other namespace); the NVIDIA driver under the node's driver root upgraded
+  in place while the row's prepares run (NVIDIA's GPU Operator reloading its driver);
 - the node's taint: none, or ``nvidia.com/gpu:NoSchedule`` as GPU node pools carry it, with
   each pod given what the controller's pod toleration webhook adds (its own function over
   the row's real template and classes; no controller runs here).
 
-allpairspy picks rows so that every pair of values (of the combinations that exist) meets in
-at least one row; the module prints the matrix and its pair coverage. Combinations that do
-not exist are excluded by one rule each (``_valid``): a MIG config on a whole GPU, a GpuConfig
-on a MIG device or a fraction, a burstable config on anything but a fraction, a reallocation
-where nothing can be refused.
+allpairspy picks rows (``matrix_rows``) so that every pair of values (of the combinations that
+exist) meets in at least one row; the module prints the matrix and its pair coverage.
+Combinations that do not exist are excluded by one rule each (``matrix_rows._valid``): a MIG
+config on a whole GPU, a GpuConfig on a MIG device or a fraction, a burstable config on
+anything but a fraction, a reallocation where nothing can be refused.
 
 Every row: the pods that fit are Running and the rest unschedulable with the scheduler's
 reason; each container got one device of the kind asked for, with the sharing its config
-asks; afterwards no partition, no claim record and no refused status write is left.
+asks; every prepared claim's CDI spec names the driver installed now; afterwards no
+partition, no claim record and no refused status write is left.
 """
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import os
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
-from allpairspy import AllPairs
 from kubernetes import client
 
-from flexgpu.controller.gpu_tolerations import DEFAULT_GPU_TOLERATIONS, answer_toleration_review
-from flexgpu.controller.pod_claim_lookup import ApiClaimLookup
 from flexgpu.controller.tenant_selector import tenant_expression
 from flexgpu.driver.sim_backend import SimulatedBackend
 from tests.conftest import target_minor, wait_for
@@ -62,9 +61,21 @@ from tests.integration.gpu_workloads import (
     make_pod,
     scheduling_report,
 )
+from tests.integration.matrix_readback import (
+    allocated,
+    claims_left,
+    partitions_made,
+    pod_events,
+    pods_by_name,
+    refused_writes,
+    specs_not_on,
+)
+from tests.integration.matrix_rows import NAMES, Row, coverage, matrix
+from tests.integration.matrix_taints import admitted, taint_node
+from tests.nvidia_ctk import tools_dir
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
-from tools.cluster.nodes import mark_node_ready
+from tools.node import driver_root
 
 pytestmark = pytest.mark.integration
 
@@ -84,108 +95,7 @@ BURST_COMPUTE, BURST_LIMIT = "5", 60
 # Pods a burst of each kind runs at least (the node's capacity for it).
 FITS = {"whole": 2, "mig": 14, "static-mig": 14, "fraction": 16}
 
-KINDS = ("whole", "mig", "static-mig", "fraction")
-CONFIGS = (
-    "none",
-    "GpuConfig-TS",
-    "GpuConfig-MPS",
-    "MigDeviceConfig-TS",
-    "MigConfig-MPS",
-    "GpuConfig-burst",
-    "nvidia",
-)
-TENANCY = ("one", "two")
-ARRIVAL = ("one", "burst")
-BINDING = ("on", "off")
-EVENTS = ("none", "restart", "delete-before-binding", "realloc-after-refusal")
-TAINTS = ("none", "gpu")
-DIMENSIONS = (KINDS, CONFIGS, TENANCY, ARRIVAL, BINDING, EVENTS, TAINTS)
-NAMES = ("kind", "config", "tenancy", "arrival", "binding", "event", "taint")
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-
-
-@dataclass(frozen=True)
-class Row:
-    kind: str
-    config: str
-    tenancy: str
-    arrival: str
-    binding: str
-    event: str
-    taint: str
-
-    @property
-    def values(self) -> tuple[str, ...]:
-        return tuple(getattr(self, n) for n in NAMES)
-
-    @property
-    def id(self) -> str:
-        return "-".join(self.values)
-
-
-def _valid(values: list[str]) -> bool:
-    """Whether a (partial) row names a combination that exists."""
-    row = dict(zip(NAMES, values, strict=False))
-    kind, config, event = row.get("kind"), row.get("config"), row.get("event")
-    if kind == "whole" and config in ("MigDeviceConfig-TS", "MigConfig-MPS"):
-        return False  # a MIG config on a whole GPU: refused (tested in test_opaque_config)
-    if kind in ("mig", "static-mig", "fraction") and config in ("GpuConfig-TS", "GpuConfig-MPS"):
-        return False  # a GpuConfig on a MIG device or a fraction: refused likewise
-    if kind == "fraction" and config in ("MigDeviceConfig-TS", "MigConfig-MPS"):
-        return False
-    if config == "GpuConfig-burst" and kind not in (None, "fraction"):
-        return False  # the share block on a whole GPU: refused (tested in test_share_config)
-    if event == "realloc-after-refusal":
-        # Something must be refusable: a partition made before binding (on-demand MIG with
-        # binding conditions), or a free shared GPU another namespace takes (two tenants).
-        if kind not in (None, "mig", "fraction"):
-            return False
-        if row.get("binding") == "off":
-            return False
-        if kind == "fraction" and row.get("tenancy") == "one":
-            return False
-    return True
-
-
-def _pairs(values: tuple[str, ...]) -> set[tuple[int, str, int, str]]:
-    return {(i, a, j, b) for (i, a), (j, b) in itertools.combinations(enumerate(values), 2)}
-
-
-def _valid_rows() -> list[tuple[str, ...]]:
-    return [v for v in itertools.product(*DIMENSIONS) if _valid(list(v))]
-
-
-def valid_pairs() -> set[tuple[int, str, int, str]]:
-    """Every pair of values some valid row holds."""
-    return set().union(*(_pairs(v) for v in _valid_rows()))
-
-
-def matrix() -> list[Row]:
-    """allpairspy's rows, completed: with a filter it may leave a pair out, so each pair
-    still missing gets the valid row that covers it and the most other missing pairs."""
-    rows = [tuple(r) for r in AllPairs(list(DIMENSIONS), filter_func=_valid)]
-    missing = valid_pairs() - set().union(*(_pairs(r) for r in rows))
-    candidates = _valid_rows()
-    while missing:
-        pair = min(missing)
-        best = max(
-            (v for v in candidates if pair in _pairs(v)),
-            key=lambda v: (len(_pairs(v) & missing), v),
-        )
-        rows.append(best)
-        missing -= _pairs(best)
-    # Rows that need the same plugin run next to each other: fewer restarts.
-    return sorted(
-        (Row(*r) for r in rows),
-        key=lambda r: (r.binding, r.event == "realloc-after-refusal", r.kind, r.id),
-    )
-
-
-def coverage(rows: list[Row]) -> tuple[int, int]:
-    """(pairs covered, valid pairs)."""
-    valid = valid_pairs()
-    covered = set().union(*(_pairs(r.values) for r in rows))
-    return len(covered & valid), len(valid)
+UPGRADE = "590.44.01"  # the simulated driver's other version
 
 
 ROWS = matrix()
@@ -205,13 +115,22 @@ def test_the_matrix_covers_every_pair() -> None:
 @pytest.fixture(scope="module")
 def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
     ensure_device_classes(api)
-    sim = SimulatedGpuNode(cluster.kubeconfig, NODE, "hgx-h100-8", plugin_args=BASE_ARGS)
+    root = Path(tempfile.mkdtemp(prefix="fgmx-", dir="/tmp"))  # specs carry the driver's files
+    driver_root.add_mig_capabilities(driver_root.create(root, 8))
+    sim = SimulatedGpuNode(
+        cluster.kubeconfig,
+        NODE,
+        "hgx-h100-8",
+        plugin_args=(*BASE_ARGS, f"--driver-root={root}"),
+        plugin_env={**os.environ, "PATH": f"{tools_dir()}:{os.environ['PATH']}"},
+    )
     _partition_static(sim)
     try:
         sim.start()
         yield sim
     finally:
         sim.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _partition_static(node: SimulatedGpuNode) -> None:
@@ -231,13 +150,16 @@ class Plugin:
 
     def __init__(self, node: SimulatedGpuNode) -> None:
         self.node = node
-        self.current: tuple[tuple[str, ...], dict[str, str] | None] = (BASE_ARGS, None)
+        self.base = (node.plugin_args, node.plugin_env)
+        self.current: tuple[tuple[str, ...], dict[str, str] | None] = self.base
+        root = next(a for a in node.plugin_args if a.startswith("--driver-root="))
+        self.driver = driver_root.DriverRoot(Path(root.removeprefix("--driver-root=")), 8)
 
     def ensure(self, row: Row) -> None:
-        args = BASE_ARGS + (("--binding-conditions=off",) if row.binding == "off" else ())
-        env = None
+        base_args, env = self.base
+        args = base_args + (("--binding-conditions=off",) if row.binding == "off" else ())
         if row.event == "realloc-after-refusal" and row.kind == "mig":
-            env = dict(os.environ, FLEXGPU_FAULT_FAIL="create_mig_device:1")
+            env = dict(env or os.environ, FLEXGPU_FAULT_FAIL="create_mig_device:1")
         if (args, env) == self.current:
             return
         self.node.stop_plugin()
@@ -263,6 +185,13 @@ class Plugin:
                 if device.name == "gpu-2":
                     return bool(device.binding_conditions)
         return False
+
+    def upgrade_driver(self) -> str:
+        """Swaps the driver to its other version, as an in-place upgrade does; returns it."""
+        now = driver_root.installed_version(self.driver)
+        version = UPGRADE if now == driver_root.DRIVER_VERSION else driver_root.DRIVER_VERSION
+        driver_root.install_version(self.driver, version)
+        return version
 
     def kill_and_start(self) -> None:
         self.node.stop_plugin(signal.SIGKILL)
@@ -360,71 +289,6 @@ def _template(row: Row, namespace: str) -> dict[str, Any]:
     return {"metadata": {"name": "t"}, "spec": {"spec": {"devices": devices}}}
 
 
-def _taint(api: Any, row: Row) -> None:
-    """The node tainted as the row says (the taint of other rows removed)."""
-    if row.taint == "gpu":
-        mark_node_ready(api, NODE, taints=[GPU_TAINT])
-        return
-    core = client.CoreV1Api(api)
-    taints = core.read_node(NODE).spec.taints or []
-    kept = [
-        {"key": t.key, "value": t.value, "effect": t.effect}
-        for t in taints
-        if t.key != GPU_TAINT["key"]
-    ]
-    if len(kept) != len(taints):
-        core.patch_node(NODE, {"spec": {"taints": kept or None}})
-
-
-def _admitted(api: Any, namespace: str, pod: dict[str, Any], row: Row) -> dict[str, Any]:
-    """The pod as the pod toleration webhook admits it on a tainted row: its answer to the
-    review, over the row's template and classes as the API server has them."""
-    if row.taint != "gpu":
-        return pod
-    review = {
-        "request": {
-            "uid": "matrix",
-            "operation": "CREATE",
-            "namespace": namespace,
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "object": pod,
-        }
-    }
-    answer = answer_toleration_review(list(DEFAULT_GPU_TOLERATIONS), ApiClaimLookup(api), review)
-    assert answer is not None and "patch" in answer["response"], (row.id, answer)
-    (op,) = json.loads(base64.b64decode(answer["response"]["patch"]))
-    assert op["path"] == "/spec/tolerations", (row.id, op)
-    return {**pod, "spec": {**pod["spec"], "tolerations": op["value"]}}
-
-
-def _phases(api: Any, namespace: str) -> dict[str, Any]:
-    return {p.metadata.name: p for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items}
-
-
-def _events(api: Any, namespace: str, reason: str) -> dict[str, str]:
-    """Pod -> the message of an Event of ``reason`` recorded on it."""
-    events = client.CoreV1Api(api).list_namespaced_event(namespace).items
-    return {
-        e.involved_object.name: e.message or ""
-        for e in events
-        if e.reason == reason and e.involved_object.kind == "Pod"
-    }
-
-
-def _claims_left(api: Any, namespaces: list[str]) -> list[str]:
-    claims = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces().items
-    return [
-        f"{c.metadata.namespace}/{c.metadata.name}"
-        for c in claims
-        if c.metadata.namespace in namespaces
-    ]
-
-
-def _allocated(api: Any, namespace: str) -> bool:
-    claims = client.ResourceV1Api(api).list_namespaced_resource_claim(namespace).items
-    return any(c.status and c.status.allocation for c in claims)
-
-
 def _check_container(node: SimulatedGpuNode, namespace: str, pod: str, row: Row) -> None:
     env = env_from_log(node.container_log(namespace, pod, "main"))
     got = granted(env)
@@ -449,27 +313,13 @@ def _check_container(node: SimulatedGpuNode, namespace: str, pod: str, row: Row)
         assert "CUDA_MPS_PIPE_DIRECTORY" not in env, (row.id, sorted(env))
 
 
-def _refused_writes(node: SimulatedGpuNode) -> int:
-    """Status writes the API server refused, in every log of the node's plugin so far."""
-    return sum(
-        path.read_text(errors="replace").count("status: 422")
-        for path in (node.root / "logs").glob("plugin-*.log")
-    )
-
-
-def _partitions_made(node: SimulatedGpuNode) -> list[dict[str, Any]]:
-    """MIG instances on the on-demand GPUs, as the simulated hardware holds them."""
-    state = json.loads((node.data_dir / "simulated-gpus.json").read_text())
-    return [i for index in (0, 1) for i in state["gpus"][index]["mig_instances"]]
-
-
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None:
     if row.binding == "on" and target_minor() < 36:
         pytest.skip("binding conditions need Kubernetes 1.36+")
     plugin.ensure(row)
-    _taint(api, row)
-    refused_before = _refused_writes(node)
+    taint_node(api, NODE, row.taint == "gpu")
+    refused_before = refused_writes(node)
     core = client.CoreV1Api(api)
     resources = client.ResourceV1Api(api)
     namespaces = [f"m-{uuid.uuid4().hex[:6]}-{i}" for i in range(2 if row.tenancy == "two" else 1)]
@@ -485,13 +335,15 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
                 {"g": {"resourceClaimTemplateName": "t"}},
                 node=NODE,
             )
-            core.create_namespaced_pod(ns, _admitted(api, ns, pod, row))
+            core.create_namespaced_pod(ns, admitted(api, ns, pod, row.taint == "gpu"))
         deleted: set[tuple[str, str]] = set()
         if row.event == "restart":
             plugin.kill_and_start()
+        elif row.event == "driver-upgrade":  # while the row's prepares run
+            plugin.upgrade_driver()
         elif row.event == "delete-before-binding":
             wait_for(
-                lambda: _allocated(api, namespaces[0]),
+                lambda: allocated(api, namespaces[0]),
                 timeout_s=SETTLE_S,
                 what="a claim allocated",
                 explain=lambda: scheduling_report(api, namespaces[0]),
@@ -502,9 +354,9 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
         def settled() -> dict[tuple[str, str], str] | None:
             out = {}
             for ns in namespaces:
-                reasons = _events(api, ns, "FailedScheduling")
-                refusals = _events(api, ns, "FailedPrepareDynamicResources")
-                for name, pod in _phases(api, ns).items():
+                reasons = pod_events(api, ns, "FailedScheduling")
+                refusals = pod_events(api, ns, "FailedPrepareDynamicResources")
+                for name, pod in pods_by_name(api, ns).items():
                     if (ns, name) in deleted:
                         continue
                     if pod.status.phase == "Running":
@@ -543,6 +395,13 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
         assert len(running) >= wanted, (row.id, outcome)
         for ns, name in running:
             _check_container(node, ns, name, row)
+        installed = driver_root.installed_version(plugin.driver)  # what every spec names now
+        wait_for(
+            lambda: not specs_not_on(node, installed),
+            timeout_s=30,
+            what=f"every prepared claim's CDI spec on driver {installed}",
+            explain=lambda: "\n".join(specs_not_on(node, installed)),
+        )
         if row.tenancy == "two" and row.kind == "fraction":
             served = {
                 ns: {
@@ -564,10 +423,10 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
         # The next row starts on a cluster whose scheduler no longer counts this row's
         # allocations: a claim still allocated in the API holds its device there.
         wait_for(
-            lambda: not _claims_left(api, namespaces),
+            lambda: not claims_left(api, namespaces),
             timeout_s=SETTLE_S,
             what="the row's ResourceClaims gone from the API",
-            explain=lambda: repr(_claims_left(api, namespaces)),
+            explain=lambda: repr(claims_left(api, namespaces)),
         )
-    wait_for(lambda: not _partitions_made(node), timeout_s=60, what="no partition left")
-    assert _refused_writes(node) == refused_before, row.id
+    wait_for(lambda: not partitions_made(node), timeout_s=60, what="no partition left")
+    assert refused_writes(node) == refused_before, row.id

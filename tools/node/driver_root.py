@@ -10,6 +10,7 @@ stays untouched."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -194,6 +195,43 @@ def create(root: Path, gpus: int, nvml_library: Path | None = None) -> DriverRoo
         f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER_VERSION}  (simulated)\n"
     )
     return driver
+
+
+def installed_version(driver: DriverRoot) -> str:
+    """The version the driver root's ``libnvidia-ml.so.1`` points at now."""
+    target = os.readlink(driver.root / LIB_DIR / "libnvidia-ml.so.1")
+    return target.removeprefix("libnvidia-ml.so.")
+
+
+def install_version(driver: DriverRoot, version: str) -> None:
+    """Replaces the driver's user-space files with ``version``'s, as an in-place driver
+    upgrade does (NVIDIA's GPU Operator reloading its driver container): the new versioned
+    libraries beside the old, each link moved over by a rename (never absent), then the old
+    versions removed and the programs and the version file naming the new one. A running
+    container keeps the files it was given (its bind mounts hold them); only what is handed
+    out afterwards changes."""
+    if not re.fullmatch(r"\d+(\.\d+)+", version):
+        raise DriverRootError(f"version {version!r}: expected a driver version such as 590.44.01")
+    old = installed_version(driver)
+    if old == version:
+        return
+    libs = driver.root / LIB_DIR
+    for lib in LIBRARIES:
+        shutil.copy2(libs / f"{lib}.{old}", libs / f"{lib}.{version}")
+        for link in (libs / f"{lib}.1", libs / lib):
+            moving = link.with_name(f".{link.name}.new")
+            moving.unlink(missing_ok=True)
+            moving.symlink_to(f"{lib}.{version}")
+            os.replace(moving, link)
+    for lib in LIBRARIES:
+        (libs / f"{lib}.{old}").unlink()
+    bins = driver.root / BIN_DIR
+    for program in PROGRAMS:
+        _write(bins / program, PLACEHOLDER.format(name=program, version=version), 0o755)
+    _write(bins / "nvidia-smi", NVIDIA_SMI.format(version=version), 0o755)
+    (driver.root / "proc" / "driver" / "nvidia" / "version").write_text(
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  (simulated)\n"
+    )
 
 
 def mig_minor(gpu: int, gi: int, ci: int | None = None) -> int:

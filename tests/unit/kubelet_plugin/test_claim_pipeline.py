@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent import futures
+from pathlib import Path
 
 import pytest
 
@@ -239,6 +240,17 @@ def test_the_plugin_passes_gate_then_metrics_then_tenancy(observed: bool) -> Non
     assert names == (
         ["start-up gate", "metrics", "tenancy"] if observed else ["start-up gate", "tenancy"]
     )
+
+
+def test_with_a_driver_root_the_driver_change_stage_follows_metrics(tmp_path: Path) -> None:
+    from flexgpu.kubelet_plugin.claims.driver_change import DriverChange
+    from flexgpu.kubelet_plugin.main import claim_stages
+    from tests.unit.kubelet_plugin.prepare_support import ClaimTable, Node
+
+    preparer = Node(tmp_path, ClaimTable()).preparer
+    change = DriverChange(tmp_path, None, preparer, dict)
+    names = [s.name for s in claim_stages(StartupGate(), lambda: None, "node-a", True, change)]
+    assert names == ["start-up gate", "metrics", "driver-change", "tenancy"]
 
 
 def test_metrics_times_each_call_and_counts_its_failed_claims_passing_them_on_unchanged() -> None:

@@ -240,3 +240,16 @@ def test_daemon_pods_are_owned_by_the_plugins_daemonset(
     harness = _pods(tmp_path / "other", backend, PodApi(), Control())
     owner = harness._owner_of()
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", "n", "node-uid")
+
+
+def test_daemon_pods_started_after_a_driver_change_link_the_new_drivers_libraries(
+    tmp_path: Path, backend: SimulatedBackend
+) -> None:
+    api, run = PodApi(), Control()
+    pods = _pods(tmp_path, backend, api, run)
+    lib = "usr/lib/x86_64-linux-gnu/libcuda.so.590.44.01"
+    pods.follow_driver({"mounts": [{"hostPath": f"/host/{lib}", "containerPath": f"/{lib}"}]})
+    uuids = tuple(sorted(m.uuid or "" for m in _instances(backend, 1)))
+    pods.start_mig(MigMpsDaemonSpec(0, uuids, active_thread_percentage=40))
+    link = tmp_path / "mps" / "lib" / "libcuda.so.590.44.01"
+    assert os.readlink(link) == str(tmp_path / "driver" / lib)
