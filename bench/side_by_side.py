@@ -3,14 +3,15 @@
 for five setups of the same HGX H100 node group (``bench.side_by_side_setups``):
 
     python -m bench.side_by_side [--seed 7] [--days 1] [--boot-minutes 6]
-        [--idle-minutes 10] [--max-nodes 40] [--packing]
+        [--idle-minutes 10] [--max-nodes 40] [--fixed-nodes N] [--packing]
 
 (a) NVIDIA's device plugin, (b) NVIDIA's DRA driver, (c) flexgpu today, (c2) flexgpu with
 (b)'s policy (every GPU on-demand MIG), (d) flexgpu with defragmentation steering (printed as
 not run, with the reason, until the replay drives it).
 Every placement is decided by ``driver.allocation``, the offline copy of kube-scheduler's
 allocator held to it by a differential test; nodes come and go as the model's autoscaler
-launches and removes them.
+launches and removes them (or, with ``--fixed-nodes``, a group of that many nodes serves all
+day, so the setups differ in what they place and how long claims wait).
 
 Reported per setup: GPU-hours provisioned (nodes x 8 x hours, billed from launch) and used
 (each claim's GPU-equivalents x its run time), used/provisioned, large claims (4-GPU and
@@ -68,8 +69,8 @@ def run_setup(setup: Setup, args: argparse.Namespace) -> Column:
     result = replay(
         day_trace(args.seed, args.days),
         Cluster(setup.template, setup.classes, setup.claims),
-        autoscale=True,
-        fixed_nodes=0,
+        autoscale=not args.fixed_nodes,
+        fixed_nodes=args.fixed_nodes,
         boot_minutes=args.boot_minutes,
         idle_minutes=args.idle_minutes,
         max_nodes=args.max_nodes,
@@ -84,6 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--boot-minutes", type=int, default=6)
     parser.add_argument("--idle-minutes", type=int, default=10)
     parser.add_argument("--max-nodes", type=int, default=40)
+    parser.add_argument(
+        "--fixed-nodes",
+        type=int,
+        default=0,
+        help="a fixed group of this many nodes all day instead of the autoscaler model",
+    )
     parser.add_argument("--packing", action="store_true", help="also run bench.packing_churn")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -91,8 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = ", ".join(f"{k} {sum(1 for a in trace if a.kind == k)}" for k in BY_NAME)
     print(
         f"SIMULATION: {len(trace)} claims over {args.days} day(s), seed {args.seed} ({counts}); "
-        f"autoscaled HGX H100 x8 nodes, boot {args.boot_minutes} min, scale-down after "
-        f"{args.idle_minutes} idle min, at most {args.max_nodes} nodes"
+        + (
+            f"a fixed group of {args.fixed_nodes} HGX H100 x8 nodes"
+            if args.fixed_nodes
+            else f"autoscaled HGX H100 x8 nodes, boot {args.boot_minutes} min, scale-down after "
+            f"{args.idle_minutes} idle min, at most {args.max_nodes} nodes"
+        )
     )
     columns = []
     for setup in setups():
@@ -104,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(table(columns)))
     print("waits: minutes from pending to running, nearest-rank percentiles over placed claims")
     print()
-    print("\n".join(ratios(columns, FLEXGPU, NVIDIA)))
+    if args.fixed_nodes:
+        print("a fixed group: every setup provisions the same; the waits show the difference")
+    else:
+        print("\n".join(ratios(columns, FLEXGPU, NVIDIA)))
     print(f"model run time {time.monotonic() - start:.0f} s")
     if args.packing:
         from bench import packing_churn  # a control plane: imported only when asked for
