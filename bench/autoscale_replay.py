@@ -164,9 +164,6 @@ class RunResult:
     # Per minute: nodes provisioned (booting or ready) and GPU-equivalents in use.
     nodes_by_minute: list[int]
     gpus_by_minute: list[float]
-    # Claims running on a node when it was removed. The model removes only nodes without
-    # claims and never preempts, so this stays 0; it is counted so a change would show.
-    evictions: int = 0
 
 
 def state_of(claims: Sequence[Claim]) -> AllocatedState:
@@ -198,7 +195,6 @@ def replay(
     node_minutes = 0
     peak = len(cluster.nodes)
     used = 0.0
-    evictions = 0
     nodes_by_minute: list[int] = []
     gpus_by_minute: list[float] = []
     minute = -1
@@ -236,7 +232,6 @@ def replay(
             for node in list(cluster.nodes.values()):
                 ready = node.ready_at <= minute
                 if ready and not node.claims and minute - node.idle_since >= idle_minutes:
-                    evictions += len(node.claims)
                     del cluster.nodes[node.name]
         node_minutes += len(cluster.nodes)
         peak = max(peak, len(cluster.nodes))
@@ -253,7 +248,6 @@ def replay(
         minute,
         nodes_by_minute,
         gpus_by_minute,
-        evictions,
     )
 
 

@@ -29,8 +29,9 @@ from typing import Any, Final
 
 from bench.autoscale_replay import GROUP_POLICY, TOPOLOGY, device_classes
 from bench.autoscale_trace import BY_NAME, ClaimKind
-from bench.scale_publications import inventory, nvidia_specs, scratch
+from bench.scale_publications import NodeInventory, inventory, nvidia_specs, scratch
 from flexgpu.driver.allocation import DeviceClass, ResourceClaim, parse_claim, parse_device_class
+from flexgpu.driver.gpu_model import GpuInfo
 from flexgpu.driver.mig_devices import mig_attributes
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.node_template import TemplatePolicy, render_node_template
@@ -119,7 +120,7 @@ def device_plugin() -> Setup:
     )
 
 
-def _fixed_mig(gpu: Any, inv: Any) -> list[dict[str, Any]]:
+def _fixed_mig(gpu: GpuInfo, inv: NodeInventory) -> list[dict[str, Any]]:
     """The all-balanced layout's partitions, largest first, each at the last placement still
     free: 3g.40gb at 4, 2g.20gb at 2, 1g.10gb at 1 and 0 (first-free would strand slice 7)."""
     used: set[int] = set()

@@ -18,7 +18,7 @@ from bench.side_by_side_table import Column, Figures, ratios, table
 
 
 def figures(provisioned: float, used: float = 100.0, large: int = 5) -> Figures:
-    return Figures(provisioned, used, large, 6, 10, 10, (0.0, 1.0, 9.0), (2.0,), 0)
+    return Figures(provisioned, used, large, 6, 10, 10, (0.0, 1.0, 9.0), (2.0,))
 
 
 def test_table_shows_figures_and_a_reason_for_a_setup_not_run() -> None:
