@@ -4,14 +4,15 @@ and the day's claims (``bench.autoscale_trace``) as that setup's users write the
 (a) NVIDIA's device plugin as people run it: GPUs 0-3 whole (``nvidia.com/gpu``), 4-5
     time-sliced into 4 replicas each (``nvidia.com/gpu.shared``), 6-7 in a fixed MIG layout,
     the GPU operator's ``all-balanced`` for H100 80GB (1g.10gb x2, 2g.20gb, 3g.40gb; mixed
-    strategy). An extended resource is modelled as one device per unit under a class per
-    resource name: the scheduler counts units, it does not choose among them.
+    strategy). An extended resource is modelled as one device per unit (the scheduler counts
+    units): whole GPUs and partitions keep flexgpu's classes, a profile selector standing for
+    ``nvidia.com/mig-<profile>``; replicas have a class of their own.
 (b) NVIDIA's DRA driver (sigs.k8s.io/dra-driver-nvidia-gpu v0.4.x) with its alpha
     ``DynamicMIG`` gate: the gate is node-wide, so all 8 GPUs publish the full GPU and every
     profile x placement on shared counters, in its own device order
     (``bench.scale_publications.nvidia_specs``). It has no consumable capacity, and MPS is
-    refused while the gate is on; a claim for 20 GiB therefore takes a MIG partition with
-    that much memory (1g.20gb, the smallest).
+    refused while the gate is on; a claim for 20 GiB therefore takes the smallest MIG
+    partition of about that size (1g.20gb: 20,096 MiB, a little under).
 (c) flexgpu today: ``flexgpu node-template``'s slices for GPUs 0-3 whole, 4-5 shared
     (consumable memory/compute, MPS-enforced), 6-7 on-demand MIG (``bench.autoscale_replay``'s
     node group).
