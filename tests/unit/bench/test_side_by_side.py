@@ -11,6 +11,8 @@ from bench.side_by_side_setups import (
     STEERING_MODULE,
     Setup,
     device_plugin,
+    flexgpu_all_mig,
+    flexgpu_today,
     nvidia_dra,
     steering,
 )
@@ -97,6 +99,17 @@ def test_nvidia_dra_node_partitions_every_gpu_on_demand(nvidia: Setup) -> None:
     # No consumable capacity: a 20 GiB claim takes a 1g.20gb partition, 4 per GPU.
     assert _fill(cluster, node, "infer-share-20gi") == 32
     assert _fill(cluster, node, "train-1gpu") == 8
+
+
+def test_flexgpu_nodes_as_documented() -> None:
+    cluster, node = _node(flexgpu_today())
+    # 20 GiB shares of an H100 reporting 81,559 MiB: 3 per shared GPU, 2 shared GPUs.
+    assert _fill(cluster, node, "infer-share-20gi") == 6
+    # Whole GPUs 0-3, and the on-demand MIG GPUs 6-7 also as whole GPUs.
+    assert _fill(cluster, node, "train-1gpu") == 6
+    cluster, node = _node(flexgpu_all_mig())
+    assert _fill(cluster, node, "infer-share-20gi") == 32
+    assert _fill(cluster, node, "infer-mig-1g") == 56
 
 
 def test_steering_is_not_run_without_a_made_up_figure() -> None:
