@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import yaml
 
@@ -50,7 +50,7 @@ from flexgpu.driver.allocation import (
 )
 from flexgpu.driver.allocation.capacity import add_amounts
 from flexgpu.driver.allocation.selectors import SelectorCache
-from flexgpu.driver.node_template import NodeTemplate, TemplatePolicy, is_placeholder
+from flexgpu.driver.node_template import TemplatePolicy, is_placeholder
 from flexgpu.driver.node_template import render_node_template as render
 from flexgpu.driver.topology import load_topology
 
@@ -58,6 +58,13 @@ CLASSES_FILE: Final = Path(__file__).resolve().parents[1] / "demo" / "deviceclas
 TOPOLOGY: Final = "hgx-h100-8"
 GPUS_PER_NODE: Final = 8
 GROUP_POLICY: Final = TemplatePolicy(shared=frozenset({4, 5}), dynamic_mig=frozenset({6, 7}))
+
+
+class SliceTemplate(Protocol):
+    """A node's slice specs with placeholders for what differs per node (``NodeTemplate``)."""
+
+    @property
+    def specs(self) -> list[dict[str, Any]]: ...
 
 
 def device_classes() -> dict[str, DeviceClass]:
@@ -76,7 +83,7 @@ def _fill(value: Any, node: str) -> Any:
     return value
 
 
-def node_slices(template: NodeTemplate, node: str) -> list[ResourceSlice]:
+def node_slices(template: SliceTemplate, node: str) -> list[ResourceSlice]:
     return [
         parse_slice({"metadata": {"name": f"{node}-{i}"}, "spec": _fill(spec, node)})
         for i, spec in enumerate(template.specs)
@@ -118,7 +125,7 @@ def add_choices(state: AllocatedState, choices: Sequence[DeviceChoice]) -> None:
 
 @dataclass
 class Cluster:
-    template: NodeTemplate
+    template: SliceTemplate
     classes: dict[str, DeviceClass]
     claim_objects: dict[str, ResourceClaim]
     selectors: SelectorCache = field(default_factory=SelectorCache)

@@ -1,0 +1,135 @@
+"""SIMULATION, not a measurement of a cluster: the same day of GPU claims
+(``bench.autoscale_trace``) replayed through the autoscaler model of ``bench.autoscale_replay``
+for five setups of the same HGX H100 node group (``bench.side_by_side_setups``):
+
+    python -m bench.side_by_side [--seed 7] [--days 1] [--boot-minutes 6]
+        [--idle-minutes 10] [--max-nodes 40] [--fixed-nodes N] [--packing]
+
+(a) NVIDIA's device plugin, (b) NVIDIA's DRA driver, (c) flexgpu today, (c2) flexgpu with
+(b)'s policy (every GPU on-demand MIG), (d) flexgpu with defragmentation steering (printed as
+not run, with the reason, until the replay drives it).
+Every placement is decided by ``driver.allocation``, the offline copy of kube-scheduler's
+allocator held to it by a differential test; nodes come and go as the model's autoscaler
+launches and removes them (or, with ``--fixed-nodes``, a group of that many nodes serves all
+day, so the setups differ in what they place and how long claims wait).
+
+Reported per setup: GPU-hours provisioned (nodes x 8 x hours, billed from launch) and used
+(each claim's GPU-equivalents x its run time), used/provisioned, large claims (4-GPU and
+1-GPU training, 3g.40gb inference) and small ones (1g.10gb, 20 GiB share) placed by the end,
+pending-to-running waits in minutes as p50/p95/max (nearest-rank percentiles over the claims
+placed), and evictions (none in the model; said so); then flexgpu's ratios against (a) and (b).
+
+``--packing`` also runs ``bench.packing_churn`` afterwards (real kube-scheduler, hollow
+nodes: flexgpu's publication against NVIDIA's DRA publication, minutes). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import Final
+
+from bench.autoscale_replay import Claim, Cluster, RunResult, replay
+from bench.autoscale_trace import BY_NAME, day_trace
+from bench.side_by_side_setups import Setup, setups
+from bench.side_by_side_table import Column, Figures, ratios, table
+
+LARGE_KINDS: Final = frozenset({"train-4gpu-nvlink", "train-1gpu", "infer-mig-3g"})
+GPUS_PER_NODE: Final = 8
+FLEXGPU: Final = ("c", "c2", "d")
+NVIDIA: Final = ("a", "b")
+
+
+def figures_of(result: RunResult) -> Figures:
+    """The table's figures from one replay."""
+    large = [c for c in result.claims if c.arrival.kind in LARGE_KINDS]
+    small = [c for c in result.claims if c.arrival.kind not in LARGE_KINDS]
+
+    def waits(claims: Sequence[Claim]) -> tuple[float, ...]:
+        return tuple(float(c.started - c.arrival.minute) for c in claims if c.started is not None)
+
+    return Figures(
+        provisioned_gpu_hours=result.node_minutes * GPUS_PER_NODE / 60,
+        used_gpu_hours=result.used_gpu_minutes / 60,
+        large_placed=sum(1 for c in large if c.started is not None),
+        large_total=len(large),
+        small_placed=sum(1 for c in small if c.started is not None),
+        small_total=len(small),
+        small_waits=waits(small),
+        large_waits=waits(large),
+    )
+
+
+def run_setup(setup: Setup, args: argparse.Namespace) -> Column:
+    if setup.template is None:
+        return Column(setup.key, setup.label, None, setup.not_run)
+    result = replay(
+        day_trace(args.seed, args.days),
+        Cluster(setup.template, setup.classes, setup.claims),
+        autoscale=not args.fixed_nodes,
+        fixed_nodes=args.fixed_nodes,
+        boot_minutes=args.boot_minutes,
+        idle_minutes=args.idle_minutes,
+        max_nodes=args.max_nodes,
+    )
+    return Column(setup.key, setup.label, figures_of(result))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.side_by_side", description=__doc__)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--days", type=int, default=1)
+    parser.add_argument("--boot-minutes", type=int, default=6)
+    parser.add_argument("--idle-minutes", type=int, default=10)
+    parser.add_argument("--max-nodes", type=int, default=40)
+    parser.add_argument(
+        "--fixed-nodes",
+        type=int,
+        default=0,
+        help="a fixed group of this many nodes all day instead of the autoscaler model",
+    )
+    parser.add_argument("--packing", action="store_true", help="also run bench.packing_churn")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    trace = day_trace(args.seed, args.days)
+    counts = ", ".join(f"{k} {sum(1 for a in trace if a.kind == k)}" for k in BY_NAME)
+    print(
+        f"SIMULATION: {len(trace)} claims over {args.days} day(s), seed {args.seed} ({counts}); "
+        + (
+            f"a fixed group of {args.fixed_nodes} HGX H100 x8 nodes"
+            if args.fixed_nodes
+            else f"autoscaled HGX H100 x8 nodes, boot {args.boot_minutes} min, scale-down after "
+            f"{args.idle_minutes} idle min, at most {args.max_nodes} nodes"
+        )
+    )
+    columns = []
+    for setup in setups():
+        columns.append(run_setup(setup, args))
+        print(
+            f"  ({setup.key}) {setup.label}: done at {time.monotonic() - start:.0f} s", flush=True
+        )
+    print()
+    print("\n".join(table(columns)))
+    print("waits: minutes from pending to running, nearest-rank percentiles over placed claims")
+    print(
+        "evictions: the model removes only empty nodes, nothing preempts and no MIG layout is "
+        "re-cut under running pods (emptying a node to change (a)'s layout is not modelled)"
+    )
+    print()
+    if args.fixed_nodes:
+        print("a fixed group: every setup provisions the same; the waits show the difference")
+    else:
+        print("\n".join(ratios(columns, FLEXGPU, NVIDIA)))
+    print(f"model run time {time.monotonic() - start:.0f} s")
+    if args.packing:
+        from bench import packing_churn  # a control plane: imported only when asked for
+
+        print("\nreal scheduler, packing under churn: (c) flexgpu vs (b) NVIDIA DRA publication")
+        packing_churn.main(["--publications", "flexgpu,nvidia-style"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
