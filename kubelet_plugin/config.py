@@ -136,8 +136,24 @@ class PluginConfig(BaseModel):
     binding_conditions: Literal["auto", "on", "off"] = "auto"
     # After creating a partition failed, the GPU's partitions stay tainted this long.
     partition_failure_seconds: float = Field(default=300.0, ge=0)
+    # "<namespace>/<name>" of the controller's Lease, which says whether allocated claims
+    # carry their node's label (driver/claim_node_label.py); "" watches every claim.
+    claim_labels_lease: str = ""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
+
+    @field_validator("claim_labels_lease")
+    @classmethod
+    def _check_claim_labels_lease(cls, value: str) -> str:
+        namespace, _, name = value.partition("/")
+        if value and not (
+            _DNS_SUBDOMAIN.match(namespace) and _DNS_SUBDOMAIN.match(name) and "/" not in name
+        ):
+            raise ValueError(
+                "must be empty or <namespace>/<name> of the controller's Lease, both made of "
+                "lowercase letters, digits, '-' and '.'"
+            )
+        return value
 
     @field_validator("node_name")
     @classmethod
