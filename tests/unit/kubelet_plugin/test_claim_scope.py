@@ -1,6 +1,7 @@
-"""The binding-conditions watch asks for this node's labelled claims only while the
-controller's Lease says claims are labelled, for every claim otherwise, and follows the Lease
-both ways; with no Lease configured it watches every claim, as before labels existed."""
+"""The binding-conditions watch asks for this node's labelled claims while the controller's
+Lease says claims are labelled, and for every claim once labels have not been live for
+WIDEN_AFTER_S (not during a leader handover); it narrows again when they are; with no Lease
+configured it watches every claim, as before labels existed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from flexgpu.driver.claim_node_label import LABELS_LIVE_ANNOTATION, node_selector
 from flexgpu.kubelet_plugin.agents.binding_watch import CLAIMS, BindingWatch
+from flexgpu.kubelet_plugin.api.claim_scope import WIDEN_AFTER_S
 from flexgpu.kubelet_plugin.claims.claim_status import ClaimStatusWriter
 from flexgpu.kubelet_plugin.claims.early_partitions import EarlyPartitions
 from tests.conftest import wait_for
@@ -53,7 +55,17 @@ def claim_queries(api: QueryLog) -> list[str]:
     return [q.get("labelSelector", "") for path, q in api.queries if path == CLAIMS]
 
 
-def watch_of(tmp_path: Path, api: QueryLog, lease_name: str) -> BindingWatch:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch_of(
+    tmp_path: Path, api: QueryLog, lease_name: str, clock: Clock | None = None
+) -> BindingWatch:
     node = Node(tmp_path, ClaimTable())
     node.devices.binding_conditions = True
     node.devices.refresh()
@@ -67,6 +79,7 @@ def watch_of(tmp_path: Path, api: QueryLog, lease_name: str) -> BindingWatch:
         republish=lambda: None,
         failure_s=60,
         labels_lease=lease_name,
+        clock=clock or Clock(),
     )
 
 
@@ -83,15 +96,28 @@ def test_a_node_watches_its_labelled_claims_while_the_lease_is_marked_then_all(
     api = QueryLog()
     now = datetime.now(UTC)
     api.lists[LEASES] = [lease("c-1", "c-1", now)]
-    watch = watch_of(tmp_path, api, "flexgpu/ctl")
+    clock = Clock()
+    watch = watch_of(tmp_path, api, "flexgpu/ctl", clock)
     try:
         watch.ensure_watch()
         assert watch.claims.wait_synced(5)
         assert claim_queries(api) == [node_selector(NODE)]  # never a cluster-wide list first
         events = lease_events(api)
-        # The controller's new leader has not caught up yet: every claim again.
+        # A new leader has not caught up yet: a handover's while, the node stays narrow.
         events.put(("MODIFIED", lease("c-2", None, datetime.now(UTC))))
-        wait_for(lambda: watch.scope.query() == {}, timeout_s=5)
+        wait_for(
+            lambda: (
+                watch.scope._lease
+                and watch.scope._lease.items()[0]["spec"]["holderIdentity"] == "c-2"
+            ),
+            timeout_s=5,
+        )
+        clock.now += WIDEN_AFTER_S - 1
+        watch.ensure_watch()
+        assert claim_queries(api) == [node_selector(NODE)]
+        # Labels not live for WIDEN_AFTER_S: every claim again.
+        clock.now += 1
+        assert watch.scope.query() == {}
         watch.ensure_watch()
         wait_for(lambda: claim_queries(api)[-1:] == [""], timeout_s=5)
         events.put(("MODIFIED", lease("c-2", "c-2", datetime.now(UTC))))
@@ -102,7 +128,7 @@ def test_a_node_watches_its_labelled_claims_while_the_lease_is_marked_then_all(
         watch.stop()
 
 
-def test_a_lease_no_longer_renewed_widens_the_watch(tmp_path: Path) -> None:
+def test_a_node_started_while_the_lease_is_stale_watches_every_claim(tmp_path: Path) -> None:
     api = QueryLog()
     api.lists[LEASES] = [lease("c-1", "c-1", datetime.now(UTC) - timedelta(minutes=5))]
     watch = watch_of(tmp_path, api, "flexgpu/ctl")
