@@ -109,9 +109,7 @@ class BindingWatch:
         # keeps that allocation (our own status write may not have come back on the watch).
         self._reported_failed: dict[str, tuple[str, ...]] = {}
         self._api = api
-        self.scope = ClaimScope(
-            api, node_name, labels_lease, on_change=self._wake.set, clock=clock
-        )
+        self.scope = ClaimScope(api, node_name, labels_lease, on_change=self._wake.set, clock=clock)
         self._query: dict[str, str] = {}
         self.claims = self._new_watch()
 
