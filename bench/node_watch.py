@@ -34,9 +34,9 @@ from bench.node_watchers import (
     LabellingController,
     allocated_claim,
     labelled,
+    lease_marked,
 )
 from bench.procstat import cpu_seconds
-from flexgpu.driver.claim_node_label import labels_live
 from tools.cluster import ControlPlane, create_simulated_node
 
 NAMESPACE = "bench-node-watch"
@@ -81,20 +81,9 @@ def _round(
 ) -> Figures:
     figures = Figures(count, mode)
     controller = LabellingController(plane.api_client()) if mode == "after" else None
-    coordination: Any = client.CoordinationV1Api(api)
     if controller is not None:
         controller.start()
-
-        def live() -> bool:
-            try:
-                read = coordination.read_namespaced_lease(*reversed(controller.lease.split("/")))
-            except client.ApiException as err:
-                if err.status == 404:  # not created yet
-                    return False
-                raise
-            return labels_live(client.ApiClient().sanitize_for_serialization(read))
-
-        _wait(live, 60, "the controller's lease marked")
+        _wait(lambda: lease_marked(api), 60, "the controller's lease marked")
     lease = controller.lease if controller is not None else ""
     nodes = [HollowNode(plane.kubeconfig, f"bench-node-{i:04d}", lease) for i in range(count)]
     try:

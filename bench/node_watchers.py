@@ -24,7 +24,7 @@ from flexgpu.controller.claim_labels import ClaimLabeller
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.leader import LeaseElector
 from flexgpu.controller.reflector import Reflector, Source, list_function
-from flexgpu.driver.claim_node_label import CLAIM_NODE_LABEL
+from flexgpu.driver.claim_node_label import CLAIM_NODE_LABEL, labels_live
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.kubelet_plugin.agents.binding_watch import CLAIMS
 from flexgpu.kubelet_plugin.api.claim_scope import WIDEN_AFTER_S, ClaimScope
@@ -221,3 +221,16 @@ def allocated_claim(api: client.ApiClient, namespace: str, name: str, node: str)
 def labelled(api: client.ApiClient, namespace: str, name: str) -> bool:
     read = client.ResourceV1Api(api).read_namespaced_resource_claim(name, namespace)
     return CLAIM_NODE_LABEL in (read.metadata.labels or {})
+
+
+def lease_marked(
+    api: client.ApiClient, namespace: str = LEASE_NAMESPACE, name: str = LEASE_NAME
+) -> bool:
+    """Whether the controller's Lease tells nodes that claims are labelled."""
+    try:
+        read = client.CoordinationV1Api(api).read_namespaced_lease(name, namespace)
+    except client.ApiException as err:
+        if err.status == 404:  # not created yet
+            return False
+        raise
+    return labels_live(client.ApiClient().sanitize_for_serialization(read))

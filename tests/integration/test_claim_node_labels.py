@@ -14,21 +14,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from bench.node_watchers import HollowNode, LabellingController, allocated_claim
-from flexgpu.driver.claim_node_label import CLAIM_NODE_LABEL, labels_live
+from bench.node_watchers import HollowNode, LabellingController, allocated_claim, lease_marked
+from flexgpu.driver.claim_node_label import CLAIM_NODE_LABEL
 from tests.conftest import wait_for
 from tools.cluster import ControlPlane
 
 pytestmark = pytest.mark.integration
-
-
-def _lease_live(api: Any, lease: str) -> bool:
-    namespace, name = lease.split("/")
-    try:
-        read = client.CoordinationV1Api(api).read_namespaced_lease(name, namespace)
-    except client.ApiException:
-        return False
-    return labels_live(client.ApiClient().sanitize_for_serialization(read))
 
 
 def _labels(api: Any, namespace: str, name: str) -> dict[str, str]:
@@ -48,7 +39,7 @@ def test_a_nodes_watch_receives_only_its_own_claims_changes(
     # Widening after 5 s rather than 2 minutes: the test waits for it.
     nodes = [HollowNode(cluster.kubeconfig, n, controller.lease, 5.0) for n in (node_a, node_b)]
     try:
-        wait_for(lambda: _lease_live(api, controller.lease), what="lease marked live")
+        wait_for(lambda: lease_marked(api), what="lease marked live")
         assert _labels(api, namespace, "before-upgrade")[CLAIM_NODE_LABEL] == node_a
         for node in nodes:
             node.start()
