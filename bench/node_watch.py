@@ -201,7 +201,8 @@ def main() -> None:
     rows: list[Figures] = []
     with ControlPlane() as plane:
         api = plane.api_client()
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
         names = [f"bench-node-{i:04d}" for i in range(max(args.nodes))]
         _parallel(lambda name: create_simulated_node(api, name), names)
         for count in sorted(args.nodes):

@@ -110,7 +110,9 @@ class HollowNode:
         self, kubeconfig: Path, name: str, lease: str, widen_after_s: float = WIDEN_AFTER_S
     ) -> None:
         self.name = name
-        self.api = CountingKubeApi.from_kubeconfig(kubeconfig)
+        api = CountingKubeApi.from_kubeconfig(kubeconfig)
+        assert isinstance(api, CountingKubeApi)
+        self.api = api
         self.api.reset()
         self.scope = ClaimScope(self.api, name, lease, widen_after_s=widen_after_s)
         self.claims: WatchedObjects | None = None
@@ -220,7 +222,7 @@ def allocated_claim(api: client.ApiClient, namespace: str, name: str, node: str)
 
 def labelled(api: client.ApiClient, namespace: str, name: str) -> bool:
     read = client.ResourceV1Api(api).read_namespaced_resource_claim(name, namespace)
-    return CLAIM_NODE_LABEL in (read.metadata.labels or {})
+    return CLAIM_NODE_LABEL in ((read.metadata and read.metadata.labels) or {})
 
 
 def lease_marked(
