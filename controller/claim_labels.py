@@ -13,6 +13,7 @@ back instead of missing claims.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 # A claim still unlabelled this long after it was seen: the nodes stop relying on labels.
 STALE_S: Final = 30.0
 RETRY_S: Final = 1.0
-# Answers that mean the claim changed or went: its next watch event says what is wanted.
-_GONE: Final = frozenset({404, 409, 422})
+HTTP_INVALID: Final = 422
+# Answers that mean the claim changed or went (its next watch event says what is wanted), or
+# that it cannot be labelled in either form (logged by the API server's reason).
+_GONE: Final = frozenset({404, 409, HTTP_INVALID})
 
 
 @dataclass
@@ -127,9 +130,7 @@ class ClaimLabeller:
             if not self._elector.is_leader or self._stop.is_set():
                 return
             try:
-                self._claims.patch_namespaced_resource_claim(
-                    wanted.name, wanted.namespace, wanted.patch, _request_timeout=10
-                )
+                self._write(wanted)
                 self.written += 1
                 done = True
             except client.ApiException as err:
@@ -141,6 +142,34 @@ class ClaimLabeller:
                     if self._wanted.get(key) is wanted:
                         del self._wanted[key]
         self._mark(started)
+
+    def _write(self, wanted: _Wanted) -> None:
+        """A JSON merge patch of the label; where the server takes any write of the claim for
+        a change of its spec (an opaque config's parameters are compared byte by byte, and a
+        Python client stores them with ", " and ": " where the server writes compact JSON:
+        kubelet_plugin/claims/claim_status.py), a replace of the claim as just read, whose
+        spec goes back in that client's serialisation."""
+        try:
+            self._claims.patch_namespaced_resource_claim(
+                wanted.name, wanted.namespace, wanted.patch, _request_timeout=10
+            )
+            return
+        except client.ApiException as err:
+            if err.status != HTTP_INVALID:
+                raise
+        read: Any = self._claims.read_namespaced_resource_claim(
+            wanted.name, wanted.namespace, _preload_content=False, _request_timeout=10
+        )
+        claim = json.loads(read.data)
+        patch = label_patch(claim)
+        if patch is None or patch["metadata"]["uid"] != wanted.patch["metadata"]["uid"]:
+            return  # already right, or another claim under the name: its event says more
+        labels = dict(claim["metadata"].get("labels") or {})
+        labels.update(patch["metadata"]["labels"])
+        claim["metadata"]["labels"] = {k: v for k, v in labels.items() if v is not None}
+        self._claims.replace_namespaced_resource_claim(
+            wanted.name, wanted.namespace, claim, _request_timeout=10
+        )
 
     def _mark(self, started: float) -> None:
         now = self._clock()

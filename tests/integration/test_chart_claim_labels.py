@@ -1,7 +1,8 @@
 """The rights behind claim node labels, tried with the chart's own ServiceAccount tokens
 against the real control plane (the chart installed with helm at its defaults): the
-controller may set, change or remove the label gpu.flexgpu.dev/node of a claim, to the node
-of its flexgpu devices only, and write nothing else of any claim; the plugin reads the
+controller may set, change or remove the label gpu.flexgpu.dev/node of a claim (by a patch, or
+a replace of the claim as read), to the node of its flexgpu devices only, and write nothing
+else of any claim; the plugin reads the
 controller's Lease by name and no other Lease, and labels no claim. docs/security.md names
 each row."""
 
@@ -44,6 +45,12 @@ def _label(value: str | None) -> dict[str, Any]:
     return {"metadata": {"labels": {CLAIM_NODE_LABEL: value}}}
 
 
+def _relabelled(claims: Any, namespace: str, labels: dict[str, str]) -> Any:
+    read = claims.read_namespaced_resource_claim("on-b", namespace)
+    read.metadata.labels = {**(read.metadata.labels or {}), **labels}
+    return read
+
+
 def test_controller_labels_claims_with_their_node_and_writes_nothing_else(
     cluster: ControlPlane, api: Any, namespace: str, installed: Path
 ) -> None:
@@ -63,6 +70,10 @@ def test_controller_labels_claims_with_their_node_and_writes_nothing_else(
     read = claims.read_namespaced_resource_claim("on-b", namespace)
     assert read.metadata.labels[CLAIM_NODE_LABEL] == NODE_B
     claims.patch_namespaced_resource_claim("on-b", namespace, _label(None))
+    # The replace it falls back to where the server takes a patch for a spec change.
+    claims.replace_namespaced_resource_claim(
+        "on-b", namespace, _relabelled(claims, namespace, {CLAIM_NODE_LABEL: NODE_B})
+    )
     rows = {
         "label with another node": lambda: claims.patch_namespaced_resource_claim(
             "on-b", namespace, _label(NODE_A)
@@ -79,8 +90,8 @@ def test_controller_labels_claims_with_their_node_and_writes_nothing_else(
         "a finalizer": lambda: claims.patch_namespaced_resource_claim(
             "on-b", namespace, {"metadata": {"finalizers": ["example.com/keep"]}}
         ),
-        "replace a claim": lambda: claims.replace_namespaced_resource_claim(
-            "on-b", namespace, claims.read_namespaced_resource_claim("on-b", namespace)
+        "replace a claim with another label": lambda: claims.replace_namespaced_resource_claim(
+            "on-b", namespace, _relabelled(claims, namespace, {"team": "mine"})
         ),
         "delete a claim": lambda: claims.delete_namespaced_resource_claim("on-b", namespace),
         "create a claim": lambda: claims.create_namespaced_resource_claim(
@@ -93,9 +104,14 @@ def test_controller_labels_claims_with_their_node_and_writes_nothing_else(
     refused = {what: _denial(call) for what, call in rows.items()}
     assert "must name the node of the claim's gpu.flexgpu.dev" in refused["label with another node"]
     assert "must name the node" in refused["label an unallocated claim"]
-    for what in ("another label", "an annotation", "a finalizer"):
+    for what in (
+        "another label",
+        "an annotation",
+        "a finalizer",
+        "replace a claim with another label",
+    ):
         assert LABEL_POLICY_MESSAGE in refused[what], what
-    for what in ("replace a claim", "delete a claim", "create a claim", "write a claim's status"):
+    for what in ("delete a claim", "create a claim", "write a claim's status"):
         assert "forbidden" in refused[what].lower(), what
 
 

@@ -4,6 +4,7 @@ unmarked when writes keep failing; and the elector carries the mark only within 
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +29,17 @@ def claim(name: str, pool: str | None, labels: dict[str, str] | None = None) -> 
 class FakeClaims:
     def __init__(self) -> None:
         self.patches: list[tuple[str, str, Any]] = []
+        self.replaced: list[Any] = []
         self.fail: list[int] = []
+        self.stored: dict[str, Any] = {}  # name -> the claim a read returns
+
+    def read_namespaced_resource_claim(self, name: str, namespace: str, **_: Any) -> Any:
+        return SimpleNamespace(data=json.dumps(self.stored[name]).encode())
+
+    def replace_namespaced_resource_claim(
+        self, name: str, namespace: str, body: Any, **_: Any
+    ) -> None:
+        self.replaced.append(body)
 
     def patch_namespaced_resource_claim(
         self, name: str, namespace: str, body: Any, **_: Any
@@ -135,3 +146,19 @@ def test_the_elector_writes_the_mark_with_renewals_and_drops_it_on_takeover() ->
     clock.now += 20  # a stops renewing; b takes over
     assert b.step()
     assert leases.annotations is None and b.annotations == {}
+
+
+def test_a_claim_the_server_will_not_patch_is_replaced_as_read_with_the_label() -> None:
+    """A claim whose opaque parameters a Python client stored (", ") takes any patch for a
+    spec change (422): it is replaced as just read, its other labels kept."""
+    made, claims, _, _ = labeller()
+    stored = claim("a", "n1", {"team": "x"})
+    stored["spec"] = {"devices": {"config": [{"opaque": {"parameters": {"a": 1, "b": 2}}}]}}
+    claims.stored["a"] = stored
+    made.listed([stored])
+    claims.fail = [422]
+    made.step()
+    assert claims.patches == []
+    (body,) = claims.replaced
+    assert body["metadata"]["labels"] == {"team": "x", CLAIM_NODE_LABEL: "n1"}
+    assert body["spec"] == stored["spec"] and made.pending() == 0
