@@ -54,9 +54,11 @@ nvidia-driver:
 	@echo "==> NVIDIA's DRA kubelet plugin (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
 	@bash tools/nvidia-driver/build.sh >/dev/null
 
+# The Go programs the image ships (hooks/): nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common and
+# flexgpu-cdi-hooks. Cold: under a minute with the Go build cache warm.
 nvidia-ctk:
 	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common, flexgpu-cdi-hooks (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
-	@bash tools/nvidia-ctk/build.sh >/dev/null
+	@bash hooks/build.sh >/dev/null
 
 # The real test node: upstream kubelet, containerd, runc and CNI plugins (tools/node/build.sh;
 # cold: about 6 min on 2 cores once the control plane's packages are cached), its images

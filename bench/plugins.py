@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,10 +22,10 @@ from kubernetes.client.exceptions import ApiException
 from bench.claims import BenchClaim
 from flexgpu.kubelet_plugin.kubeletplugin.proto.gen.dra.v1 import dra_pb2
 from flexgpu.kubelet_plugin.kubeletplugin.proto.grpc_stubs.dra.v1 import dra_pb2_grpc
+from tools import buildcache
 from tools.cluster.process import Component
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_BUILD = REPO / "tools" / "example-driver" / "build.sh"
 DEVICES = 8
 START_TIMEOUT_S = 60.0
 # The bench's node: eight whole H100s. hgx-h100-8 starts GPUs 6 and 7 in MIG mode, which
@@ -93,12 +92,7 @@ def flexgpu_spec(root: Path, kubeconfig: Path, node: str, cdi_root: Path) -> Plu
 
 def example_binary() -> Path:
     """Builds the reference driver's kubelet plugin (or finds it cached); its path."""
-    done = subprocess.run(
-        ["bash", str(EXAMPLE_BUILD)], check=False, stdout=subprocess.PIPE, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{EXAMPLE_BUILD} failed with exit code {done.returncode}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return buildcache.path("example-driver", stream=True) / "dra-example-kubeletplugin"
 
 
 def example_spec(

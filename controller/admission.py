@@ -8,11 +8,15 @@ exactly what prepare accepts:
   ``gpu.flexgpu.dev`` is parsed (``driver.config_resolution.validate_config_entries`` →
   ``driver.opaque_config.parse_opaque_config``). When a request's ``deviceClassName`` is one of
   ours (``gpu.flexgpu.dev`` and ``shared-gpu.flexgpu.dev`` select GPUs, ``mig.flexgpu.dev`` MIG
-  devices), a config naming that request must be of the matching kind.
+  devices), a config naming that request must be of the matching kind, and the config
+  prepare would pick for it must fit the device (a fraction's ``share.computeLimit`` not
+  below the compute its request reserves, ``driver.config_support``).
 * DeviceClasses (``spec.config``): the configs for our driver, as class configs.
 * GpuNodePolicies (``flexgpu.dev/v1alpha1``): ``driver.node_policy.parse_node_policy``.
 
-Configs for other drivers are ignored; an object without any of ours is allowed untouched.
+Configs for other drivers are ignored, except NVIDIA's (``gpu.nvidia.com``) on requests only
+flexgpu serves, which no driver would read (``controller.config_addressing``); an object
+without any of ours is allowed untouched.
 Every problem is listed in the rejection, one per line, each naming its JSON path.
 
 Updates are checked only when the checked part changed (a claim's spec is immutable; a label or
@@ -28,9 +32,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from flexgpu.controller.config_addressing import misaddressed_configs
 from flexgpu.driver.config_resolution import (
     ConfigSource,
     DeviceType,
+    request_compute_percents,
     request_device_counts,
     validate_config_entries,
 )
@@ -113,12 +119,13 @@ def validate_claim_spec(spec: object, *, path: str = "spec") -> Problems:
     devices = _mapping(spec_map.get("devices")) if spec_map is not None else None
     if devices is None:
         return []
-    return validate_config_entries(
+    return misaddressed_configs(devices, path=f"{path}.devices") + validate_config_entries(
         devices.get("config"),
         path=f"{path}.devices.config",
         source=ConfigSource.CLAIM,
         request_device_types=request_device_types(devices.get("requests")),
         request_counts=request_device_counts(devices.get("requests")),
+        request_compute=request_compute_percents(devices.get("requests")),
         driver=DRIVER_NAME,
     )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from flexgpu.controller.admission import ADMISSION_TARGETS
+from flexgpu.controller.gpu_tolerations import GPU_TOLERATIONS_HANDLER
 from flexgpu.controller.tenant_selector import TENANT_HANDLERS
 from flexgpu.driver.user_text import shorten
 
@@ -21,10 +22,11 @@ REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 REVIEW_KIND: Final = "AdmissionReview"
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 # handler id (the URL's last segment) -> (group, version, plural) it validates or, for the
-# tenancy handlers, mutates.
+# tenancy and toleration handlers, mutates.
 SERVED: Final[dict[str, tuple[str, str, str]]] = {
     target[0]: (target[1], target[2], target[3]) for target in ADMISSION_TARGETS
 } | {handler: target[:3] for handler, target in TENANT_HANDLERS.items()}
+SERVED[GPU_TOLERATIONS_HANDLER] = ("", "v1", "pods")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ In-cluster (no ``--kubeconfig``), pass ``--webhook-service-name`` (and
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 import kopf
 
+from flexgpu.controller.gpu_tolerations import DEFAULT_GPU_TOLERATIONS, parse_tolerations
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.webhook_config import CONFIGURATION_NAME, ServiceRef
 from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
@@ -37,6 +39,13 @@ def _host_port(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _tolerations(text: str) -> list[dict[str, Any]]:
+    try:
+        return parse_tolerations(json.loads(text), "--gpu-tolerations")
+    except ValueError as error:  # TolerationError and JSONDecodeError are ValueErrors
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +88,28 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the MutatingWebhookConfiguration that adds the per-namespace selector to "
         "shared-GPU claims (default: none, namespaces may share GPUs)",
+    )
+    group.add_argument(
+        "--toleration-webhook-configuration-name",
+        default="",
+        metavar="NAME",
+        help="the MutatingWebhookConfiguration that adds --gpu-tolerations to pods using "
+        "flexgpu's claims (default: none)",
+    )
+    group.add_argument(
+        "--gpu-tolerations",
+        type=_tolerations,
+        default=list(DEFAULT_GPU_TOLERATIONS),
+        metavar="JSON",
+        help="the tolerations added to pods using flexgpu's claims, a JSON list (default: "
+        + json.dumps(list(DEFAULT_GPU_TOLERATIONS))
+        + ")",
+    )
+    group.add_argument(
+        "--toleration-failure-policy",
+        choices=("Ignore", "Fail"),
+        default="Ignore",
+        help="failurePolicy of that configuration when this process writes it (default Ignore)",
     )
     group.add_argument(
         "--no-webhook-configuration",
@@ -130,6 +161,9 @@ def options_from_args(args: argparse.Namespace) -> WebhookOptions:
         secret_name=args.webhook_secret_name,
         configuration_name=args.webhook_configuration_name,
         tenant_configuration_name=args.tenant_webhook_configuration_name or None,
+        toleration_configuration_name=args.toleration_webhook_configuration_name or None,
+        gpu_tolerations=args.gpu_tolerations,
+        toleration_failure_policy=args.toleration_failure_policy,
         manage_configuration=args.webhook_manage_configuration,
         ca_bundle_only=args.webhook_ca_bundle_only,
         resync_interval_s=args.webhook_resync_interval,

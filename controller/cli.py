@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from flexgpu.controller.cli_capacity import add_capacity
 from flexgpu.controller.cli_doctor import add_doctor
-from flexgpu.controller.cli_explain import add_explain
+from flexgpu.controller.cli_explain_command import add_explain
 from flexgpu.controller.cli_health import add_health
 from flexgpu.controller.cli_node_template import add_node_template
 from flexgpu.controller.cli_options import CliError, ExitCode

@@ -155,10 +155,10 @@ class Diagnostics:
 
     def _emit(self, item: PendingClaim, tracked: Tracked, *, repeat: bool) -> int:
         written = 0
-        for target, text in (
-            (pod_target(item), tracked.pod_text),
-            (claim_target(item), tracked.claim_text),
-        ):
+        targets = [(pod_target(item), tracked.pod_text)]
+        if not item.claim.extended_resources:  # that claim exists only here: the pod is told
+            targets.append((claim_target(item), tracked.claim_text))
+        for target, text in targets:
             try:
                 self._sink.emit(target, REASON, text, repeat=repeat)
                 written += 1

@@ -25,8 +25,8 @@ HTTP_NOT_FOUND: Final = 404
 
 @dataclass(frozen=True)
 class EventTarget:
-    kind: str  # Pod or ResourceClaim
-    api_version: str  # v1 or resource.k8s.io/v1
+    kind: str  # Pod, ResourceClaim or PodGroup
+    api_version: str  # v1, resource.k8s.io/v1 or scheduling.k8s.io/v1beta1
     namespace: str
     name: str
     uid: str

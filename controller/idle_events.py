@@ -19,6 +19,7 @@ from kubernetes import client
 from flexgpu.controller.events import EventSink, EventTarget
 from flexgpu.controller.plugin_endpoints import Scrape, scrape
 from flexgpu.driver.backoff import Backoff
+from flexgpu.driver.claim_consumers import PODGROUP_API_VERSION, Consumer, consumers
 from flexgpu.driver.durations import human_duration
 from flexgpu.driver.loop import Loop
 
@@ -122,16 +123,12 @@ class IdleClaimNotifier:
                 continue  # deleted meanwhile
             meta, status = obj.get("metadata") or {}, obj.get("status") or {}
             # Running pods are not in the controller's cache (it keeps pods waiting for a
-            # node); the claim's status names the pods using it.
+            # node); the claim's status names the pods using it, or their PodGroup.
             targets = [
                 EventTarget(
                     "ResourceClaim", "resource.k8s.io/v1", namespace, name, str(meta.get("uid", ""))
                 )
-            ] + [
-                EventTarget("Pod", "v1", namespace, str(r.get("name", "")), str(r.get("uid", "")))
-                for r in status.get("reservedFor") or []
-                if r.get("resource") == "pods"
-            ]
+            ] + [t for c in consumers(status) if (t := _consumer_target(namespace, c))]
             message = (
                 f"GPU claim {key} has used less than the idle threshold of its devices' SM "
                 f"time for {human_duration(seconds)} (on {', '.join(sorted(nodes))}); release it "
@@ -142,9 +139,20 @@ class IdleClaimNotifier:
             self._told.add(key)
             told.append(key)
             log.info(
-                "claim %s idle for %s: told it and %d pod(s)",
+                "claim %s idle for %s: told it and %d consumer(s)",
                 key,
                 human_duration(seconds),
                 len(targets) - 1,
             )
         return told
+
+
+def _consumer_target(namespace: str, consumer: Consumer) -> EventTarget | None:
+    """A pod, or a gang's PodGroup (whose claim names no member pods): the object people
+    look at when they ask why their workload holds an idle GPU. None for a consumer kind this
+    code does not know (its Kind cannot be told from reservedFor's plural resource)."""
+    if consumer.is_pod_group:
+        return EventTarget("PodGroup", PODGROUP_API_VERSION, namespace, consumer.name, consumer.uid)
+    if consumer.is_pod:
+        return EventTarget("Pod", "v1", namespace, consumer.name, consumer.uid)
+    return None

@@ -26,6 +26,7 @@ from flexgpu.driver.allocation import (
     allocated_state,
 )
 from flexgpu.driver.allocation.describe import device_kind, format_quantity, plural
+from flexgpu.driver.allocation.explain_text import ceiling_text
 from flexgpu.driver.allocation.model import Constraint, Device, RequestSpec, ResourceClaim
 from flexgpu.driver.allocation.selectors import BLOCKING_TAINT_EFFECTS
 from flexgpu.driver.allocation.state import DeviceId
@@ -228,7 +229,10 @@ def request_text(d: RequestDiagnosis, ev: Evaluation, lookup: Lookup) -> str:
         parts.append(f"{count['counters_spent']} overlapping partitions already allocated")
     parts.append(f"{d.free} free")
     text = f"{head} {_matching(d.matching, d.in_class)}: " + "; ".join(parts)
-    if d.wanted is not None and d.most_free_on_one_node < d.wanted <= d.free:
+    ceiling = ceiling_text(d)
+    if ceiling:
+        text += f"; {ceiling}"
+    elif d.wanted is not None and d.most_free_on_one_node < d.wanted <= d.free:
         text += f", but at most {d.most_free_on_one_node} of them on one node"
     text += "."
     if d.selector_error:
@@ -245,6 +249,14 @@ def _attribute(located: Located, attribute: str) -> object:
     key = name if domain == located.slice.driver else attribute
     value = located.device.attributes.get(key)
     return None if value is None else value.value
+
+
+def _match_ceiling(constraint: Constraint, diagnoses: Sequence[RequestDiagnosis]) -> int | None:
+    """The most devices that could ever share one value for a one-request constraint."""
+    if len(diagnoses) != 1 or diagnoses[0].largest_match is None:
+        return None
+    attribute, size = diagnoses[0].largest_match
+    return size if attribute == constraint.attribute else None
 
 
 def constraint_text(constraint: Constraint, ev: Evaluation, lookup: Lookup) -> str:
@@ -265,10 +277,17 @@ def constraint_text(constraint: Constraint, ev: Evaluation, lookup: Lookup) -> s
     short = constraint.attribute.rpartition("/")[2]
     if constraint.kind == "matchAttribute":
         best = max((n for g in groups.values() for v, n in g.items() if v is not None), default=0)
-        return (
+        text = (
             f"Constraint matchAttribute {constraint.attribute} needs {needed} devices with the"
-            f" same {short} on one node, but at most {best} free matching devices share one."
+            f" same {short} on one node, but at most {best} free matching devices share one"
         )
+        ceiling = _match_ceiling(constraint, diagnoses)
+        if ceiling is not None and ceiling < needed:
+            text += (
+                f", and no more than {ceiling} do even with nothing else allocated: the claim"
+                f" cannot fit as written"
+            )
+        return text + "."
     best = max((len([v for v in g if v is not None]) for g in groups.values()), default=0)
     return (
         f"Constraint distinctAttribute {constraint.attribute} needs {needed} devices with"
@@ -305,12 +324,22 @@ def _nodes_text(ev: Evaluation) -> str:
     return f" The pod may use {len(ev.fit.usable)} of {total} nodes."
 
 
+def _claim_words(ev: Evaluation) -> str:
+    extended = ev.claim.extended_resources
+    if extended:
+        asked = ", ".join(f"{name}: {count}" for name, count in extended)
+        return f"The pod's extended resources ({asked}, served by DRA)"
+    return f"Claim {ev.claim.model.name}"
+
+
 def pod_message(ev: Evaluation, lookup: Lookup) -> str:
-    """For the pod's Event: names the claim."""
+    """For the pod's Event: names the claim (or the extended resources it stands for)."""
+    words = _claim_words(ev)
     if ev.explanation.outcome == "error":
-        head = f"Claim {ev.claim.model.name} stops the scheduler with an error."
+        stops = "stop" if ev.claim.extended_resources else "stops"
+        head = f"{words} {stops} the scheduler with an error."
     else:
-        head = f"Claim {ev.claim.model.name} cannot be allocated on any node this pod may use."
+        head = f"{words} cannot be allocated on any node this pod may use."
     return clip(f"{head}{_nodes_text(ev)} {body_text(ev, lookup)}")
 
 

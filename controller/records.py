@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from flexgpu.controller.extended_resources import extended_resources
 from flexgpu.driver.allocation import (
     DeviceClass,
     Node,
@@ -22,6 +23,7 @@ from flexgpu.driver.allocation import (
     parse_slice,
 )
 from flexgpu.driver.allocation.model import NodeSelector, Taint, Toleration, parse_node_selector
+from flexgpu.driver.claim_consumers import consumers
 from flexgpu.driver.names import DRIVER_NAME
 
 
@@ -73,11 +75,16 @@ class CachedClaim:
     device_classes: frozenset[str]
     # Where an allocated claim landed: the node selector the scheduler wrote (as text).
     allocation_nodes: tuple[str, ...] = ()
+    # status.reservedFor as people read it: pod names, a gang's PodGroup as
+    # "podgroups.scheduling.k8s.io/<name>" (driver.claim_consumers).
     reserved_for: tuple[str, ...] = ()
     # status.allocation.allocationTimestamp; None when the server did not write it.
     allocated_at: datetime | None = None
     # flexgpu's allocated devices that carry binding conditions, with what they wait for.
     bindings: tuple[DeviceBinding, ...] = ()
+    # Not an API object: the claim the scheduler will make for a pod's extended resources
+    # (controller.extended_resources), as (resource name, count).
+    extended_resources: tuple[tuple[str, int], ...] = ()
 
     @property
     def allocated(self) -> bool:
@@ -123,6 +130,13 @@ class PodRecord:
     affinity: NodeSelector | None = None  # required node affinity
     tolerations: tuple[Toleration, ...] = ()
     deleting: bool = False
+    # Extended resources the pod asks for (name -> count, as the scheduler sums them), e.g.
+    # {"nvidia.com/gpu": 2}; a DeviceClass may serve them (DRAExtendedResource).
+    extended_resources: Mapping[str, int] = field(default_factory=dict)
+    # status.extendedResourceClaimStatus was written: the scheduler made the pod's claim.
+    extended_claim_made: bool = False
+    # spec.schedulingGroup.podGroupName: a gang member waits for its group, not only its GPUs.
+    pod_group: str = ""
 
     @property
     def key(self) -> str:
@@ -203,9 +217,7 @@ def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
     for term in selector.terms if selector else ():
         for req in (*term.match_fields, *term.match_expressions):
             nodes.extend(req.values)
-    reserved = tuple(
-        str(ref.get("name", "")) for ref in status.get("reservedFor") or [] if isinstance(ref, dict)
-    )
+    reserved = tuple(c.label for c in consumers(status))
     return CachedClaim(
         model=model,
         created=parse_time(_meta(obj).get("creationTimestamp")),
@@ -245,10 +257,12 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
 
 
 def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
-    """The pod, or None when it references no ResourceClaim (those are not kept)."""
+    """The pod, or None when it references no ResourceClaim and asks for no extended resource
+    (those are not kept)."""
     spec = obj.get("spec") or {}
     entries = [e for e in spec.get("resourceClaims") or [] if isinstance(e, dict)]
-    if not entries:
+    extended = extended_resources(spec)
+    if not entries and not extended:
         return None
     meta = _meta(obj)
     status = obj.get("status") or {}
@@ -278,6 +292,9 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         affinity=parse_node_selector(affinity),
         tolerations=_tolerations(spec),
         deleting=bool(meta.get("deletionTimestamp")),
+        extended_resources=extended,
+        extended_claim_made=bool(status.get("extendedResourceClaimStatus")),
+        pod_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
     )
 
 

@@ -9,8 +9,10 @@ Four webhooks, one per resource; each URL ends in the kopf handler id
 webhook                           failure    timeout  sent to the webhook (``matchConditions``)
 ================================  =========  =======  =============================================
 resourceclaims.gpu.flexgpu.dev    Ignore     3 s      a config with ``opaque.driver ==
-resourceclaimtemplates.…          Ignore     3 s      'gpu.flexgpu.dev'``, and on UPDATE only if
-deviceclasses.gpu.flexgpu.dev     Ignore     3 s      the spec changed and it is not being deleted
+resourceclaimtemplates.…          Ignore     3 s      'gpu.flexgpu.dev'`` (or ``gpu.nvidia.com``
+deviceclasses.gpu.flexgpu.dev     Ignore     3 s      beside a request of a ``*.flexgpu.dev``
+                                                      class), and on UPDATE only if the spec
+                                                      changed and it is not being deleted
 gpunodepolicies.flexgpu.dev       Fail       10 s     on UPDATE only if the spec changed
 ================================  =========  =======  =============================================
 
@@ -59,6 +61,7 @@ from flexgpu.controller.admission import (
     RESOURCE_VERSION,
     TEMPLATES_HANDLER,
 )
+from flexgpu.controller.config_addressing import MIGRATED_DRIVERS, OUR_CLASS_SUFFIX
 from flexgpu.driver.names import CRD_GROUP, DRIVER_NAME
 from flexgpu.driver.node_policy import PLURAL as POLICY_PLURAL
 from flexgpu.driver.node_policy import VERSION as POLICY_VERSION
@@ -107,14 +110,32 @@ def _mentions_driver(config_list: str) -> str:
     )
 
 
+def _ours_or_misaddressed(devices: str) -> str:
+    """A config for our driver, or NVIDIA's driver name on a claim with a request of one of
+    our classes (``controller.config_addressing``: no driver would read that config)."""
+    suffix = OUR_CLASS_SUFFIX
+    our_request = (
+        f"has({devices}.requests) && {devices}.requests.exists(r, "
+        f"(has(r.exactly) && has(r.exactly.deviceClassName) && "
+        f"r.exactly.deviceClassName.endsWith('{suffix}')) || "
+        f"(has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.deviceClassName) && "
+        f"s.deviceClassName.endsWith('{suffix}'))))"
+    )
+    migrated = " || ".join(f"c.opaque.driver == '{d}'" for d in sorted(MIGRATED_DRIVERS))
+    return (
+        f"has({devices}.config) && {devices}.config.exists(c, has(c.opaque) && "
+        f"has(c.opaque.driver) && (c.opaque.driver == '{DRIVER_NAME}' || "
+        f"(({migrated}) && {our_request})))"
+    )
+
+
 # CEL over the v1 objects; `has()` guards every optional field so no condition can error.
-CLAIM_CONDITION: Final = (
-    "has(object.spec.devices) && has(object.spec.devices.config) && "
-    + _mentions_driver("object.spec.devices.config")
+CLAIM_CONDITION: Final = "has(object.spec.devices) && " + _ours_or_misaddressed(
+    "object.spec.devices"
 )
 TEMPLATE_CONDITION: Final = (
     "has(object.spec.spec) && has(object.spec.spec.devices) && "
-    "has(object.spec.spec.devices.config) && " + _mentions_driver("object.spec.spec.devices.config")
+    + _ours_or_misaddressed("object.spec.spec.devices")
 )
 DEVICE_CLASS_CONDITION: Final = "has(object.spec.config) && " + _mentions_driver(
     "object.spec.config"

@@ -51,12 +51,16 @@ import kopf
 
 from flexgpu.controller.admission import answer_admission_review
 from flexgpu.controller.admission_review import Refusal, parse_review
+from flexgpu.controller.gpu_tolerations import GPU_TOLERATIONS_HANDLER, answer_toleration_review
+from flexgpu.controller.pod_claim_lookup import ApiClaimLookup
 from flexgpu.controller.tenant_selector import TENANT_HANDLERS, answer_tenant_review
 from flexgpu.controller.tenant_webhook_config import build_tenant_webhook_configuration
+from flexgpu.controller.toleration_webhook_config import build_toleration_webhook_configuration
 from flexgpu.controller.webhook_config import (
     CONFIGURATION_NAME,
     DEFAULT_NAMESPACE_SELECTOR,
     ClientTarget,
+    FailurePolicy,
     ServiceRef,
     apply_webhook_configuration,
     build_webhook_configuration,
@@ -96,6 +100,11 @@ class WebhookOptions:
     # The MutatingWebhookConfiguration adding the tenant selector (tenant_webhook_config.py);
     # None: none (namespaces may share GPUs).
     tenant_configuration_name: str | None = None
+    # The MutatingWebhookConfiguration adding GPU-node tolerations to pods using flexgpu's
+    # claims (toleration_webhook_config.py), and the tolerations; None: none.
+    toleration_configuration_name: str | None = None
+    gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    toleration_failure_policy: FailurePolicy = "Ignore"
     manage_configuration: bool = True
     # The configuration is installed by the chart: only its caBundle is patched.
     ca_bundle_only: bool = False
@@ -195,6 +204,13 @@ class FlexgpuWebhookServer:
                         ca_bundle,
                         "mutating",
                     )
+                if self.options.toleration_configuration_name:
+                    patch_ca_bundle(
+                        self._admission,
+                        self.options.toleration_configuration_name,
+                        ca_bundle,
+                        "mutating",
+                    )
             return
         port = self.bound_port if self.bound_port is not None else self.options.port
         body = build_webhook_configuration(
@@ -213,6 +229,16 @@ class FlexgpuWebhookServer:
                 object_selector=self.options.object_selector,
             )
             apply_webhook_configuration(self._admission, tenancy)
+        if self.options.toleration_configuration_name:
+            tolerations = build_toleration_webhook_configuration(
+                self.options.target_at(port),
+                ca_bundle,
+                name=self.options.toleration_configuration_name,
+                failure_policy=self.options.toleration_failure_policy,
+                namespace_selector=self.options.namespace_selector,
+                object_selector=self.options.object_selector,
+            )
+            apply_webhook_configuration(self._admission, tolerations)
 
     async def _resync_forever(self) -> None:
         """Secret mode: pick up renewals (ours when due, or another replica's)."""
@@ -236,6 +262,11 @@ class FlexgpuWebhookServer:
             except Exception:
                 logger.exception("webhook certificate resync failed; retrying later")
 
+    def _answer_pod(self, review: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The pod toleration webhook's answer; reads go through this server's client."""
+        lookup = ApiClaimLookup(self._core.api_client)
+        return answer_toleration_review(self.options.gpu_tolerations, lookup, review)
+
     # -- the kopf server protocol ---------------------------------------------------------
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
@@ -250,6 +281,7 @@ class FlexgpuWebhookServer:
             keyfile=files.keyfile,
             cadata=files.ca_bundle,
             file_check_interval_s=self.options.file_check_interval_s,
+            pod_answer=self._answer_pod,
         )
         resync: asyncio.Task[None] | None = None
         if self.options.cert_dir is None:
@@ -311,11 +343,13 @@ class AdmissionHttpsServer:
         cadata: bytes | None = None,
         file_check_interval_s: float = 10.0,
         answer: Answer = answer_admission_review,
+        pod_answer: Answer | None = None,
     ) -> None:
         self.addr, self.port, self.host = addr, port, host
         self.certfile, self.keyfile, self.cadata = certfile, keyfile, cadata
         self.file_check_interval_s = file_check_interval_s
         self.answer = answer
+        self.pod_answer = pod_answer
 
     async def __call__(self) -> AsyncIterator[kopf.WebhookClientConfig]:
         context = self._ssl_context()
@@ -382,6 +416,10 @@ class AdmissionHttpsServer:
         answer_fn: Answer = self.answer
         if handler_id in TENANT_HANDLERS:
             answer_fn = functools.partial(answer_tenant_review, handler_id)
+        elif handler_id == GPU_TOLERATIONS_HANDLER:
+            if self.pod_answer is None:
+                return _refuse(Refusal(404, "this server adds no GPU tolerations"))
+            answer_fn = self.pod_answer
         try:
             answer = await asyncio.to_thread(answer_fn, body)
         except Exception:

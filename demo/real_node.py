@@ -8,9 +8,7 @@ line and goes on without it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,9 @@ from typing import Any
 from kubernetes import client
 
 from demo.catalog import NAMESPACE, Seen
+from tools import buildcache
 from tools.cluster.control_plane import ControlPlane
 from tools.node import chart, preflight, report
-from tools.node.binaries import BUILD_SCRIPT
 from tools.node.node import RealNode
 
 NAME = "gpu-node-real"
@@ -38,15 +36,9 @@ PODS: tuple[tuple[str, int], ...] = (("real-one-gpu", 1), ("real-two-gpus", 2))
 
 
 def binaries_built() -> bool:
-    """Whether `make node` has built the node's binaries (the cache key of
-    tools/node/build.sh), without starting a build: a cold one takes half an hour."""
-    here = BUILD_SCRIPT.parent
-    parts = [BUILD_SCRIPT, *sorted(here.glob("*/go.mod")), *sorted(here.glob("*/go.sum"))]
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()[:12]
-    cache = os.environ.get("FLEXGPU_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexgpu"
-    )
-    return (Path(cache) / f"node-{key}" / ".complete").is_file()
+    """Whether `make node` has built the node's binaries, asked of the build cache without
+    starting a build: a cold one takes half an hour."""
+    return buildcache.lookup("node") is not None
 
 
 def missing(cluster: ControlPlane) -> str:

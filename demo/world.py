@@ -34,11 +34,13 @@ from tools.node.node import RealNode
 SYSTEM_NAMESPACE = "flexgpu-system"
 RELEASE = "flexgpu"
 # GPU node pools usually carry this taint (GKE and EKS put it on GPU nodes) so that only pods
-# that ask for it land there; the catalog's pods tolerate it, as a recipe must on such a pool.
+# that ask for it land there; the catalog's pods get its toleration from the controller's pod
+# toleration webhook (the chart's webhook.gpuTolerations), not from their manifests.
 GPU_POOL_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 # The chart's name for it (RBAC lets the controller write no other).
 WEBHOOK_CONFIGURATION = "flexgpu-validation"
 TENANCY_CONFIGURATION = "flexgpu-tenancy"  # the chart's, with sharedGpuTenants: namespace
+TOLERATION_CONFIGURATION = "flexgpu-gpu-tolerations"  # the chart's, with webhook.gpuTolerations
 # A claim admission must refuse: the demo waits until it is refused before it goes on.
 PROBE_CLAIM: dict[str, Any] = {
     "apiVersion": "resource.k8s.io/v1",
@@ -168,6 +170,7 @@ class DemoWorld:
                 f"--webhook-secret-namespace={SYSTEM_NAMESPACE}",
                 f"--webhook-configuration-name={WEBHOOK_CONFIGURATION}",
                 f"--tenant-webhook-configuration-name={TENANCY_CONFIGURATION}",
+                f"--toleration-webhook-configuration-name={TOLERATION_CONFIGURATION}",
                 # As in the chart: its token may change only the caBundle of the configuration.
                 "--webhook-ca-bundle-only",
             ],
@@ -269,13 +272,23 @@ class DemoWorld:
                 last = "a bad claim was admitted"
             except client.ApiException as error:
                 if error.status == 422 and "denied the request" in str(error.body):
-                    return
-                last = f"{error.status}: {error.body}"
+                    if self._tolerations_served():
+                        return
+                    last = "the pod toleration webhook has no caBundle yet"
+                else:
+                    last = f"{error.status}: {error.body}"
             time.sleep(0.2)
         tail = self.controller.log_tail() if self.controller is not None else ""
         raise RuntimeError(
             f"admission webhook not effective after {timeout_s:.0f}s ({last})\n{tail}"
         )
+
+    def _tolerations_served(self) -> bool:
+        """The controller filled in the pod toleration webhook's caBundle (it does so right
+        after the validating one's): the catalog's pods get their toleration."""
+        admission: Any = client.AdmissionregistrationV1Api(self.api)
+        config = admission.read_mutating_webhook_configuration(TOLERATION_CONFIGURATION)
+        return all(hook.client_config.ca_bundle for hook in config.webhooks or [])
 
     def point_webhooks_at(self, port: int) -> None:
         """The controller runs as a local process, not behind the chart's Service: as the
@@ -285,6 +298,7 @@ class DemoWorld:
         for kind, name in (
             ("validating", WEBHOOK_CONFIGURATION),
             ("mutating", TENANCY_CONFIGURATION),
+            ("mutating", TOLERATION_CONFIGURATION),
         ):
             config = getattr(admission, f"read_{kind}_webhook_configuration")(name)
             patch = []
@@ -312,6 +326,8 @@ class DemoWorld:
             admission.delete_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
         with contextlib.suppress(client.ApiException):
             admission.delete_mutating_webhook_configuration(TENANCY_CONFIGURATION)
+        with contextlib.suppress(client.ApiException):
+            admission.delete_mutating_webhook_configuration(TOLERATION_CONFIGURATION)
 
 
 def endpoints_file(workdir: Path) -> Path:

@@ -52,6 +52,7 @@ from flexgpu.driver.opaque_config import (
     parse_opaque_config,
     show_value,
 )
+from flexgpu.driver.quantity import QuantityError, parse_quantity
 from flexgpu.driver.user_text import shorten
 
 DeviceType: TypeAlias = Literal["gpu", "mig", "shared"]
@@ -195,6 +196,7 @@ def validate_config_entries(
     source: ConfigSource | None = ConfigSource.CLAIM,
     request_device_types: Mapping[str, DeviceType] | None = None,
     request_counts: Mapping[str, int | None] | None = None,
+    request_compute: Mapping[str, int] | None = None,
     driver: str = DRIVER_NAME,
 ) -> list[str]:
     """The admission webhook's check of a ``config`` list; returns the problems, ``[]`` if none.
@@ -207,7 +209,9 @@ def validate_config_entries(
     when it cannot be applied to that type of device (``unsupported_on_device``). When
     ``request_counts`` (``request_device_counts``) gives how many devices each request asks
     for, an MPS config's per-device index keys beyond the devices it will configure are
-    reported too (``driver.mps_limits``).
+    reported too (``driver.mps_limits``). ``request_compute`` (``request_compute_percents``)
+    gives the compute each request reserves, which a fraction's ``share.computeLimit`` may
+    not be below.
     """
     entries, problems = _parse_entries(configs, path, source, driver)
     types = request_device_types or {}
@@ -232,7 +236,8 @@ def validate_config_entries(
         if chosen is None:
             continue
         chosen_for[ref] = chosen
-        unsupported = unsupported_on_device(chosen.config, device_type, ref)
+        reserved = (request_compute or {}).get(ref)
+        unsupported = unsupported_on_device(chosen.config, device_type, ref, reserved)
         if unsupported:
             prefix = f"{path}[{chosen.index}].opaque.parameters"
             problems += OpaqueConfigError(unsupported).render(prefix)
@@ -281,6 +286,39 @@ def request_device_counts(requests: object) -> dict[str, int | None]:
             if isinstance(sub, Mapping) and isinstance(sub.get("name"), str):
                 out[f"{name}/{sub['name']}"] = _count(sub)
     return out
+
+
+def request_compute_percents(requests: object) -> dict[str, int]:
+    """The percent of SMs each request reference of ``spec.devices.requests`` (v1) reserves:
+    its ``capacity.requests.compute`` rounded up to a whole percent, as the shared GPU's
+    request policy (step 1) rounds it. References without one, or with a malformed one (the
+    apiserver's validation reports it), are left out."""
+    out: dict[str, int] = {}
+    for raw in requests if isinstance(requests, list | tuple) else ():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            continue
+        parts = [(raw["name"], raw.get("exactly"))]
+        subrequests = raw.get("firstAvailable")
+        for sub in subrequests if isinstance(subrequests, list | tuple) else ():
+            if isinstance(sub, Mapping) and isinstance(sub.get("name"), str):
+                parts.append((f"{raw['name']}/{sub['name']}", sub))
+        for ref, request in parts:
+            percent = _compute(request)
+            if percent is not None:
+                out[ref] = percent
+    return out
+
+
+def _compute(request: object) -> int | None:
+    capacity = request.get("capacity") if isinstance(request, Mapping) else None
+    wanted = capacity.get("requests") if isinstance(capacity, Mapping) else None
+    text = wanted.get("compute") if isinstance(wanted, Mapping) else None
+    if not isinstance(text, str | int) or isinstance(text, bool):
+        return None
+    try:
+        return parse_quantity(str(text)).ceil()
+    except QuantityError:
+        return None
 
 
 def _count(request: Mapping[object, object]) -> int | None:

@@ -4,7 +4,8 @@ Users put these under ``opaque.parameters`` of a claim's or a DeviceClass's ``co
 ``driver: gpu.flexgpu.dev``. The ``sharing`` block has the shape of NVIDIA's DRA driver
 (``resource.nvidia.com/v1beta1``), so a ``GpuConfig`` manifest migrates by changing only
 ``driver`` and ``apiVersion``. NVIDIA's MIG kind ``MigDeviceConfig`` is read as ``MigConfig``
-(the parsed config keeps the kind it was written with).
+(the parsed config keeps the kind it was written with). ``GpuConfig`` also takes a ``share``
+block of flexgpu's own (``driver.share_config``: a burstable fraction's ``computeLimit``).
 
 ``parse_opaque_config`` is the one entry point: the admission webhook and the kubelet plugin's
 prepare both call it, so what admission accepts is exactly what prepare accepts. It does no I/O
@@ -49,6 +50,7 @@ from pydantic import (
 from flexgpu.driver.gpu_model import TimeSliceInterval
 from flexgpu.driver.names import OPAQUE_API_VERSION
 from flexgpu.driver.quantity import INT64_MAX, Quantity, QuantityError, parse_quantity
+from flexgpu.driver.share_config import COMPUTE_LIMIT_ALLOWED, ShareConfig
 from flexgpu.driver.strict_json import strict_json_loads
 from flexgpu.driver.validation_messages import (
     MAX_PROBLEMS,
@@ -91,6 +93,7 @@ __all__ = [
     "MpsConfig",
     "OpaqueConfig",
     "OpaqueConfigError",
+    "ShareConfig",
     "SharingStrategy",
     "Strategy",
     "TimeSlicingConfig",
@@ -278,6 +281,7 @@ class GpuConfig(StrictModel):
     apiVersion: Literal["gpu.flexgpu.dev/v1alpha1"] = "gpu.flexgpu.dev/v1alpha1"
     kind: Literal["GpuConfig"] = "GpuConfig"
     sharing: GpuSharing | None = None
+    share: ShareConfig | None = None  # only on a shared GPU (driver.config_support)
 
     @property
     def effective_sharing(self) -> GpuSharing:
@@ -389,6 +393,7 @@ _ALLOWED: Final[dict[Pattern, str]] = {
     ("apiVersion",): OPAQUE_API_VERSION,
     ("kind",): _KINDS_ALLOWED,
     **nested(("sharing",), SHARING_ALLOWED),
+    ("share", "computeLimit"): COMPUTE_LIMIT_ALLOWED,
 }
 _KEYS_ALLOWED: Final = nested(("sharing",), SHARING_KEYS_ALLOWED)
 _RULES: Final[dict[str, MessageRules]] = {

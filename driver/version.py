@@ -1,7 +1,7 @@
 """flexgpu's version: the one place it is written.
 
 The package metadata (pyproject reads this attribute), ``--version`` of every command and the
-chart's version and appVersion all come from here; ``tools/stamp_version.py X.Y.Z`` rewrites
+chart's version and appVersion all come from here; ``release/stamp_version.py X.Y.Z`` rewrites
 it (and the chart) when a release is tagged, so an image built from tag vX.Y.Z reports X.Y.Z.
 """
 

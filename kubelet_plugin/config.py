@@ -106,7 +106,7 @@ class PluginConfig(BaseModel):
     driver_root: Path | None = None
     # The same folder as the container runtime on the host sees it (default: driver_root).
     host_driver_root: Path | None = None
-    # Prints the driver's common CDI edits (tools/nvidia-ctk); a name is looked up in PATH.
+    # Prints the driver's common CDI edits (hooks/); a name is looked up in PATH.
     cdi_generator: str = "flexgpu-cdi-common"
     # Host path of nvidia-cdi-hook; None: the image's copy is installed into the data dir.
     nvidia_cdi_hook: Path | None = None
@@ -139,6 +139,10 @@ class PluginConfig(BaseModel):
     # "<namespace>/<name>" of the controller's Lease, which says whether allocated claims
     # carry their node's label (driver/claim_node_label.py); "" watches every claim.
     claim_labels_lease: str = ""
+    # on: wait, publishing nothing, while a device plugin serves the node (its resources in
+    # the Node's allocatable; api/device_plugin_guard.py), reading the Node this often.
+    device_plugin_guard: Literal["on", "off"] = "on"
+    device_plugin_recheck_seconds: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
 

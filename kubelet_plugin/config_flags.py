@@ -238,6 +238,22 @@ SETTINGS: Final = (
         "str",
     ),
     Setting(
+        "device_plugin_guard",
+        "--device-plugin-guard",
+        "FLEXGPU_DEVICE_PLUGIN_GUARD",
+        "on (default): publish nothing while the Node's allocatable shows NVIDIA's device "
+        "plugin (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*); off: never check",
+        "str",
+    ),
+    Setting(
+        "device_plugin_recheck_seconds",
+        "--device-plugin-recheck",
+        "FLEXGPU_DEVICE_PLUGIN_RECHECK",
+        "how often the Node is read again while a device plugin serves it, such as 10s or "
+        "1m (default 30s)",
+        "duration",
+    ),
+    Setting(
         "log_level",
         "--log-level",
         "FLEXGPU_LOG_LEVEL",

@@ -3,8 +3,9 @@
 Start-up order: the registration and DRA sockets are served first, from what serving needs
 (settings, gRPC); GPU discovery, the API client, start-up reconcile and everything else
 follow, their modules imported only then. Until reconcile has finished, a prepare or
-unprepare waits in the StartupGate; slices, health events, node policies and claim status
-start after it.
+unprepare waits in the start-up gate, the first stage of the claim pipeline (its stages in
+order: ``claim_stages``); slices, health events, node policies and claim status start after
+it.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flexgpu.driver.log_format import configure_logging
+from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline, Stage
 from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig
 from flexgpu.kubelet_plugin.config_flags import load_config
-from flexgpu.kubelet_plugin.kubeletplugin import DraDriver, Server
+from flexgpu.kubelet_plugin.kubeletplugin import Server
 from flexgpu.kubelet_plugin.malloc_arenas import limit_malloc_arenas
 
 if TYPE_CHECKING:
     from flexgpu.driver.backend import GpuBackend
     from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
+    from flexgpu.kubelet_plugin.api.device_plugin_guard import DevicePluginGuard
     from flexgpu.kubelet_plugin.api.kube_api import KubeApi
     from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
     from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
@@ -75,8 +78,11 @@ class NodeReadiness:
     def __init__(self, gate: StartupGate) -> None:
         self._gate = gate
         self.publisher: SlicePublisher | None = None
+        self.guard: DevicePluginGuard | None = None
 
     def __call__(self) -> str | None:
+        if self.guard is not None and self.guard.waiting:
+            return self.guard.waiting
         if not self._gate.ready:
             return "starting: prepares are not served yet"
         publisher = self.publisher
@@ -86,10 +92,29 @@ class NodeReadiness:
         return None
 
 
+def claim_stages(
+    gate: StartupGate, update_tenants: Callable[[], object], node_name: str, observed: bool
+) -> list[Stage]:
+    """Every prepare and unprepare passes these stages in this order, then the preparer."""
+    from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantTracking
+
+    stages: list[Stage] = [gate]  # held until start-up reconcile is done
+    if observed:  # timed, its failed claims counted by reason
+        from flexgpu.kubelet_plugin.observe.metrics import CallMetrics
+
+        stages.append(CallMetrics(node_name))
+    stages.append(TenantTracking(update_tenants))  # shared GPUs' tenant follows the records
+    return stages
+
+
 def start_node(
-    config: PluginConfig, gate: StartupGate, readiness: NodeReadiness | None = None
+    config: PluginConfig,
+    gate: StartupGate,
+    pipeline: ClaimPipeline,
+    readiness: NodeReadiness | None = None,
 ) -> Callable[[], None]:
-    """Everything after the sockets: returns what stops it again."""
+    """Everything after the sockets: completes the claim pipeline that ``gate`` begins, and
+    returns what stops it all again."""
     from flexgpu.driver.backend_errors import GpuBackendError
     from flexgpu.kubelet_plugin.agents.health_monitor import HealthMonitor
     from flexgpu.kubelet_plugin.agents.mig_ownership import MigOwnership
@@ -104,7 +129,7 @@ def start_node(
     from flexgpu.kubelet_plugin.claims.prepare_lock import PrepareLock, gpu_key
     from flexgpu.kubelet_plugin.claims.preparer import ClaimPreparerImpl
     from flexgpu.kubelet_plugin.claims.startup_reconcile import reconcile_at_start
-    from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute, TenantTrackingDriver
+    from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute
     from flexgpu.kubelet_plugin.devices.driver_edits import DriverEditsError
     from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
     from flexgpu.kubelet_plugin.fault_injection import crash_step
@@ -122,8 +147,8 @@ def start_node(
         raise StartupFailed(f"no GPUs: {err}") from None
     except DriverEditsError as err:
         raise StartupFailed(str(err)) from None
-    # Without a metrics port nothing would read the counters: prometheus_client and the
-    # counting wrappers are left out (about 6 MiB of resident memory).
+    # Without a metrics port nothing would read the counters: prometheus_client, the
+    # counting backend and the pipeline's metrics stage are left out (about 6 MiB resident).
     observed = metric_settings.port is not None
     if observed:
         from flexgpu.kubelet_plugin.observe.observed_backend import ObservedBackend
@@ -194,13 +219,11 @@ def start_node(
         healthy_period_s=config.health_recovery_seconds,
         events=events,
     )
-    # Prepares are served from here on; what follows only publishes and watches.
-    served: DraDriver = TenantTrackingDriver(preparer, tenants)
-    if observed:
-        from flexgpu.kubelet_plugin.observe import metrics
-
-        served = metrics.ObservedPreparer(served, config.node_name)
-    gate.open(served, health)
+    # Prepares are served from here on (the path is complete before the gate opens); what
+    # follows only publishes and watches.
+    pipeline.complete(claim_stages(gate, tenants.update, config.node_name, observed), end=preparer)
+    log.info("claims pass: %s", " > ".join(pipeline.names))
+    gate.open(health)
     if readiness is not None:
         readiness.publisher = publisher
     republish()
@@ -409,6 +432,8 @@ def _health_endpoint(config: PluginConfig, readiness: NodeReadiness) -> Callable
     from flexgpu.kubelet_plugin.observe.health_endpoint import HealthEndpoint
 
     def alive() -> str | None:
+        if readiness.guard is not None and readiness.guard.waiting:
+            return None  # waiting on purpose, with no socket yet: a restart would not help
         return probe(config.registration_socket)
 
     endpoint = HealthEndpoint(config.health_port, alive=alive, ready=readiness)
@@ -416,15 +441,50 @@ def _health_endpoint(config: PluginConfig, readiness: NodeReadiness) -> Callable
     return endpoint.stop
 
 
+def _no_device_plugin(config: PluginConfig, readiness: NodeReadiness) -> bool:
+    """Waits while a device plugin serves the node (api/device_plugin_guard.py), before
+    anything registers with the kubelet; False when a signal ended the wait."""
+    if config.device_plugin_guard == "off":
+        return True
+    from flexgpu.kubelet_plugin.api.device_plugin_guard import DevicePluginGuard
+    from flexgpu.kubelet_plugin.api.node_events import NodeEventRecorder
+
+    try:
+        api = make_api(config)
+    except Exception as err:  # start_node reports a bad kubeconfig with its own error
+        log.warning("device plugin check skipped: %s", err)
+        return True
+    guard = DevicePluginGuard(
+        api,
+        config.node_name,
+        NodeEventRecorder(api, config.node_name),
+        config.device_plugin_recheck_seconds,
+    )
+    readiness.guard = guard
+    stop_signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.signal(s, lambda *_: guard.stop()) for s in stop_signals}
+    try:
+        return guard.wait_until_clear()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run(config: PluginConfig) -> int:
     gate = StartupGate()
-    server = Server(gate, config.server_options(), gate)
+    # Until start-up completes it, the path of a call is the gate alone, which holds it.
+    pipeline = ClaimPipeline([gate])
+    server = Server(pipeline, config.server_options(), gate)
     readiness = NodeReadiness(gate)
     stops: list[Callable[[], None]] = [_health_endpoint(config, readiness)]
+    if not _no_device_plugin(config, readiness):
+        for stop in stops:
+            stop()
+        return 0
 
     def after_start() -> None:
         try:
-            stops.append(start_node(config, gate, readiness))
+            stops.append(start_node(config, gate, pipeline, readiness))
         except BaseException as err:
             # Waiting prepares get the reason now, not when their wait runs out.
             gate.fail(str(err) or type(err).__name__)

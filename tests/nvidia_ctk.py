@@ -1,6 +1,6 @@
-"""NVIDIA Container Toolkit programs for tests (tools/nvidia-ctk): build them once, then use the
-cache; and a check that specs load with the upstream CDI library (through ``nvidia-ctk cdi
-list``, which reads spec folders with tags.cncf.io/container-device-interface)."""
+"""NVIDIA Container Toolkit programs for tests (hooks/, what the image ships): built once, then
+taken from the cache; and a check that specs load with the upstream CDI library (through
+``nvidia-ctk cdi list``, which reads spec folders with tags.cncf.io/container-device-interface)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tools import buildcache
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -21,16 +23,7 @@ def tools_dir() -> Path:
     """Folder with nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common and flexgpu-cdi-hooks."""
     if shutil.which("go") is None:
         pytest.skip("the Go toolchain is needed to build nvidia-ctk (make setup)")
-    result = subprocess.run(
-        ["bash", str(REPO / "tools" / "nvidia-ctk" / "build.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1200,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"tools/nvidia-ctk/build.sh failed:\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return buildcache.path("hooks", timeout=1200)
 
 
 def cdi_devices(spec_dir: Path) -> list[str]:

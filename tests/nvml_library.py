@@ -14,12 +14,13 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tools import buildcache
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -34,16 +35,7 @@ def library_dir() -> Path:
     """Folder holding the built library (built once, then cached by tools/nvml-mock/build.sh)."""
     if shutil.which("go") is None:
         pytest.skip("the Go toolchain is needed to build the NVML mock library (make setup)")
-    result = subprocess.run(
-        ["bash", str(REPO / "tools" / "nvml-mock" / "build.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"tools/nvml-mock/build.sh failed:\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return buildcache.path("nvml-mock", timeout=900)
 
 
 @functools.cache

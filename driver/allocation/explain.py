@@ -24,6 +24,7 @@ from flexgpu.driver.allocation.allocator import (
 from flexgpu.driver.allocation.anywhere import ClusterVerdict, allocate_anywhere
 from flexgpu.driver.allocation.cel import SelectorError
 from flexgpu.driver.allocation.describe import summarize_kinds
+from flexgpu.driver.allocation.explain_limits import HELD_OR_FREE, count_serving, largest_match
 from flexgpu.driver.allocation.explain_model import REASONS, Explanation, RequestDiagnosis
 from flexgpu.driver.allocation.explain_text import claim_paragraph, with_message
 from flexgpu.driver.allocation.model import (
@@ -265,7 +266,10 @@ def diagnose_request(
     usable_nodes: Sequence[Node],
     selectors: SelectorCache,
     static: _Static,
+    match_attributes: Sequence[str] = (),
 ) -> RequestDiagnosis:
+    """``match_attributes``: the attributes of the claim's matchAttribute constraints that
+    apply to this request."""
     excluded = dict.fromkeys(REASONS, 0)
     by_reason: dict[str, list[DeviceId]] = {}
     in_class = free = 0
@@ -275,10 +279,18 @@ def diagnose_request(
     error = ""
     usable = _Usable(usable_nodes, frozenset(n.name for n in usable_nodes))
     counters: _FreeCounters = {}
+    # Node -> devices that would serve the request with nothing else allocated; and per
+    # matchAttribute constraint, (node, value) -> such devices sharing that value.
+    serving_per_node: dict[str, int] = {}
+    per_value: dict[str, dict[tuple[str, str], int]] = {a: {} for a in match_attributes}
     for seen, code in zip(devices, static.codes, strict=True):
         reason = _reason(seen, code, spec=spec, state=state, usable_nodes=usable, counters=counters)
         in_class += 1
         by_reason.setdefault(reason or "free", []).append(seen.id)
+        if reason in HELD_OR_FREE:
+            count_serving(
+                usable.reaching(seen), seen.device, seen.slice.driver, serving_per_node, per_value
+            )
         if reason is None:
             free += 1
             for node_name in usable.reaching(seen):
@@ -306,6 +318,8 @@ def diagnose_request(
         selector_error=error,
         devices={reason: tuple(ids) for reason, ids in by_reason.items()},
         room={n: max(room.get(n, 0.0), float(k)) for n, k in free_per_node.items()},
+        most_on_one_node=max(serving_per_node.values(), default=0),
+        largest_match=largest_match(per_value),
     )
     return with_message(diagnosis, [s.device for s in devices])
 
@@ -368,6 +382,12 @@ def explain_claim(
                     )
                 )
                 continue
+            matched = [
+                c.attribute
+                for c in claim.constraints
+                if c.kind == "matchAttribute"
+                and (not c.requests or request.name in c.requests or name in c.requests)
+            ]
             in_class = _in_class(index, nodes, devices, device_class, selectors)
             class_key = _class_key(nodes, device_class)
             diagnoses.append(
@@ -387,6 +407,7 @@ def explain_claim(
                         devices=in_class,
                         selectors=selectors,
                     ),
+                    match_attributes=matched,
                 )
             )
             rooms[-1].append((spec, diagnoses[-1]))

@@ -43,6 +43,12 @@ class RequestDiagnosis:
     # Usable node -> free matching devices it can reach; nodes without any are left out, and
     # a node with a free shared device counts as having room for any number.
     room: Mapping[str, float] = field(default_factory=dict)
+    # The most matching devices one usable node has even with nothing else allocated (None:
+    # not computed): a request for more can never fit, since a pod's devices are its node's.
+    most_on_one_node: int | None = None
+    # For a matchAttribute constraint on the request: (attribute, the most matching devices
+    # of one node sharing one value of it, nothing else allocated).
+    largest_match: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,35 @@ def with_message(d: RequestDiagnosis, _all: Sequence[Device]) -> RequestDiagnosi
                 f" ({d.selector_error}); the scheduler gives up on the pod until it is fixed,"
                 " e.g. guarded with has()"
             )
-        if d.wanted is not None and d.most_free_on_one_node < d.wanted <= d.free:
+        ceiling = ceiling_text(d)
+        if ceiling:
+            parts.append(ceiling)
+        elif d.wanted is not None and d.most_free_on_one_node < d.wanted <= d.free:
             parts.append(f"but at most {d.most_free_on_one_node} of them are on one node")
     return _replace_message(
         d, ", ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "") + "."
     )
+
+
+def ceiling_text(d: RequestDiagnosis) -> str:
+    """Why the request can never fit as written, whatever ends ("" when it might): more
+    devices than any usable node has, or than share one value of its matchAttribute."""
+    if d.wanted is None or not d.matching:
+        return ""
+    most = d.most_on_one_node
+    if most and d.wanted > most:
+        return (
+            f"no node the pod may use has more than {most} of them even with nothing else "
+            f"allocated, and a pod's devices all come from its own node: ask for at most "
+            f"{most} per pod"
+        )
+    if d.largest_match and d.largest_match[1] and d.wanted > d.largest_match[1]:
+        attribute, size = d.largest_match
+        return (
+            f"its matchAttribute constraint on {attribute} allows at most {size} together "
+            f"(the most devices of one node sharing one value) even with nothing else allocated"
+        )
+    return ""
 
 
 def _replace_message(d: RequestDiagnosis, message: str) -> RequestDiagnosis:

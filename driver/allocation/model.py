@@ -140,6 +140,9 @@ class ResourceSlice:
 class DeviceClass:
     name: str
     selectors: tuple[str, ...] = ()
+    # spec.extendedResourceName (DRAExtendedResource): pods asking that extended resource in
+    # their containers' resources are served from this class.
+    extended_resource_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,11 @@ def parse_device_class(data: Any) -> DeviceClass:
     body = _dict(data, "DeviceClass")
     name = str(_dict(body.get("metadata"), "metadata").get("name", ""))
     spec = _dict(body.get("spec"), f"DeviceClass {name}.spec")
-    return DeviceClass(name=name, selectors=_selectors(spec.get("selectors"), f"class {name}"))
+    return DeviceClass(
+        name=name,
+        selectors=_selectors(spec.get("selectors"), f"class {name}"),
+        extended_resource_name=str(spec.get("extendedResourceName") or ""),
+    )
 
 
 def _request_spec(body: dict[str, Any], name: str, what: str) -> RequestSpec:

@@ -33,15 +33,37 @@ States
 The early states are PrepareStarted records on purpose: a plugin that does not know ``early``
 rolls them back like any half-done prepare.
 
+The path of a call
+------------------
+
+The kubelet's prepare and unprepare reach the records through the claim pipeline
+(pipeline.py), its stages in this order (main.py's ``claim_stages``); only the last moves a
+state:
+
+    stage            module                      what it does to a claim's state
+    ---------------  --------------------------  ------------------------------------------
+    start-up gate    startup_gate.py             none: holds the call while reconcile moves
+                                                 records, or answers every claim with why
+                                                 start-up has not finished
+    metrics          observe/metrics.py          none: times the call, counts failed claims
+                                                 by reason (only with a metrics port)
+    tenancy          tenant_attribute.py         none: after the call, republishes each
+                                                 shared GPU's ``tenant`` from the records
+    preparer (end)   preparer.py                 every *prepare* and *unprepare* transition
+                                                 below
+
+*early* and *reconcile* moves do not pass the pipeline: the binding watch and start-up call
+their modules directly.
+
 Transitions
 -----------
 
-Made by: *prepare* and *unprepare* (preparer.py, called by the kubelet), *early* (the binding
+Made by: *prepare* and *unprepare* (preparer.py, the pipeline's end), *early* (the binding
 watch's partitions made before binding, early_partitions.py; binding conditions, 1.36+),
 *reconcile* (start-up, startup_reconcile.py). The first three hold the node lock shared, the
 claim's lock and the locks of the GPUs its record touches (prepare_lock.py); reconcile holds
-the node lock exclusive, and until it has finished the StartupGate (startup_gate.py) keeps
-prepare and unprepare waiting.
+the node lock exclusive, and until it has finished the pipeline's start-up gate keeps prepare
+and unprepare waiting.
 
     from -> to                       by          when
     -------------------------------  ----------  ------------------------------------------

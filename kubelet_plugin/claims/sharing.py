@@ -107,7 +107,8 @@ def plan_sharing(
             config = resolved[allocated.request].for_device(kind, allocated.device)
         except ConfigResolutionError as err:
             raise SharingError(str(err)) from None
-        unsupported = unsupported_on_device(config, kind, allocated.request)
+        reserved = _granted_compute(allocated) if kind == "shared" else None
+        unsupported = unsupported_on_device(config, kind, allocated.request, reserved)
         if unsupported:
             # Worded as admission words it (driver.config_support), with the entry's place
             # in the allocation's config list.
@@ -165,16 +166,19 @@ def _share_client(
 ) -> MpsClient:
     sharing = config.effective_sharing
     memory_mib = total_mib
-    compute = 0
     # Parsed with the claim: a malformed value already failed the prepare (ClaimResultError).
     granted = allocated.consumed_capacity or {}
     if "memory" in granted:
         memory_mib = granted["memory"].ceil() // MIB
-    if "compute" in granted:
-        compute = granted["compute"].ceil()
+    compute = _granted_compute(allocated)
     plan.shares[allocated.device] = {"memory_mib": memory_mib, "compute_percent": compute}
     mps = sharing.mpsConfig
-    if compute > 0:
+    limit = config.share.computeLimit if config.share is not None else None
+    if limit is not None:
+        # Burstable: the scheduler counted the request, MPS enforces the limit (checked
+        # above to be at least the request).
+        threads = limit
+    elif compute > 0:
         threads = compute
     elif mps is not None and mps.defaultActiveThreadPercentage is not None:
         threads = mps.defaultActiveThreadPercentage
@@ -182,6 +186,11 @@ def _share_client(
         # No compute reserved: cap SMs in proportion to the memory granted.
         threads = max(1, math.ceil(memory_mib * 100 / total_mib))
     return MpsClient(index, min(threads, 100), memory_mib)
+
+
+def _granted_compute(allocated: AllocatedDevice) -> int:
+    granted = (allocated.consumed_capacity or {}).get("compute")
+    return granted.ceil() if granted is not None else 0
 
 
 def _whole_gpu_clients(

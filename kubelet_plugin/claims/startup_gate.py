@@ -1,4 +1,4 @@
-"""Stands in for the preparer and the health source while the plugin starts.
+"""The first stage of the claim pipeline, and the health source while the plugin starts.
 
 The sockets are served as soon as the process runs, before the GPUs are enumerated and the
 checkpoint is reconciled; a prepare or unprepare that arrives meanwhile waits here until
@@ -12,14 +12,8 @@ import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from flexgpu.kubelet_plugin.kubeletplugin import (
-    ClaimRef,
-    DeviceHealth,
-    DraDriver,
-    HealthSource,
-    PrepareResult,
-    UnprepareResult,
-)
+from flexgpu.kubelet_plugin.claims.pipeline import Call, R, Step
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthSource
 
 # Below the kubelet's own deadline for a DRA call, so the claim gets our reason, not a
 # timeout; the kubelet retries.
@@ -27,13 +21,16 @@ WAIT_S = 30.0
 
 
 class StartupGate:
-    """Implements DraDriver and HealthSource by waiting for the real ones."""
+    """A pipeline stage that holds each call until start-up has finished (or answers every
+    claim with why it has not), and a HealthSource that waits for the real one."""
+
+    name = "start-up gate"
 
     def __init__(self, wait_s: float = WAIT_S) -> None:
         self._wait_s = wait_s
         self._ready = threading.Event()
         self._lock = threading.Lock()
-        self._preparer: DraDriver | None = None
+        self._opened = False
         self._health: HealthSource | None = None
         self._failure: str | None = None
         # Health listeners that subscribed before the source existed, with their handle on
@@ -42,9 +39,10 @@ class StartupGate:
         self._keys = itertools.count()
 
     # -- start-up --------------------------------------------------------------------------
-    def open(self, preparer: DraDriver, health: HealthSource) -> None:
+    def open(self, health: HealthSource) -> None:
+        """Start-up has finished: held calls go on (along the path completed before this)."""
         with self._lock:
-            self._preparer, self._health = preparer, health
+            self._opened, self._health = True, health
             for key, (listener, _) in list(self._early.items()):
                 self._early[key] = (listener, health.subscribe(listener))
             listeners = [listener for listener, _ in self._early.values()]
@@ -59,31 +57,28 @@ class StartupGate:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set() and self._preparer is not None
+        return self._ready.is_set() and self._opened
 
-    # -- DraDriver ---------------------------------------------------------------------
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        preparer, why = self._await()
-        if preparer is None:
-            return {c.uid: PrepareResult.failed(why) for c in claims}
-        return preparer.prepare(claims)
+    # -- Stage -----------------------------------------------------------------------------
+    def around(
+        self, call: Call[R], claims: Sequence[ClaimRef], next_step: Step[R]
+    ) -> Mapping[str, R]:
+        why = self._await()
+        if why is not None:
+            return {c.uid: call.failed(why) for c in claims}
+        return next_step(claims)
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
-        preparer, why = self._await()
-        if preparer is None:
-            return {c.uid: UnprepareResult(error=why) for c in claims}
-        return preparer.unprepare(claims)
-
-    def _await(self) -> tuple[DraDriver | None, str]:
+    def _await(self) -> str | None:
+        """None once start-up has finished; otherwise why the call cannot go on."""
         if not self._ready.wait(self._wait_s):
-            return None, (
+            return (
                 f"the plugin is still starting (GPU discovery and checkpoint reconcile have "
                 f"not finished after {self._wait_s:.0f}s); retry"
             )
         with self._lock:
-            if self._preparer is None:
-                return None, f"the plugin failed to start: {self._failure}"
-            return self._preparer, ""
+            if not self._opened:
+                return f"the plugin failed to start: {self._failure}"
+            return None
 
     # -- HealthSource ----------------------------------------------------------------------
     def snapshot(self) -> Sequence[DeviceHealth]:

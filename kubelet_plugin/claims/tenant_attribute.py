@@ -20,17 +20,13 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from flexgpu.kubelet_plugin.claims.checkpoint_records import Checkpoint
+from flexgpu.kubelet_plugin.claims.pipeline import Call, R, Step
 from flexgpu.kubelet_plugin.claims.prepare_checks import gpu_index_of
 from flexgpu.kubelet_plugin.claims.tenancy import tenants_by_gpu
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
-from flexgpu.kubelet_plugin.kubeletplugin import (
-    ClaimRef,
-    DraDriver,
-    PrepareResult,
-    UnprepareResult,
-)
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 
-__all__ = ["TenantAttribute", "TenantTrackingDriver"]
+__all__ = ["TenantAttribute", "TenantTracking"]
 
 log = logging.getLogger(__name__)
 
@@ -74,24 +70,22 @@ class TenantAttribute:
         return True
 
 
-class TenantTrackingDriver:
-    """A DraDriver that updates the tenant attribute after each prepare and unprepare, also
-    when the call failed part-way (its records are what they are). A failure to update is
-    logged, never turned into a failed prepare: the guard in prepare still holds."""
+class TenantTracking:
+    """The pipeline stage that updates the tenant attribute (``update``: TenantAttribute's)
+    after each prepare and unprepare, also when the call failed part-way (its records are
+    what they are). A failure to update is logged, never turned into a failed claim: the
+    guard in prepare still holds."""
 
-    def __init__(self, inner: DraDriver, tenants: TenantAttribute) -> None:
-        self.inner = inner
-        self._tenants = tenants
+    name = "tenancy"
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+    def __init__(self, update: Callable[[], object]) -> None:
+        self._update_tenants = update
+
+    def around(
+        self, call: Call[R], claims: Sequence[ClaimRef], next_step: Step[R]
+    ) -> Mapping[str, R]:
         try:
-            return self.inner.prepare(claims)
-        finally:
-            self._update(claims)
-
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
-        try:
-            return self.inner.unprepare(claims)
+            return next_step(claims)
         finally:
             self._update(claims)
 
@@ -99,6 +93,6 @@ class TenantTrackingDriver:
         if not claims:
             return  # the kubelet's liveness probe: nothing changed
         try:
-            self._tenants.update()
+            self._update_tenants()
         except Exception:
             log.exception("could not update the shared GPUs' tenant attribute")

@@ -1,6 +1,6 @@
 """The CDI edits every GPU container needs, from NVIDIA's own generator, once per plugin start.
 
-``flexgpu-cdi-common`` (tools/nvidia-ctk, shipped in the image beside ``nvidia-ctk`` and
+``flexgpu-cdi-common`` (hooks/, shipped in the image beside ``nvidia-ctk`` and
 ``nvidia-cdi-hook``) runs the NVIDIA Container Toolkit's generator over the driver root and
 prints the common edits: driver libraries and programs, IPC sockets, firmware, the hooks that
 create the driver's symlinks and refresh the linker cache, and the control device nodes. The
@@ -12,7 +12,7 @@ the host: the plugin installs the image's copy into its data folder, which has t
 the host and in its container, unless a host path is configured.
 
 Those hooks run on every container start, one program start each. ``flexgpu-cdi-hooks``
-(tools/nvidia-ctk, beside ``nvidia-cdi-hook`` in the image) runs the toolkit's same hook code
+(hooks/, beside ``nvidia-cdi-hook`` in the image) runs the toolkit's same hook code
 for several of them in one process, so consecutive hooks of one stage become one
 (combine_hooks): the container receives exactly what the separate hooks gave it.
 """
@@ -157,7 +157,7 @@ def generate(
             f"--cdi-generator (FLEXGPU_CDI_GENERATOR): {generator!r} is not an executable "
             f"file nor in PATH; it generates the driver's CDI edits (libraries, programs, "
             f"hooks, control devices) over --driver-root {driver_root}. The flexgpu image "
-            "ships it; elsewhere build it with tools/nvidia-ctk/build.sh, or unset "
+            "ships it; elsewhere build it with hooks/build.sh, or unset "
             "--driver-root to write specs with device nodes only (containers then get no "
             "driver libraries)"
         )

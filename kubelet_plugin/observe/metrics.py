@@ -30,7 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from flexgpu.driver.gpu_model import HealthEvent, HealthState
-from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DraDriver, PrepareResult, UnprepareResult
+from flexgpu.kubelet_plugin.claims.pipeline import Call, R, Step
+from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 
 log = logging.getLogger(__name__)
 
@@ -120,43 +121,40 @@ def health_event(node: str, event: HealthEvent) -> None:
     HEALTH_EVENTS.labels(node, str(event.kind), "" if event.xid is None else str(event.xid)).inc()
 
 
-class ObservedPreparer:
-    """A DraDriver that times each call and counts failed claims by reason."""
+class CallMetrics:
+    """The pipeline stage that times each call and counts its failed claims by reason."""
 
-    def __init__(self, inner: DraDriver, node_name: str) -> None:
-        self.inner = inner
+    name = "metrics"
+
+    def __init__(self, node_name: str) -> None:
         self._node = node_name
         # Series exist from the start (count 0), so rates read 0 rather than nothing.
         PREPARE_SECONDS.labels(node_name)
         UNPREPARE_SECONDS.labels(node_name)
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+    def around(
+        self, call: Call[R], claims: Sequence[ClaimRef], next_step: Step[R]
+    ) -> Mapping[str, R]:
+        seconds, errors = _CALL_SERIES[call.name]
         start = time.perf_counter()
         try:
-            results = self.inner.prepare(claims)
+            results = next_step(claims)
         except Exception as err:
-            PREPARE_ERRORS.labels(self._node, error_reason(str(err))).inc(len(claims))
+            errors.labels(self._node, error_reason(str(err))).inc(len(claims))
             raise
         finally:
-            PREPARE_SECONDS.labels(self._node).observe(time.perf_counter() - start)
+            seconds.labels(self._node).observe(time.perf_counter() - start)
         for result in results.values():
             if result.error:
-                PREPARE_ERRORS.labels(self._node, error_reason(result.error)).inc()
+                errors.labels(self._node, error_reason(result.error)).inc()
         return results
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
-        start = time.perf_counter()
-        try:
-            results = self.inner.unprepare(claims)
-        except Exception as err:
-            UNPREPARE_ERRORS.labels(self._node, error_reason(str(err))).inc(len(claims))
-            raise
-        finally:
-            UNPREPARE_SECONDS.labels(self._node).observe(time.perf_counter() - start)
-        for result in results.values():
-            if result.error:
-                UNPREPARE_ERRORS.labels(self._node, error_reason(result.error)).inc()
-        return results
+
+# Each call's latency histogram and error counter, by the call's name.
+_CALL_SERIES: Final[dict[str, tuple[Histogram, Counter]]] = {
+    "prepare": (PREPARE_SECONDS, PREPARE_ERRORS),
+    "unprepare": (UNPREPARE_SECONDS, UNPREPARE_ERRORS),
+}
 
 
 @dataclass

@@ -295,7 +295,7 @@ class UsageSampler:
             product=gpu.product_name,
             profile=profile,
             share=device.share_id or "",
-            pods=tuple(sorted(p.name for p in info.pods)),
+            pods=info.users,
             allocated_gpus=fraction,
             sm_utilization=util,
             memory_used_bytes=memory,
@@ -333,7 +333,8 @@ class UsageSampler:
         infos: Mapping[str, ClaimInfo],
     ) -> dict[str, list[ProcessSample]] | None:
         """Processes of a shared GPU by the claim whose pods run them; None when any process
-        belongs to no pod of exactly one share (then only the GPU has figures)."""
+        belongs to no pod of exactly one share (then only the GPU has figures). A PodGroup's
+        claim names no pods, so a GPU shared with one has GPU figures only."""
         claims_of_pod: dict[str, set[str]] = {}
         for record, _ in shares:
             for pod in infos[record.uid].pods:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexgpu.driver.claim_consumers import consumers
+
 
 @dataclass(frozen=True)
 class UsageSettings:
@@ -29,17 +31,22 @@ class ClaimInfo:
 
     pods: tuple[PodRef, ...] = ()
     classes: Mapping[str, str] = field(default_factory=dict)  # request name -> device class
+    # Consumers that are not pods, as people read them: a gang's claim is reserved for its
+    # PodGroup ("podgroups.scheduling.k8s.io/<name>") and names none of the member pods.
+    groups: tuple[str, ...] = ()
+
+    @property
+    def users(self) -> tuple[str, ...]:
+        """The `pods` label: pod names, then the other consumers."""
+        return (*sorted(p.name for p in self.pods), *self.groups)
 
 
 def claim_info(obj: Mapping[str, Any] | None) -> ClaimInfo:
     if not obj:
         return ClaimInfo()
-    status = obj.get("status") or {}
-    pods = tuple(
-        PodRef(str(r.get("name", "")), str(r.get("uid", "")))
-        for r in status.get("reservedFor") or []
-        if r.get("resource") == "pods"
-    )
+    reserved = consumers(obj.get("status"))
+    pods = tuple(PodRef(c.name, c.uid) for c in reserved if c.is_pod)
+    groups = tuple(c.label for c in reserved if not c.is_pod)
     classes: dict[str, str] = {}
     for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
         name = str(request.get("name", ""))
@@ -49,7 +56,7 @@ def claim_info(obj: Mapping[str, Any] | None) -> ClaimInfo:
         for sub in request.get("firstAvailable") or []:
             if sub.get("deviceClassName"):
                 classes[f"{name}/{sub.get('name', '')}"] = str(sub["deviceClassName"])
-    return ClaimInfo(pods=pods, classes=classes)
+    return ClaimInfo(pods=pods, classes=classes, groups=groups)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class DeviceUsage:
     product: str
     profile: str
     share: str
-    pods: tuple[str, ...]
+    pods: tuple[str, ...]  # ClaimInfo.users: pod names, then e.g. a PodGroup
     allocated_gpus: float  # the part of a GPU the device is
     sm_utilization: (
         float | None

@@ -658,3 +658,76 @@ def test_controller_cannot_redirect_widen_or_drop_its_tenancy_webhooks(
         [{"op": "add", "path": f"{hook}/clientConfig/caBundle", "value": attacker_ca}],
         dry_run="All",
     )
+
+
+TOLERATIONS_CONFIGURATION = f"{RELEASE}-gpu-tolerations"
+
+
+def test_controller_cannot_widen_or_redirect_its_pod_toleration_webhook(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    """The pod toleration MutatingWebhookConfiguration sees pod creations, so it is pinned
+    like the others: with the controller's token it cannot be pointed elsewhere, widened from
+    pods to other core resources (Secrets, ConfigMaps) or all operations, made to fail every
+    pod, sent every pod (match conditions) or every namespace's (the opt-out selector), or
+    deleted. Only caBundle may change. The controller still may neither write pods nor list
+    every namespace's claim templates: the webhook reads the one template a pod names."""
+    admin: Any = client.AdmissionregistrationV1Api(api)
+    stored = admin.read_mutating_webhook_configuration(TOLERATIONS_CONFIGURATION)
+    controller_api = _controller(cluster, api)
+    as_controller: Any = client.AdmissionregistrationV1Api(controller_api)
+    hook = f"/webhooks/{_hook_index(stored, 'tolerations.pods.gpu.flexgpu.dev')}"
+    service = f"{hook}/clientConfig/service"
+
+    def patch(ops: list[dict[str, Any]], **kwargs: Any) -> Any:
+        return as_controller.patch_mutating_webhook_configuration(
+            TOLERATIONS_CONFIGURATION, ops, **kwargs
+        )
+
+    redirect = [
+        {"op": "remove", "path": service},
+        {"op": "add", "path": f"{hook}/clientConfig/url", "value": "https://203.0.113.7/x"},
+    ]
+    _policies_loaded(patch, redirect)
+    secrets_too = [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["pods", "secrets", "configmaps"],
+        }
+    ]
+    rows: dict[str, list[dict[str, Any]]] = {
+        "url of its own choosing": redirect,
+        "another path": [{"op": "replace", "path": f"{service}/path", "value": "/anything"}],
+        "Secrets and ConfigMaps too": [
+            {"op": "replace", "path": f"{hook}/rules", "value": secrets_too}
+        ],
+        "failurePolicy Fail": [{"op": "replace", "path": f"{hook}/failurePolicy", "value": "Fail"}],
+        "every pod, not only those with claims": [
+            {"op": "remove", "path": f"{hook}/matchConditions"}
+        ],
+        "the namespace opt-out dropped": [{"op": "remove", "path": f"{hook}/namespaceSelector"}],
+        "a webhook less": [{"op": "remove", "path": hook}],
+    }
+    for what, ops in rows.items():
+        message = _denial(patch, ops)
+        assert "may only set clientConfig.caBundle of its webhooks" in message, what
+    _denial(as_controller.delete_mutating_webhook_configuration, TOLERATIONS_CONFIGURATION)
+    after = admin.read_mutating_webhook_configuration(TOLERATIONS_CONFIGURATION)
+    assert after.metadata.resource_version == stored.metadata.resource_version
+    # Its reads: one named template (allowed), never a list of every namespace's, nor a pod
+    # write of its own.
+    resources: Any = client.ResourceV1Api(controller_api)
+    with pytest.raises(client.ApiException) as missing:
+        resources.read_namespaced_resource_claim_template("no-such-template", "default")
+    assert missing.value.status == 404
+    _denial(resources.list_resource_claim_template_for_all_namespaces)
+    pod = {"metadata": {"name": "attacker"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    _denial(client.CoreV1Api(controller_api).create_namespaced_pod, "default", pod)
+    # Its job: the caBundle alone (dry run, so the controller's own bundle stays).
+    attacker_ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nAAAA\n").decode()
+    patch(
+        [{"op": "add", "path": f"{hook}/clientConfig/caBundle", "value": attacker_ca}],
+        dry_run="All",
+    )

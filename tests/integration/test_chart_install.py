@@ -258,6 +258,7 @@ def test_controller_as_its_service_account_leads_and_serves(
             f"--webhook-secret-namespace={NS}",
             "--webhook-configuration-name=flexgpu-validation",
             "--tenant-webhook-configuration-name=flexgpu-tenancy",
+            "--toleration-webhook-configuration-name=flexgpu-gpu-tolerations",
             # As the chart runs it: the configuration is the chart's, the controller fills in
             # the caBundle only.
             "--webhook-ca-bundle-only",
@@ -293,6 +294,16 @@ def test_controller_as_its_service_account_leads_and_serves(
         )
         assert {h.client_config.ca_bundle for h in tenancy.webhooks} == {secret.data["ca.crt"]}
         assert {h.client_config.service.name for h in tenancy.webhooks} == {CONTROLLER_SA}
+        # And the pod toleration webhook's (its rules name pods, which the admission policy
+        # allows for that configuration alone).
+        tolerations = wait_for(
+            lambda: _filled(
+                admission.read_mutating_webhook_configuration("flexgpu-gpu-tolerations")
+            ),
+            timeout_s=60,
+            what="caBundle written into the chart's toleration configuration",
+        )
+        assert {h.client_config.ca_bundle for h in tolerations.webhooks} == {secret.data["ca.crt"]}
         assert controller.running(), controller.log_tail()
         assert "Forbidden" not in controller.log_tail(400)
     finally:

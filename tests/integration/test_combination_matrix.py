@@ -5,9 +5,10 @@ Dimensions:
 - device kind: a whole GPU, an on-demand MIG partition, a static MIG device (made before the
   plugin started), a fraction of a shared GPU;
 - opaque config: none, GpuConfig time-slicing, GpuConfig MPS, MigDeviceConfig time-slicing
-  (NVIDIA's kind name), MigConfig MPS, a config on ``gpu.nvidia.com`` left over from a
-  migration (not flexgpu's: ignored). Time-sliced, MPS and MIG+MPS devices are the kinds
-  with these configs;
+  (NVIDIA's kind name), MigConfig MPS, a burstable fraction (GpuConfig ``share.computeLimit``
+  above the request's compute), a config on ``gpu.nvidia.com`` left over from a migration
+  (not flexgpu's: ignored). Time-sliced, MPS and MIG+MPS devices are the kinds with these
+  configs;
 - tenancy: one namespace, two namespaces at once;
 - arrival: one pod, a burst of 16 pods;
 - binding conditions: on (the 1.37 default) or off (the plugin's ``--binding-conditions=off``,
@@ -15,12 +16,16 @@ Dimensions:
 - an event in flight: none; the plugin killed between allocation and its binding decision
   (PartitionReady/TenantReady) and started again; the pod and its claim deleted before
   binding; a reallocation after a refusal (a partition whose creation fails once, or a shared
-  GPU taken by the other namespace).
+  GPU taken by the other namespace);
+- the node's taint: none, or ``nvidia.com/gpu:NoSchedule`` as GPU node pools carry it, with
+  each pod given what the controller's pod toleration webhook adds (its own function over
+  the row's real template and classes; no controller runs here).
 
 allpairspy picks rows so that every pair of values (of the combinations that exist) meets in
 at least one row; the module prints the matrix and its pair coverage. Combinations that do
 not exist are excluded by one rule each (``_valid``): a MIG config on a whole GPU, a GpuConfig
-on a MIG device or a fraction, a reallocation where nothing can be refused.
+on a MIG device or a fraction, a burstable config on anything but a fraction, a reallocation
+where nothing can be refused.
 
 The controller's claim labelling runs beside the plugin (bench/node_watchers.py) and the
 plugin watches only claims labelled with its node: every row with binding conditions on also
@@ -33,6 +38,7 @@ asks; afterwards no partition, no claim record and no refused status write is le
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -47,6 +53,8 @@ from allpairspy import AllPairs
 from kubernetes import client
 
 from bench.node_watchers import LEASE_NAME, LEASE_NAMESPACE, LabellingController, lease_marked
+from flexgpu.controller.gpu_tolerations import DEFAULT_GPU_TOLERATIONS, answer_toleration_review
+from flexgpu.controller.pod_claim_lookup import ApiClaimLookup
 from flexgpu.controller.tenant_selector import tenant_expression
 from flexgpu.driver.claim_node_label import node_selector
 from flexgpu.driver.sim_backend import SimulatedBackend
@@ -62,6 +70,7 @@ from tests.integration.gpu_workloads import (
 )
 from tools.cluster import ControlPlane
 from tools.cluster.gpu_node import SimulatedGpuNode
+from tools.cluster.nodes import mark_node_ready
 
 pytestmark = pytest.mark.integration
 
@@ -81,17 +90,29 @@ SHARE = "4Gi"
 SETTLE_S = 120
 # The words of prepare's refusal of a shared GPU that serves another namespace.
 TENANT_REFUSAL = "serves one namespace at a time"
+# A burstable fraction's request and limit (percent of SMs): 16 requests fit on one GPU.
+BURST_COMPUTE, BURST_LIMIT = "5", 60
 # Pods a burst of each kind runs at least (the node's capacity for it).
 FITS = {"whole": 2, "mig": 14, "static-mig": 14, "fraction": 16}
 
 KINDS = ("whole", "mig", "static-mig", "fraction")
-CONFIGS = ("none", "GpuConfig-TS", "GpuConfig-MPS", "MigDeviceConfig-TS", "MigConfig-MPS", "nvidia")
+CONFIGS = (
+    "none",
+    "GpuConfig-TS",
+    "GpuConfig-MPS",
+    "MigDeviceConfig-TS",
+    "MigConfig-MPS",
+    "GpuConfig-burst",
+    "nvidia",
+)
 TENANCY = ("one", "two")
 ARRIVAL = ("one", "burst")
 BINDING = ("on", "off")
 EVENTS = ("none", "restart", "delete-before-binding", "realloc-after-refusal")
-DIMENSIONS = (KINDS, CONFIGS, TENANCY, ARRIVAL, BINDING, EVENTS)
-NAMES = ("kind", "config", "tenancy", "arrival", "binding", "event")
+TAINTS = ("none", "gpu")
+DIMENSIONS = (KINDS, CONFIGS, TENANCY, ARRIVAL, BINDING, EVENTS, TAINTS)
+NAMES = ("kind", "config", "tenancy", "arrival", "binding", "event", "taint")
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -102,12 +123,15 @@ class Row:
     arrival: str
     binding: str
     event: str
+    taint: str
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return tuple(getattr(self, n) for n in NAMES)
 
     @property
     def id(self) -> str:
-        return "-".join(
-            (self.kind, self.config, self.tenancy, self.arrival, self.binding, self.event)
-        )
+        return "-".join(self.values)
 
 
 def _valid(values: list[str]) -> bool:
@@ -120,6 +144,8 @@ def _valid(values: list[str]) -> bool:
         return False  # a GpuConfig on a MIG device or a fraction: refused likewise
     if kind == "fraction" and config in ("MigDeviceConfig-TS", "MigConfig-MPS"):
         return False
+    if config == "GpuConfig-burst" and kind not in (None, "fraction"):
+        return False  # the share block on a whole GPU: refused (tested in test_share_config)
     if event == "realloc-after-refusal":
         # Something must be refusable: a partition made before binding (on-demand MIG with
         # binding conditions), or a free shared GPU another namespace takes (two tenants).
@@ -169,9 +195,7 @@ def matrix() -> list[Row]:
 def coverage(rows: list[Row]) -> tuple[int, int]:
     """(pairs covered, valid pairs)."""
     valid = valid_pairs()
-    covered = set().union(
-        *(_pairs((r.kind, r.config, r.tenancy, r.arrival, r.binding, r.event)) for r in rows)
-    )
+    covered = set().union(*(_pairs(r.values) for r in rows))
     return len(covered & valid), len(valid)
 
 
@@ -279,7 +303,7 @@ def plugin(node: SimulatedGpuNode) -> Plugin:
 # -- one row --------------------------------------------------------------------------------
 
 
-def _request(kind: str, namespace: str) -> dict[str, Any]:
+def _request(kind: str, namespace: str, config: str) -> dict[str, Any]:
     if kind == "whole":
         # Only whole GPUs 4-5: the on-demand GPUs' partitions and the shared GPUs are other
         # rows' (CEL keeps the row's claims off them).
@@ -303,9 +327,12 @@ def _request(kind: str, namespace: str) -> dict[str, Any]:
             ],
         }
     else:
+        wanted = {"memory": SHARE}
+        if config == "GpuConfig-burst":
+            wanted["compute"] = BURST_COMPUTE
         exactly = {
             "deviceClassName": "shared-gpu.flexgpu.dev",
-            "capacity": {"requests": {"memory": SHARE}},
+            "capacity": {"requests": wanted},
             # What the controller's tenancy webhook adds (no controller runs here).
             "selectors": [{"cel": {"expression": tenant_expression(namespace)}}],
         }
@@ -324,8 +351,17 @@ def _config(config: str) -> list[dict[str, Any]]:
     }
     if config == "none":
         return []
+    if config == "GpuConfig-burst":
+        parameters = {
+            "apiVersion": API,
+            "kind": "GpuConfig",
+            "share": {"computeLimit": BURST_LIMIT},
+        }
+        return [{"opaque": {"driver": DRIVER, "parameters": parameters}}]
     if config == "nvidia":
         # Left over from NVIDIA's driver: another driver's config, not flexgpu's to apply.
+        # Admission refuses it (docs/migrating.md); no webhook runs here, as where an admin
+        # turned it off, and the claim is served without it.
         parameters = {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "GpuConfig",
@@ -344,10 +380,47 @@ def _config(config: str) -> list[dict[str, Any]]:
 
 
 def _template(row: Row, namespace: str) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": [_request(row.kind, namespace)]}
+    devices: dict[str, Any] = {"requests": [_request(row.kind, namespace, row.config)]}
     if configs := _config(row.config):
         devices["config"] = [{**c, "requests": ["g"]} for c in configs]
     return {"metadata": {"name": "t"}, "spec": {"spec": {"devices": devices}}}
+
+
+def _taint(api: Any, row: Row) -> None:
+    """The node tainted as the row says (the taint of other rows removed)."""
+    if row.taint == "gpu":
+        mark_node_ready(api, NODE, taints=[GPU_TAINT])
+        return
+    core = client.CoreV1Api(api)
+    taints = core.read_node(NODE).spec.taints or []
+    kept = [
+        {"key": t.key, "value": t.value, "effect": t.effect}
+        for t in taints
+        if t.key != GPU_TAINT["key"]
+    ]
+    if len(kept) != len(taints):
+        core.patch_node(NODE, {"spec": {"taints": kept or None}})
+
+
+def _admitted(api: Any, namespace: str, pod: dict[str, Any], row: Row) -> dict[str, Any]:
+    """The pod as the pod toleration webhook admits it on a tainted row: its answer to the
+    review, over the row's template and classes as the API server has them."""
+    if row.taint != "gpu":
+        return pod
+    review = {
+        "request": {
+            "uid": "matrix",
+            "operation": "CREATE",
+            "namespace": namespace,
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": pod,
+        }
+    }
+    answer = answer_toleration_review(list(DEFAULT_GPU_TOLERATIONS), ApiClaimLookup(api), review)
+    assert answer is not None and "patch" in answer["response"], (row.id, answer)
+    (op,) = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert op["path"] == "/spec/tolerations", (row.id, op)
+    return {**pod, "spec": {**pod["spec"], "tolerations": op["value"]}}
 
 
 def _phases(api: Any, namespace: str) -> dict[str, Any]:
@@ -362,6 +435,15 @@ def _events(api: Any, namespace: str, reason: str) -> dict[str, str]:
         for e in events
         if e.reason == reason and e.involved_object.kind == "Pod"
     }
+
+
+def _claims_left(api: Any, namespaces: list[str]) -> list[str]:
+    claims = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces().items
+    return [
+        f"{c.metadata.namespace}/{c.metadata.name}"
+        for c in claims
+        if c.metadata.namespace in namespaces
+    ]
 
 
 def _allocated(api: Any, namespace: str) -> bool:
@@ -386,6 +468,9 @@ def _check_container(node: SimulatedGpuNode, namespace: str, pod: str, row: Row)
         assert got[0].get("timeSlice") == "Long", (row.id, got)
     if row.config in ("GpuConfig-MPS", "MigConfig-MPS") or row.kind == "fraction":
         assert "CUDA_MPS_PIPE_DIRECTORY" in env, (row.id, sorted(env))
+    if row.config == "GpuConfig-burst":
+        # The limit, not the request (whose proportion of memory would give 6).
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(BURST_LIMIT), (row.id, env)
     if row.config in ("none", "nvidia", "MigDeviceConfig-TS") and row.kind != "fraction":
         assert "CUDA_MPS_PIPE_DIRECTORY" not in env, (row.id, sorted(env))
 
@@ -409,6 +494,7 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
     if row.binding == "on" and target_minor() < 36:
         pytest.skip("binding conditions need Kubernetes 1.36+")
     plugin.ensure(row)
+    _taint(api, row)
     refused_before = _refused_writes(node)
     core = client.CoreV1Api(api)
     resources = client.ResourceV1Api(api)
@@ -425,12 +511,17 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
                 {"g": {"resourceClaimTemplateName": "t"}},
                 node=NODE,
             )
-            core.create_namespaced_pod(ns, pod)
+            core.create_namespaced_pod(ns, _admitted(api, ns, pod, row))
         deleted: set[tuple[str, str]] = set()
         if row.event == "restart":
             plugin.kill_and_start()
         elif row.event == "delete-before-binding":
-            wait_for(lambda: _allocated(api, namespaces[0]), timeout_s=60, what="a claim allocated")
+            wait_for(
+                lambda: _allocated(api, namespaces[0]),
+                timeout_s=SETTLE_S,
+                what="a claim allocated",
+                explain=lambda: scheduling_report(api, namespaces[0]),
+            )
             core.delete_namespaced_pod("p0", namespaces[0], grace_period_seconds=0)
             deleted.add((namespaces[0], "p0"))
 
@@ -495,6 +586,14 @@ def test_row(api: Any, node: SimulatedGpuNode, plugin: Plugin, row: Row) -> None
             lambda: not any(r["namespace"] in namespaces for r in checkpoint_claims(node).values()),
             timeout_s=SETTLE_S,
             what="the row's claim records removed",
+        )
+        # The next row starts on a cluster whose scheduler no longer counts this row's
+        # allocations: a claim still allocated in the API holds its device there.
+        wait_for(
+            lambda: not _claims_left(api, namespaces),
+            timeout_s=SETTLE_S,
+            what="the row's ResourceClaims gone from the API",
+            explain=lambda: repr(_claims_left(api, namespaces)),
         )
     wait_for(lambda: not _partitions_made(node), timeout_s=60, what="no partition left")
     assert _refused_writes(node) == refused_before, row.id

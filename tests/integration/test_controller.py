@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from flexgpu.driver.topology import load_topology
 from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
-from tests.conftest import holds_for, wait_for
+from tests.conftest import holds_for, target_minor, wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools.cluster import ControlPlane, create_simulated_node
 
@@ -362,6 +363,47 @@ def test_no_event_for_a_claim_that_fits(
         4,
         "past --pending-delay=2 plus two passes at --recheck-interval=1, when an Event would be",
     )
+
+
+def test_a_pod_asking_more_gpus_as_an_extended_resource_than_a_node_has_is_told_why(
+    api: Any, world: World, controller: ControllerProcess
+) -> None:
+    """Nine GPUs through the class's implicit extended resource name, on an 8-GPU node: the
+    scheduler makes no claim for a pod it cannot place, so the controller explains the one it
+    would make and records the Event on the pod."""
+    if target_minor() < 36:
+        pytest.skip("extended resources through DRA are beta and on from 1.36")
+    ns = world.namespace
+    client.CoreV1Api(api).create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "nine"},
+            "spec": {
+                "nodeSelector": _on(world, "h100"),
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "none",
+                        "resources": {
+                            "limits": {"deviceclass.resource.kubernetes.io/gpu.flexgpu.dev": "9"}
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    (text,) = wait_for(
+        lambda: _events(api, ns, "Pod", "nine"), timeout_s=45, what=f"{REASON} on pod nine"
+    )
+    assert text.startswith(
+        "The pod's extended resources (deviceclass.resource.kubernetes.io/gpu.flexgpu.dev: 9,"
+        " served by DRA) cannot be allocated"
+    ), text
+    # The world's H100 node publishes some of its GPUs as MIG devices: fewer than eight whole.
+    assert re.search(r"no node the pod may use has more than [1-8] of them", text), text
 
 
 # --- GpuNodePolicy status ------------------------------------------------------------------

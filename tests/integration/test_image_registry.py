@@ -1,4 +1,4 @@
-"""The image push the release and the real-node tests share (tools/images/push.py), against
+"""The image push the release and the real-node tests share (release/push.py), against
 the local registry built from distribution's module (tools/registry): what the registry then
 serves is the archive's manifest, byte for byte, under the archive's digest."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.images import oci
-from tools.images.push import PushError, manifest_digest, push
+from release import oci
+from release.push import PushError, manifest_digest, push
 from tools.registry.server import LocalRegistry
 
 pytestmark = pytest.mark.integration

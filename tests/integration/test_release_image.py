@@ -1,4 +1,4 @@
-"""The flexgpu image the release publishes is the one tools/images builds for the tests: two
+"""The flexgpu image the release publishes is the one release/ builds for the tests: two
 builds from empty layer caches give the same manifest digest, and the image holds what the
 daemons run (the project's packages and console scripts, Debian's Python, NVIDIA's CDI
 programs, the controller's user)."""
@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from tools.images import build
-from tools.images.push import manifest_digest
+from release import image as build
+from release.push import manifest_digest
 
 pytestmark = pytest.mark.integration
 
 
 def _fresh_cache(tmp: Path, shared: Path) -> Path:
     """An empty image cache that shares only what is not image layout: the .deb downloads
-    (apt's candidates, by name and version) and the toolkit programs (tools/nvidia-ctk's
+    (apt's candidates, by name and version) and the shipped Go programs (hooks/'s
     cache, keyed by its module pins)."""
     tmp.mkdir()
-    for entry in shared.glob("nvidia-ctk-*"):
+    for entry in shared.glob("hooks-*"):
         (tmp / entry.name).symlink_to(entry)
     (tmp / "images").mkdir()
     (tmp / "images" / "debs").symlink_to(shared / "images" / "debs", target_is_directory=True)

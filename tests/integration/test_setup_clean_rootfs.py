@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from release.layers import cache_root
 from tools.images import debian_rootfs
-from tools.images.build import cache_root
 
 pytestmark = [
     pytest.mark.integration,

@@ -113,6 +113,66 @@ def test_compute_request_reserves_sms(api: Any, namespace: str, node: SimulatedG
     }
 
 
+def _gpu0_holders(api: Any) -> list[str]:
+    """Claims of any namespace (earlier tests' included, until their namespace is gone)
+    allocated gpu-0 of this node."""
+    claims = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces().items
+    return [
+        f"{c.metadata.namespace}/{c.metadata.name}"
+        for c in claims
+        if c.status and c.status.allocation
+        for r in c.status.allocation.devices.results or []
+        if (r.pool, r.device) == (NODE, "gpu-0")
+    ]
+
+
+def burstable_claim(name: str, compute: str, limit: int) -> dict[str, Any]:
+    """A share of gpu-0 (pinned by CEL) reserving ``compute`` and limited to ``limit``."""
+    devices = share_request("4Gi", compute)
+    index = 'device.attributes["gpu.flexgpu.dev"].index == 0'
+    devices["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": index}}]
+    parameters = {"apiVersion": API, "kind": "GpuConfig", "share": {"computeLimit": limit}}
+    devices["config"] = [
+        {"requests": ["gpu"], "opaque": {"driver": "gpu.flexgpu.dev", "parameters": parameters}}
+    ]
+    return devices
+
+
+def test_burstable_fractions_get_their_limit_and_are_packed_by_their_request(
+    api: Any, namespace: str, node: SimulatedGpuNode
+) -> None:
+    """Two fractions reserving 40% and 60% with limits of 90% each share gpu-0 (counted by
+    request, their limits add up to 180), each container gets its limit, the claims consume
+    their requests, and a third fraction of 1% no longer fits on gpu-0."""
+    wait_for(lambda: not _gpu0_holders(api), timeout_s=90, what="gpu-0 free of earlier claims")
+    core = client.CoreV1Api(api)
+    envs = {}
+    for name, compute in (("b40", "40"), ("b60", "60")):
+        create_claim(api, namespace, name, burstable_claim(name, compute, 90))
+        pod = make_pod(name, PRINT, {"g": {"resourceClaimName": name}}, NODE)
+        core.create_namespaced_pod(namespace, pod)
+    for name, compute in (("b40", "40"), ("b60", "60")):
+        wait_phase(api, namespace, name, {"Running"})
+        envs[name] = env_from_log(wait_container_output(node, namespace, name, "DONE"))
+        (result,) = allocated(api, namespace, name)
+        assert result.device == "gpu-0"
+        assert result.consumed_capacity == {
+            "memory": "4Gi",
+            "compute": compute,
+            "multiprocessors": "0",
+        }
+    for env in envs.values():
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "90"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"  # memory stays the request
+    assert envs["b40"]["CUDA_MPS_PIPE_DIRECTORY"] == envs["b60"]["CUDA_MPS_PIPE_DIRECTORY"]
+
+    create_claim(api, namespace, "b1", burstable_claim("b1", "1", 100))
+    core.create_namespaced_pod(
+        namespace, make_pod("b1", PRINT, {"g": {"resourceClaimName": "b1"}}, NODE)
+    )
+    assert "cannot allocate all claims" in pending_reason(api, namespace, "b1")
+
+
 def test_time_sliced_claim_shared_by_two_pods(
     api: Any, namespace: str, node: SimulatedGpuNode
 ) -> None:

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from tools.images import build, debian_rootfs, oci
-from tools.images.push import manifest_digest
+from release import oci
+from release.push import manifest_digest
+from tools.images import build, debian_rootfs
 
 pytestmark = [
     pytest.mark.integration,

@@ -59,6 +59,14 @@ def claim_spec(
     }
 
 
+def burstable_spec(compute: str, limit: int) -> dict[str, Any]:
+    """A fraction reserving ``compute`` percent of SMs with ``share.computeLimit``."""
+    spec = claim_spec({**GPU, "share": {"computeLimit": limit}}, "shared-gpu.flexgpu.dev", ["gpu"])
+    exactly = spec["devices"]["requests"][0]["exactly"]
+    exactly["capacity"] = {"requests": {"memory": "4Gi", "compute": compute}}
+    return spec
+
+
 def claim(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -156,10 +164,25 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
         f'{PARAMS}.apiVersion: "resource.nvidia.com/v1beta1" is not allowed; allowed: '
         "gpu.flexgpu.dev/v1alpha1",
     ),
+    # A burstable fraction's limit below what its request reserves; its block on a whole GPU.
+    (
+        "compute-limit-below-the-request",
+        burstable_spec("30", 20),
+        f"{PARAMS}.share.computeLimit: 20 is not allowed (below the 30 percent of SMs request "
+        '"gpu" reserves); allowed: an integer from 30 to 100',
+    ),
+    (
+        "share-block-on-a-whole-gpu",
+        claim_spec({**GPU, "share": {"computeLimit": 50}}, "gpu.flexgpu.dev", ["gpu"]),
+        f'{PARAMS}.share: not supported on a whole GPU (request "gpu"; the block sets a '
+        "fraction's limits); allowed: only on a shared GPU (shared-gpu.flexgpu.dev); an MPS "
+        "client of a whole GPU is capped with sharing.mpsConfig.defaultActiveThreadPercentage",
+    ),
 ]
 
 GOOD_CONFIGS: list[dict[str, Any]] = [
     claim_spec(GPU),
+    burstable_spec("30", 80),
     claim_spec(mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")),
     claim_spec({**GPU, "sharing": {"strategy": "MPS"}}, "shared-gpu.flexgpu.dev", ["gpu"]),
     claim_spec({**MIG, "sharing": {"strategy": "Exclusive"}}, "mig.flexgpu.dev", ["gpu"]),
@@ -395,11 +418,23 @@ def test_kubectl_apply_shows_the_rejection(
 
 def test_claims_of_other_drivers_never_reach_the_webhook(webhook: Webhook, claims: Any) -> None:
     before = webhook.requests_served("resourceclaims")
-    claims(claim_spec({"whatever": 1}, driver="gpu.nvidia.com"))
+    claims(claim_spec({"whatever": 1}, "gpu.nvidia.com", driver="gpu.nvidia.com"))
     claims({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}})
     claims(claim_spec(mps(defaultActiveThreadPercentage=50)))  # ours: reaches it
     wait_for(lambda: webhook.requests_served("resourceclaims") >= before + 1, timeout_s=10)
     assert webhook.requests_served("resourceclaims") == before + 1
+
+
+def test_a_half_migrated_claim_is_refused_with_the_fix(webhook: Webhook, claims: Any) -> None:
+    """NVIDIA's driver name left on the config of a claim for flexgpu's class: the apiserver
+    sends it to the webhook, which refuses it (no driver would read that config)."""
+    before = webhook.requests_served("resourceclaims")
+    message = _rejection(
+        claims, claim_spec(mps(defaultActiveThreadPercentage=50), driver="gpu.nvidia.com")
+    )
+    assert "spec.devices.config[0].opaque.driver: 'gpu.nvidia.com' is read by no driver" in message
+    assert "set opaque.driver to 'gpu.flexgpu.dev'" in message
+    wait_for(lambda: webhook.requests_served("resourceclaims") >= before + 1, timeout_s=10)
 
 
 def test_bad_node_policy_is_rejected(webhook: Webhook, api: Any, policy_crd_served: bool) -> None:
@@ -437,7 +472,7 @@ def test_outage_blocks_nothing_but_policy_edits_and_restart_reuses_the_secret(
     webhook.stop()
     # Another driver's claim is never sent to the webhook; ours is (failurePolicy Ignore) and
     # is admitted: prepare runs the same checks, so it cannot take effect anyway.
-    claims(claim_spec({"whatever": 1}, driver="gpu.nvidia.com"))
+    claims(claim_spec({"whatever": 1}, "gpu.nvidia.com", driver="gpu.nvidia.com"))
     claims(claim_spec(mps(defaultActiveThreadPercentage=0)))
     if policy_crd_served:
         objects = client.CustomObjectsApi(api)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from release.push import manifest_digest
 from tests.conftest import wait_for
 from tests.node.conftest import DYNAMIC_MIG_GPUS, NODE, PLUGIN_NAMESPACE
 from tests.node.support import (
@@ -26,7 +27,6 @@ from tests.node.support import (
     wait_report,
     workload_pod,
 )
-from tools.images.push import manifest_digest
 from tools.node import chart, configs, image_source
 from tools.node.node import RealNode
 

@@ -98,8 +98,12 @@ def test_chart_ships_the_generated_crds() -> None:
 
 
 def test_device_classes_match_the_demo_catalog(helm: Path) -> None:
+    # The catalog is what the test world of every release applies: the chart as on 1.36, before
+    # its default names nvidia.com/gpu (test_whole_gpu_class_serves_nvidia_gpu_by_default_...).
     rendered = {
-        d["metadata"]["name"]: d["spec"] for d in render(helm) if d["kind"] == "DeviceClass"
+        d["metadata"]["name"]: d["spec"]
+        for d in render(helm, kube_version="1.36.1")
+        if d["kind"] == "DeviceClass"
     }
     demo = {
         d["metadata"]["name"]: d["spec"]
@@ -305,7 +309,7 @@ def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(he
     from flexgpu.controller.webhook_config import ServiceRef
 
     docs = render(helm)
-    rendered = find(docs, "MutatingWebhookConfiguration")
+    rendered = find(docs, "MutatingWebhookConfiguration", "tenancy")
     assert rendered["metadata"]["name"] == "t-flexgpu-tenancy"
     built = build_tenant_webhook_configuration(
         ServiceRef("flexgpu-system", "t-flexgpu-controller", 443), None, name="unused"
@@ -314,7 +318,12 @@ def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(he
     args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--tenant-webhook-configuration-name=t-flexgpu-tenancy" in args
     role = find(docs, "ClusterRole", "controller")
-    rules = [r for r in role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
+    rules = [
+        r
+        for r in role["rules"]
+        if "mutatingwebhookconfigurations" in r["resources"]
+        and "t-flexgpu-tenancy" in r.get("resourceNames", [])
+    ]
     assert [(r.get("resourceNames"), set(r["verbs"])) for r in rules] == [
         (["t-flexgpu-tenancy"], {"get", "update", "patch"})
     ]
@@ -323,9 +332,12 @@ def test_tenancy_webhook_is_the_controllers_own_and_follows_the_tenancy_value(he
     assert "reinvocationPolicy" in policy["spec"]["validations"][1]["expression"]
     for values in ("kubeletPlugin.sharedGpuTenants=any", "webhook.enabled=false"):
         docs = render(helm, values)
-        assert not [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"], values
+        mutating = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        assert not [d for d in mutating if "tenancy" in d["metadata"]["name"]], values
         role = find(docs, "ClusterRole", "controller")
-        assert not any("mutatingwebhookconfigurations" in r["resources"] for r in role["rules"])
+        assert not any("t-flexgpu-tenancy" in r.get("resourceNames", []) for r in role["rules"]), (
+            values
+        )
         args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
         assert not any(a.startswith("--tenant-webhook") for a in args), values
 
@@ -671,3 +683,22 @@ def test_mps_daemon_priority_and_resources_are_values(helm: Path) -> None:
     assert 'priorityClassName.orValue("") == "gpu-daemons"' in policy
     assert 'requests.orValue({}) == {"cpu":"10m","memory":"64Mi"}' in policy
     assert 'limits.orValue({}) == {"memory":"1Gi"}' in policy
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values", "expected"),
+    [
+        ("1.37.2", (), "nvidia.com/gpu"),  # auto: GA, as NVIDIA's own DRA chart
+        ("1.36.1", (), None),  # auto: beta, an admin may have the gate off
+        ("1.37.2", ("deviceClasses.gpuExtendedResourceName=",), None),
+        ("1.35.0", ("deviceClasses.gpuExtendedResourceName=example.com/gpu",), "example.com/gpu"),
+    ],
+)
+def test_whole_gpu_class_serves_nvidia_gpu_by_default_where_it_is_ga(
+    helm: Path, kube_version: str, values: tuple[str, ...], expected: str | None
+) -> None:
+    docs = render(helm, *values, kube_version=kube_version)
+    spec = next(
+        d for d in docs if d["kind"] == "DeviceClass" and d["metadata"]["name"] == "gpu.flexgpu.dev"
+    )["spec"]
+    assert spec.get("extendedResourceName") == expected

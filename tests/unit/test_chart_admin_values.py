@@ -115,7 +115,7 @@ def test_webhook_failure_policies_follow_the_values(helm: Path) -> None:
         target, None, name="unused", failure_policy="Fail"
     )
     assert find(docs, "ValidatingWebhookConfiguration")["webhooks"] == validating["webhooks"]
-    assert find(docs, "MutatingWebhookConfiguration")["webhooks"] == mutating["webhooks"]
+    assert find(docs, "MutatingWebhookConfiguration", "tenancy")["webhooks"] == mutating["webhooks"]
 
 
 def test_bad_failure_policy_is_refused(helm: Path) -> None:

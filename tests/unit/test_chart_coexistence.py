@@ -97,14 +97,44 @@ def test_a_profile_class_selects_exactly_that_profiles_partitions(helm: Path) ->
     assert _allocate(devices, classes["gpu.flexgpu.dev"]) == ["gpu-1"]
 
 
-def test_the_guard_joins_every_term_of_the_default_and_a_custom_affinity(helm: Path) -> None:
-    terms = _affinity(render(helm))["nodeAffinity"][
+LABELLED = "kubeletPlugin.devicePluginGuard.labelKey=nvidia.com/gpu.deploy.device-plugin"
+
+
+def _env(docs: list[dict[str, Any]]) -> dict[str, str | None]:
+    spec = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+
+
+def test_by_default_no_label_keeps_the_plugin_off_an_operator_node(helm: Path) -> None:
+    """The GPU Operator labels every GPU node nvidia.com/gpu.deploy.device-plugin=true even
+    with its device plugin off: the default affinity must not key on it. The plugin checks
+    the Node's allocatable itself (FLEXGPU_DEVICE_PLUGIN_GUARD)."""
+    docs = render(helm)
+    terms = _affinity(docs)["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
+    assert not any(k.startswith("nvidia.com/gpu.deploy") for k in keys)
+    assert _env(docs)["FLEXGPU_DEVICE_PLUGIN_GUARD"] == "on"
+    assert _env(docs)["FLEXGPU_DEVICE_PLUGIN_RECHECK"] == "30s"
+    off = render(
+        helm,
+        "kubeletPlugin.devicePluginGuard.enabled=false",
+        "kubeletPlugin.devicePluginGuard.recheckInterval=1m",
+    )
+    assert _env(off)["FLEXGPU_DEVICE_PLUGIN_GUARD"] == "off"
+    assert _env(off)["FLEXGPU_DEVICE_PLUGIN_RECHECK"] == "1m"
+
+
+def test_a_guard_label_joins_every_term_of_the_default_and_a_custom_affinity(
+    helm: Path,
+) -> None:
+    terms = _affinity(render(helm, LABELLED))["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert len(terms["nodeSelectorTerms"]) == 2
     assert all(GUARD in t["matchExpressions"] for t in terms["nodeSelectorTerms"])
     custom = render(
         helm,
+        LABELLED,
         "kubeletPlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
         ".nodeSelectorTerms[0].matchExpressions[0].key=gpu",
         "kubeletPlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
@@ -114,13 +144,13 @@ def test_the_guard_joins_every_term_of_the_default_and_a_custom_affinity(helm: P
     assert required["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": "gpu", "operator": "Exists"}, GUARD]}
     ]
-    empty = render(helm, "kubeletPlugin.affinity=null")
+    empty = render(helm, LABELLED, "kubeletPlugin.affinity=null")
     required = _affinity(empty)["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required["nodeSelectorTerms"] == [{"matchExpressions": [GUARD]}]
 
 
-def test_the_guard_can_be_switched_off_or_moved_to_another_label(helm: Path) -> None:
-    off = _affinity(render(helm, "kubeletPlugin.devicePluginGuard.enabled=false"))
+def test_the_guard_label_can_be_switched_off_or_moved_to_another_label(helm: Path) -> None:
+    off = _affinity(render(helm, LABELLED, "kubeletPlugin.devicePluginGuard.enabled=false"))
     terms = off["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert all(GUARD not in t["matchExpressions"] for t in terms["nodeSelectorTerms"])
     moved = _affinity(render(helm, "kubeletPlugin.devicePluginGuard.labelKey=example.com/dp"))
@@ -148,6 +178,7 @@ def test_health_settings_reach_the_plugin(helm: Path) -> None:
         "kubeletPlugin.healthRecoveryPeriod=5 minutes",
         "deviceClasses.migExtendedResources.profiles={1g.10gb+me}",
         "deviceClasses.migExtendedResources.prefix=mig-",
+        "kubeletPlugin.devicePluginGuard.recheckInterval=often",
     ],
 )
 def test_bad_values_are_refused(helm: Path, value: str) -> None:

@@ -94,3 +94,26 @@ def test_crashing_component_is_named_with_its_log_tail(
     # Nothing is left running after a failed start.
     assert all(not c.running() for c in plane.components)
     assert os.path.exists(tmp_path / "cluster" / "logs" / "kube-apiserver.log")
+
+
+def test_workloads_on_a_release_without_their_gates_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A control plane asked for gangs on binaries that do not list GenericWorkload and
+    DRAWorkloadResourceClaims stops before starting anything, naming the missing gates."""
+    assets = tmp_path / "bin"
+    assets.mkdir()
+    only_generic = "  kube:GenericWorkload=true|false (ALPHA - default=false)\n"
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        _script(
+            assets / name,
+            f'case "$1" in --version) echo "Kubernetes v1.37.2";; '
+            f"--help) cat <<'E'\n{only_generic}E\n;; *) exit 0;; esac\n",
+        )
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    plane = ControlPlane(workdir=tmp_path / "cluster", workloads=True)
+    with pytest.raises(
+        ControlPlaneError, match=r"gates DRAWorkloadResourceClaims, which Kubernetes v1\.37\.2 "
+    ):
+        plane.start(timeout_s=5)
+    assert "GenericWorkload=true" in plane.feature_gates and plane.components == []

@@ -3,14 +3,13 @@ and that it finds `make node`'s binaries where tools/node/build.sh caches them."
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from demo import real_node
+from tools import buildcache
 from tools.node import preflight
-from tools.node.binaries import BUILD_SCRIPT
 
 
 class Plane:
@@ -18,24 +17,14 @@ class Plane:
         self.version = version
 
 
-def build_sh_folder(cache: Path) -> Path:
-    """The cache folder build.sh itself would use, computed by its own shell command."""
-    key = subprocess.run(
-        ["bash", "-c", "cat build.sh */go.mod */go.sum | sha256sum | cut -c1-12"],
-        cwd=BUILD_SCRIPT.parent,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return cache / f"node-{key}"
-
-
 def test_binaries_are_found_where_build_sh_puts_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEXGPU_CACHE", str(tmp_path))
     assert not real_node.binaries_built()
-    folder = build_sh_folder(tmp_path)
+    # Where build.sh itself would put them (its own key, asked of the script).
+    folder, complete = buildcache.entry("node")
+    assert folder.parent == tmp_path and folder.name.startswith("node-") and not complete
     folder.mkdir()
     assert not real_node.binaries_built()  # a build that did not finish
     (folder / ".complete").touch()

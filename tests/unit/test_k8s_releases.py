@@ -111,9 +111,21 @@ def test_gate_description_names_stage_default_or_not_settable(tmp_path: Path) ->
         ("DRAPartitionableDevices=true", 37, ""),
         # A gate left off needs no API version.
         ("DRAConsumableCapacity=true", 34, ""),
+        # Gangs: the scheduler and the resourceclaim controller read PodGroups in these.
+        (
+            "GenericWorkload=true,DRAWorkloadResourceClaims=true",
+            37,
+            "scheduling.k8s.io/v1beta1=true",
+        ),
+        (
+            "DRADeviceTaintRules=true,GenericWorkload=true",
+            36,
+            "resource.k8s.io/v1beta2=true,scheduling.k8s.io/v1alpha2=true",
+        ),
+        ("GenericWorkload=false", 37, ""),
     ],
 )
-def test_taint_rule_api_is_served_where_the_enabled_gate_makes_components_watch_it(
+def test_gated_api_is_served_where_the_enabled_gate_makes_components_watch_it(
     gates: str, minor: int, expected: str
 ) -> None:
     assert runtime_config_arg(gates, minor) == expected

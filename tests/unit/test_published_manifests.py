@@ -13,6 +13,11 @@ from typing import Any
 import yaml
 
 from demo.world import GPU_POOL_TAINT
+from flexgpu.controller.gpu_tolerations import (
+    DEFAULT_GPU_TOLERATIONS,
+    pod_uses_flexgpu,
+    toleration_patch,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Images that exist publicly under these names, and what a recipe's command needs from them.
@@ -61,13 +66,51 @@ def test_every_pod_uses_a_published_image() -> None:
             assert container["image"] in PUBLISHED, (where, container["image"])
 
 
+class _Published:
+    """The claims, templates and classes the manifests themselves define (and the chart's
+    classes), as the controller's pod toleration webhook looks them up."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        classes = yaml.safe_load_all((ROOT / "demo" / "deviceclasses.yaml").read_text())
+        for _, doc in [*_objects(), *(("classes", d) for d in classes if d)]:
+            if doc.get("kind") in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
+                self.objects[(doc["kind"], doc["metadata"]["name"])] = doc
+
+    def claim_spec(self, namespace: str, name: str) -> dict[str, Any] | None:
+        doc = self.objects.get(("ResourceClaim", name))
+        return doc["spec"] if doc else None
+
+    def template_claim_spec(self, namespace: str, name: str) -> dict[str, Any] | None:
+        doc = self.objects.get(("ResourceClaimTemplate", name))
+        return doc["spec"]["spec"] if doc else None
+
+    def device_class_spec(self, name: str) -> dict[str, Any] | None:
+        doc = self.objects.get(("DeviceClass", name))
+        return doc["spec"] if doc else None
+
+
 def test_every_pod_tolerates_the_gpu_pool_taint() -> None:
+    """Its own toleration, or the one the controller's webhook adds to pods with flexgpu
+    claims (the chart's default, applied with the webhook's own code)."""
+    published = _Published()
     for where, spec in _pod_specs():
+        tolerations = list(spec.get("tolerations", []))
+        if pod_uses_flexgpu({"spec": spec}, "default", published):
+            added = toleration_patch({"spec": spec}, list(DEFAULT_GPU_TOLERATIONS))
+            tolerations += _values(added)
         tolerated = [
             t
-            for t in spec.get("tolerations", [])
+            for t in tolerations
             if t["key"] == GPU_POOL_TAINT["key"]
             and t.get("effect") in (None, GPU_POOL_TAINT["effect"])
             and (t.get("operator") == "Exists" or t.get("value") == GPU_POOL_TAINT["value"])
         ]
         assert tolerated, where
+
+
+def _values(patch: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for op in patch:
+        out.extend(op["value"] if isinstance(op["value"], list) else [op["value"]])
+    return out

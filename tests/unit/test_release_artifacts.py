@@ -1,7 +1,7 @@
 """What can be checked of the release workflow without the forge: it tests before it
-releases, builds the image with the recipe the tests run (tools/images; contents and
+releases, builds the image with the recipe the tests run (release/; contents and
 reproducibility: tests/integration/test_release_image.py), pushes it with the push the
-real-node tests use (tools/images/push.py) and names the image the chart's defaults pull."""
+real-node tests use (release/push.py) and names the image the chart's defaults pull."""
 
 from __future__ import annotations
 
@@ -24,16 +24,21 @@ def _release_steps() -> list[dict[str, Any]]:
 
 def test_one_recipe_no_container_engine_and_no_second_image_definition() -> None:
     """No Containerfile/Dockerfile to drift from the tested image, no Docker action: the
-    release runs the command `make node` runs for the tests and pushes that archive."""
+    release runs the recipe `make node` runs for the tests and pushes that archive."""
     for name in ("Containerfile", "Dockerfile"):
         assert not (REPO_ROOT / name).exists(), name
     steps = _release_steps()
     assert not any(str(s.get("uses", "")).startswith("docker/") for s in steps)
     build = next(s for s in steps if s.get("id") == "image")["run"]
-    assert "-m tools.images.build flexgpu" in build
+    assert "-m release.image" in build
+    # make node builds every image the tests run, the flexgpu one through release.image.
     assert "-m tools.images.build" in (REPO_ROOT / "Makefile").read_text()
+    assert (
+        "from release.image import flexgpu_image"
+        in (REPO_ROOT / "tools" / "images" / "build.py").read_text()
+    )
     push = next(s for s in steps if s.get("id") == "push")["run"]
-    assert '-m tools.images.push "${{ steps.image.outputs.archive }}"' in push
+    assert '-m release.push "${{ steps.image.outputs.archive }}"' in push
     assert '"${{ steps.version.outputs.image }}"' in push
     # Debian 12's packages are the image's Python: the job runs where apt gives them.
     job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["release"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import stamp_version
+from release import stamp_version
 
 ROOT = Path(__file__).resolve().parents[2]
 

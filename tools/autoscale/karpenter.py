@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -20,10 +19,10 @@ from kubernetes import client
 from flexgpu.driver.autoscaler_shapes import karpenter_dynamic_resources
 from flexgpu.driver.node_template import TemplatePolicy, render_node_template
 from flexgpu.driver.topology import load_topology
+from tools import buildcache
 from tools.cluster.process import Component
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "tools" / "karpenter" / "build.sh"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE = "test-zone-a"
@@ -89,16 +88,10 @@ class GpuInstanceType:
 
 def build() -> Path:
     """The karpenter-kwok binary (built into the cache on first use: many minutes cold)."""
-    result = subprocess.run(
-        ["bash", str(BUILD), "karpenter-kwok"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=3600,
-    )
-    if result.returncode != 0:
-        raise KarpenterError(f"building karpenter-kwok failed:\n{result.stderr[-3000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    try:
+        return buildcache.path("karpenter", "karpenter-kwok", timeout=3600) / "karpenter-kwok"
+    except buildcache.BuildError as e:
+        raise KarpenterError(str(e)) from e
 
 
 def _free_port() -> int:

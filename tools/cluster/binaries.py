@@ -10,11 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+from tools import buildcache
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
+BUILD_SCRIPT = buildcache.SCRIPTS["k8s"]
 DEFAULT_MODULE = REPO_ROOT / "tools" / "k8s" / "go.mod"
 RELEASES_DIR = REPO_ROOT / "tools" / "k8s" / "releases"
 RELEASE_ENV = "FLEXGPU_K8S"
@@ -91,19 +92,10 @@ def build(quiet: bool = False, release: str | None = None) -> Path:
     if not BUILD_SCRIPT.exists():
         raise BinariesError(f"missing {BUILD_SCRIPT}")
     release = release or selected_release()
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), *([release] if release else [])],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if quiet else sys.stderr,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise BinariesError(
-            f"building the control plane failed (exit {proc.returncode}); "
-            f"run `bash {BUILD_SCRIPT} {release or ''}` to see the full output"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return buildcache.path("k8s", *([release] if release else []), stream=not quiet)
+    except buildcache.BuildError as e:
+        raise BinariesError(f"building the control plane failed: {e}") from e
 
 
 def control_plane_dir() -> Path:
@@ -142,21 +134,12 @@ def control_plane_dir() -> Path:
     return build(release=release)
 
 
-HELM_SCRIPT = REPO_ROOT / "tools" / "helm" / "fetch.sh"
-
-
 def helm_tools_dir() -> Path:
     """The folder with ``helm`` (v4) and ``kubectl`` (v1.37), fetched on first use."""
-    proc = subprocess.run(
-        ["bash", str(HELM_SCRIPT)],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHON": sys.executable},
-    )
-    if proc.returncode != 0:
-        raise BinariesError(f"fetching helm and kubectl failed (exit {proc.returncode})")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return buildcache.path("helm", stream=True)
+    except buildcache.BuildError as e:
+        raise BinariesError(f"fetching helm and kubectl failed: {e}") from e
 
 
 def harness_binary() -> Path:

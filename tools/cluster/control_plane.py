@@ -20,7 +20,13 @@ from typing import Any
 import yaml
 
 from tools.cluster import binaries
-from tools.cluster.feature_gates import feature_gates_arg, runtime_config_arg
+from tools.cluster.feature_gates import (
+    WANTED,
+    WORKLOAD_GATES,
+    WORKLOAD_REQUIRED,
+    feature_gates_arg,
+    runtime_config_arg,
+)
 from tools.cluster.pki import CertPair, LocalPKI
 from tools.cluster.process import Component
 
@@ -40,6 +46,9 @@ WANTED_CONTROLLERS = (
     # Deployments in manifests users bring (NVIDIA's quickstart ones, say) get their pods.
     "deployment-controller",
     "replicaset-controller",
+    # Lifts the finalizer admission puts on every PodGroup once no pod references it; without
+    # it a deleted PodGroup (and the claims it owns) stays for ever. Idle without the gates.
+    "podgroup-protection-controller",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -65,9 +74,15 @@ def known_controllers(kcm: Path) -> set[str]:
 
 
 class ControlPlane:
-    """A local control plane. Use as a context manager or call start()/stop()."""
+    """A local control plane. Use as a context manager or call start()/stop().
 
-    def __init__(self, workdir: Path | None = None, keep_workdir: bool = False) -> None:
+    ``workloads``: gang scheduling and claims for PodGroups on as well (Workload and PodGroup
+    served), for the tests of them; every component gets the same gates."""
+
+    def __init__(
+        self, workdir: Path | None = None, keep_workdir: bool = False, workloads: bool = False
+    ) -> None:
+        self.workloads = workloads
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="flexgpu-cluster-"))
         self.keep_workdir = keep_workdir or not self._own_workdir
@@ -105,9 +120,17 @@ class ControlPlane:
             check=False,
         ).stdout.strip()
         pki = LocalPKI(self.workdir / "pki")
+        wanted = (*WANTED, *WORKLOAD_GATES) if self.workloads else WANTED
         self.feature_gates = feature_gates_arg(
-            [bin_dir / "kube-apiserver", bin_dir / "kube-scheduler"]
+            [bin_dir / "kube-apiserver", bin_dir / "kube-scheduler"], wanted
         )
+        missing = [g for g in WORKLOAD_REQUIRED if self.workloads and g not in self.gate_names]
+        if missing:
+            raise ControlPlaneError(
+                f"workloads=True needs the feature gates {', '.join(missing)}, which "
+                f"{self.version or 'this release'} does not list as settable; PodGroup "
+                "claims need Kubernetes 1.36 or newer"
+            )
         gates = [f"--feature-gates={self.feature_gates}"] if self.feature_gates else []
         minor = re.search(r"v1\.(\d+)\.", self.version)
         apis = runtime_config_arg(self.feature_gates, int(minor.group(1)) if minor else 0)
@@ -252,6 +275,11 @@ class ControlPlane:
         return time.monotonic()
 
     # -- helpers -----------------------------------------------------------------------
+    @property
+    def gate_names(self) -> set[str]:
+        """The gates this control plane turned on (what its --feature-gates names)."""
+        return {g.partition("=")[0] for g in self.feature_gates.split(",") if g.endswith("=true")}
+
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"

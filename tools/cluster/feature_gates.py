@@ -22,9 +22,17 @@ WANTED = (
     "DRAPrioritizedList",
     "DRAAdminAccess",
 )
-# Reported beside WANTED (never enabled): extended resources backed by DRA, which the
-# chart's deviceClasses.gpuExtendedResourceName relies on.
-REPORTED = (*WANTED, "DRAExtendedResource")
+# Gang scheduling (KEP-4671) and claims for PodGroups (KEP-5729): off by default through
+# 1.37, so only a control plane started with ``workloads=True`` turns them on. 1.36 keeps the
+# scheduler's gang plugin behind a gate of its own (GangScheduling), which 1.37 folded into
+# GenericWorkload; a gate a release does not list is left out as with WANTED.
+WORKLOAD_GATES = ("GenericWorkload", "GangScheduling", "DRAWorkloadResourceClaims")
+# Without these two no PodGroup claim is honoured: a control plane asked for workloads that
+# does not list them is refused rather than started without them.
+WORKLOAD_REQUIRED = ("GenericWorkload", "DRAWorkloadResourceClaims")
+# Reported beside WANTED (never enabled by default): extended resources backed by DRA, which
+# the chart's deviceClasses.gpuExtendedResourceName relies on, and the workload gates.
+REPORTED = (*WANTED, "DRAExtendedResource", "GenericWorkload", "DRAWorkloadResourceClaims")
 
 _GATE_LINE = re.compile(
     r"(?:kube:)?([A-Za-z0-9]+)=true\|false \((ALPHA|BETA|GA|DEPRECATED)(?: - default=(\w+))?"
@@ -32,13 +40,17 @@ _GATE_LINE = re.compile(
 
 
 # API versions that are off by default but that the scheduler and the controller manager
-# watch (DeviceTaintRules) once the gate is on; without them their informers never sync and
-# no pod is scheduled. Read from each release's sources: 1.34 and 1.35 watch v1alpha3, 1.36
-# v1beta2, 1.37 the GA v1.
+# watch once the gate is on; without them their informers never sync and no pod is
+# scheduled. Read from each release's sources: DeviceTaintRules: 1.34 and 1.35 watch
+# v1alpha3, 1.36 v1beta2, 1.37 the GA v1. Workloads and PodGroups: 1.36 (read in
+# v1.36.0-rc.0) v1alpha2, 1.37 v1beta1 (pkg/scheduler/eventhandlers.go, the resourceclaim
+# controller's PodGroup reads).
 _GATED_APIS = {
     ("DRADeviceTaints", 34): "resource.k8s.io/v1alpha3",
     ("DRADeviceTaintRules", 35): "resource.k8s.io/v1alpha3",
     ("DRADeviceTaintRules", 36): "resource.k8s.io/v1beta2",
+    ("GenericWorkload", 36): "scheduling.k8s.io/v1alpha2",
+    ("GenericWorkload", 37): "scheduling.k8s.io/v1beta1",
 }
 
 

@@ -37,6 +37,7 @@ class SimulatedGpuNode:
         plugin_env: dict[str, str] | None = None,
         plugin_kubeconfig: Path | None = None,
         create_node: bool = True,
+        feature_gates: str = "",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.name = name
@@ -54,6 +55,9 @@ class SimulatedGpuNode:
         self.plugin_starts = 0
         # False: the Node exists already (an autoscaler created it); it is only reported Ready.
         self.create_node = create_node
+        # The harness's kubelet gates (ControlPlane.feature_gates): its DRA manager accepts a
+        # claim reserved for the pod's PodGroup only with DRAWorkloadResourceClaims on.
+        self.feature_gates = feature_gates
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -87,6 +91,7 @@ class SimulatedGpuNode:
                 f"--plugins-dir={self.root / 'plugins'}",
                 f"--cdi-dir={self.cdi_dir}",
                 "--sync-backoff-max=2s",
+                *([f"--feature-gates={self.feature_gates}"] if self.feature_gates else []),
             ],
             self.root / "logs" / "kubelet-harness.log",
         )

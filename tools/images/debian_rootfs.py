@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tools.images import debs
+from release import debs
 
 DEPENDS_FLAGS = (
     "--recurse",

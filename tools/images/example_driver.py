@@ -14,40 +14,39 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from tools.images import build, oci
+from release import layers, oci
+from tools import buildcache
 
-BUILD_SCRIPT = build.REPO / "tools" / "example-driver" / "build.sh"
-GO_MOD = build.REPO / "tools" / "example-driver" / "go.mod"
+GO_MOD = layers.REPO / "tools" / "example-driver" / "go.mod"
 MODULE = "sigs.k8s.io/dra-example-driver"
 PROGRAM = "dra-example-kubeletplugin"
-REPOSITORY = f"{build.REGISTRY}/dra-example-driver"
+REPOSITORY = f"{layers.REGISTRY}/dra-example-driver"
+
+
+def _hash(parts: list[bytes]) -> str:
+    return layers.layer_key(Path(__file__), parts)
 
 
 def version() -> str:
     """The module version tools/example-driver/go.mod pins (also the chart's appVersion)."""
     match = re.search(rf"^\s*(?:require\s+)?{re.escape(MODULE)}\s+(v\S+)", GO_MOD.read_text(), re.M)
     if match is None:
-        raise build.ImageBuildError(f"{GO_MOD} pins no version of {MODULE}")
+        raise layers.ImageBuildError(f"{GO_MOD} pins no version of {MODULE}")
     return match.group(1)
 
 
 def binary() -> Path:
     """Builds the plugin (or finds it in the tool cache); its path."""
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if proc.returncode != 0:
-        raise build.ImageBuildError(
-            f"{BUILD_SCRIPT} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return buildcache.path("example-driver", timeout=1800) / PROGRAM
+    except buildcache.BuildError as e:
+        raise layers.ImageBuildError(str(e)) from e
 
 
-def example_driver_image() -> build.BuiltImage:
+def example_driver_image() -> layers.BuiltImage:
     program = binary()
     pinned = version()
 
@@ -56,14 +55,14 @@ def example_driver_image() -> build.BuiltImage:
         bin_dir.mkdir(parents=True)
         shutil.copy2(program, bin_dir / PROGRAM)
         # /etc/passwd, /tmp and the mount points a container expects; the program is static.
-        build._base_files(rootfs)
+        layers.base_files(rootfs)
 
     # The build cache names its folder after the module pins: that and the version key it.
-    layer = build._cached_layer(
-        "example-driver-" + build._hash([pinned.encode(), program.parent.name.encode()]),
+    layer = layers.cached_layer(
+        "example-driver-" + _hash([pinned.encode(), program.parent.name.encode()]),
         populate,
     )
-    name = f"{REPOSITORY}:{pinned}-{build._hash([layer.digest.encode()])}"
+    name = f"{REPOSITORY}:{pinned}-{_hash([layer.digest.encode()])}"
     config = oci.ImageConfig(
         entrypoint=(PROGRAM,),
         env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
@@ -77,13 +76,13 @@ def example_driver_image() -> build.BuiltImage:
             ),
         },
     )
-    return build.BuiltImage(name, build._archive(name, "dra-example-driver", [layer], config))
+    return layers.BuiltImage(name, layers.archive(name, "dra-example-driver", [layer], config))
 
 
 def main() -> int:
     try:
         image = example_driver_image()
-    except build.ImageBuildError as err:
+    except layers.ImageBuildError as err:
         print(f"error: building the reference driver's image failed: {err}", file=sys.stderr)
         return 1
     print(f"{image.name}\t{image.archive}")

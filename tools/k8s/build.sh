@@ -9,19 +9,18 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
+. ../buildcache.sh
 
 release=${1:-${K8S:-}}
 release=${release#v}
 default_version=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)
 default_minor=$(echo "$default_version" | cut -d. -f1,2 | tr -d v)
-cache_root=${FLEXGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flexgpu}
 release_dir=""
 src=""
 if [ -z "$release" ] || [ "$release" = "$default_minor" ]; then
   K8S_VERSION=$default_version
   # The key covers everything that changes the binaries: module pins and our own Go sources.
-  key=$(cat go.mod go.sum $(find . -path ./releases -prune -o -name '*.go' -print | LC_ALL=C sort) |
-    sha256sum | cut -c1-12)
+  key=$(bc_key go.mod go.sum $(find . -path ./releases -prune -o -name '*.go' -print | LC_ALL=C sort))
 else
   if [[ ! "$release" =~ ^1\.[0-9]+$ ]] || [ ! -f "releases/$release/go.mod" ]; then
     echo "error: K8S=$release is not a release tools/k8s builds; allowed: $default_minor" \
@@ -31,19 +30,17 @@ else
   release_dir="releases/$release"
   K8S_VERSION=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3; exit}' "$release_dir/go.mod")
   # Same key rule, over what this release builds: its pins, our sources and its patches.
-  key=$(cat "$release_dir/go.mod" "$release_dir/go.sum" \
+  key=$(bc_key "$release_dir/go.mod" "$release_dir/go.sum" \
     $(find . -path ./releases -prune -o -name '*.go' -print | LC_ALL=C sort) \
-    $(find "$release_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort) | sha256sum | cut -c1-12)
+    $(find "$release_dir" -maxdepth 1 -name '*.patch' | LC_ALL=C sort))
 fi
-out="$cache_root/k8s-$K8S_VERSION-$key"
 # The harness first: it uses kubelet internals, the part most likely not to compile against
 # a release, so such a failure shows in minutes rather than after the control plane.
 bins=(kubelet-harness etcd kube-apiserver kube-scheduler kube-controller-manager)
-
-if [ -f "$out/.complete" ]; then
-  echo "$out"
-  exit 0
-fi
+# Eviction weighs this build against the others of its minor release only: other releases'
+# builds are other artefacts.
+bc_begin "k8s-$K8S_VERSION" "$key" "" "k8s-$(echo "$K8S_VERSION" | cut -d. -f1,2).*"
+out=$BC_OUT
 
 if ! command -v go >/dev/null 2>&1; then
   echo "error: the Go toolchain (go 1.26+) is needed to build the local control plane." >&2
@@ -51,24 +48,12 @@ if ! command -v go >/dev/null 2>&1; then
   echo "  that holds etcd, kube-apiserver, kube-scheduler and kube-controller-manager v1.37." >&2
   exit 2
 fi
-
-# Two builds of one key at once (several shells or worktrees) would share the .tmp folder and
-# mark a half-built folder complete: the second waits for the first and then finds it done.
-mkdir -p "$cache_root"
-exec 9>"$out.lock"
-flock 9
-if [ -f "$out/.complete" ]; then
-  echo "$out"
-  exit 0
-fi
-log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-mkdir -p "$out.tmp"
+log() { bc_log "$@"; }
 log "building Kubernetes $K8S_VERSION control plane into $out (a cold build takes 15-30 min on 2 cores)"
 if [ -n "$release_dir" ]; then
   # Go builds only inside a module's folder: assemble the release's module from its pins,
   # our sources and its patches in the build folder, removed when done.
-  src="$out.tmp/src"
-  rm -rf "$src"
+  src="$BC_TMP/src"
   mkdir -p "$src"
   cp -r cmd tools.go "$src/"
   cp "$release_dir/go.mod" "$release_dir/go.sum" "$src/"
@@ -80,10 +65,7 @@ if [ -n "$release_dir" ]; then
   done
   cd "$src"
 fi
-if ! go mod download >&2; then
-  echo "error: downloading Go modules failed; check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY))." >&2
-  exit 2
-fi
+bc_go_download
 
 minor=$(echo "$K8S_VERSION" | cut -d. -f2)
 pkgver=k8s.io/component-base/version
@@ -105,17 +87,9 @@ for b in "${bins[@]}"; do
   [ -d "${pkg[$b]}" ] || [[ "${pkg[$b]}" != ./* ]] || { log "skipping $b (no sources)"; continue; }
   log "go build $b"
   start=$(date +%s)
-  CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.tmp/$b" "${pkg[$b]}" >&2
+  CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$BC_TMP/$b" "${pkg[$b]}" >&2
   log "built $b in $(( $(date +%s) - start ))s"
 done
 cd "$here"
 [ -z "$src" ] || rm -rf "$src"
-touch "$out.tmp/.complete"
-rm -rf "$out"
-mv "$out.tmp" "$out"
-# Keep this build and the one before it of the same minor release (a cluster may still run
-# from it); drop older ones. Other releases' builds are kept.
-minor_prefix=$(echo "$K8S_VERSION" | cut -d. -f1,2)
-ls -dt "$cache_root/k8s-$minor_prefix".*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
-log "done"
-echo "$out"
+bc_finish

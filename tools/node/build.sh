@@ -2,61 +2,37 @@
 # Builds what a real test node runs: the upstream kubelet, containerd with its runc shim and
 # ctr, runc (seccomp) and the CNI plugins (bridge, host-local, loopback), each from the module
 # pinned under tools/node/<part>/go.mod, into a cache folder outside the repo. Prints that
-# folder on the last line of stdout. Warm cache: returns at once. Cold: see docs/development.md.
+# folder on the last line of stdout (tools/buildcache.sh). Warm cache: returns at once. Cold:
+# see docs/development.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 
-cache_root=${FLEXGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flexgpu}
+. ../buildcache.sh
 # The pins and this script's flags decide the binaries, so they alone make the cache key.
-key=$(cat build.sh */go.mod */go.sum | sha256sum | cut -c1-12)
-out="$cache_root/node-$key"
-
-if [ -f "$out/.complete" ]; then
-  echo "$out"
-  exit 0
-fi
-
-log() { printf '[node-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-need() {
-  if ! command -v "$1" >/dev/null 2>&1; then
-    echo "error: $1 is needed to build the real test node: $2" >&2
-    exit 2
-  fi
-}
-need go "install Go 1.26+ from your distribution or go.dev"
-need gcc "runc's nsenter and seccomp support are C (apt-get install gcc)"
+key=$(bc_key build.sh */go.mod */go.sum)
+bc_begin node "$key"
+bc_need go "install Go 1.26+ from your distribution or go.dev"
+bc_need gcc "runc's nsenter and seccomp support are C (apt-get install gcc)"
 if ! pkg-config --exists libseccomp 2>/dev/null; then
   echo "error: libseccomp headers are needed to build runc with seccomp (apt-get install libseccomp-dev)" >&2
   exit 2
 fi
-
-# A second build started while one runs would only compete for the same cores.
-mkdir -p "$cache_root"
-exec 9>"$cache_root/node.lock"
-flock 9
-if [ -f "$out/.complete" ]; then
-  echo "$out"
-  exit 0
-fi
-mkdir -p "$out.tmp/cni"
+mkdir -p "$BC_TMP/cni"
 
 version_of() { awk -v m="$2" '$1==m && $2 ~ /^v/ {print $2; exit}' "$1/go.mod"; }
 build() { # <module dir> <output> <package> [go build args...]
   local dir=$1 dest=$2 pkg=$3
   shift 3
-  log "go build $(basename "$dest")"
+  bc_log "go build $(basename "$dest")"
   local start
   start=$(date +%s)
-  (cd "$dir" && go build -trimpath "$@" -o "$out.tmp/$dest" "$pkg") >&2
-  log "built $(basename "$dest") in $(($(date +%s) - start))s"
+  (cd "$dir" && go build -trimpath "$@" -o "$BC_TMP/$dest" "$pkg") >&2
+  bc_log "built $(basename "$dest") in $(($(date +%s) - start))s"
 }
 
 for d in containerd runc cni kubelet; do
-  if ! (cd "$d" && go mod download) >&2; then
-    echo "error: downloading the Go modules of tools/node/$d failed; check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY))." >&2
-    exit 2
-  fi
+  (cd "$d" && bc_go_download)
 done
 
 ctrd_ver=$(version_of containerd github.com/containerd/containerd/v2)
@@ -87,10 +63,4 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 CGO_ENABLED=0 build kubelet kubelet k8s.io/kubernetes/cmd/kubelet -ldflags "$kube_ld"
 
-touch "$out.tmp/.complete"
-rm -rf "$out"
-mv "$out.tmp" "$out"
-# Keep this build and the one before it (a node may still run from it); drop older ones.
-ls -dt "$cache_root"/node-*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
-log "done"
-echo "$out"
+bc_finish

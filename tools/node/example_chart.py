@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from release.layers import BuiltImage
 from tools.cluster.binaries import helm_tools_dir
-from tools.images.build import BuiltImage
 from tools.images.example_driver import GO_MOD, MODULE, example_driver_image, version
 from tools.node.chart import ChartError, helm, wait_plugin_serving
 from tools.node.node import RealNode

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 import time
 
+from release.layers import BuiltImage
+from release.push import push
 from tools.cluster.process import Component
-from tools.images.build import BuiltImage
-from tools.images.push import push
 from tools.node import configs
 from tools.registry.server import LocalRegistry
 

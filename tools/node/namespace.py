@@ -3,8 +3,10 @@
 Inside, /dev is an overlay of the simulated driver's device nodes on this machine's /dev, so
 containerd, runc and the kubelet find /dev/nvidia0 where a GPU node has it; pods get
 addresses on a bridge that exists only there; and the `kubernetes` Service address lives on
-the namespace's loopback device. This machine's own /dev, interfaces and routes are never
-changed, and several nodes can run side by side."""
+the namespace's loopback device. The simulated driver is also at /run/nvidia/driver (on a
+tmpfs of the node's own), where NVIDIA's GPU Operator's driver container leaves it, with the
+Operator validator's ready files under /run/nvidia/validations. This machine's own /dev,
+interfaces and routes are never changed, and several nodes can run side by side."""
 
 from __future__ import annotations
 
@@ -38,6 +40,13 @@ mount --move {q(str(stage))} /dev
 # keep them in the node's own tmpfs, gone with it.
 mkdir -p /run/containerd
 mount -t tmpfs -o mode=0711 flexgpu-node-run /run/containerd
+# The driver where the GPU Operator's driver container leaves it (its host path
+# /run/nvidia/driver), and the validator's files saying driver and toolkit are ready.
+mkdir -p /run/nvidia
+mount -t tmpfs -o mode=0755 flexgpu-node-nvidia /run/nvidia
+mkdir -p /run/nvidia/driver /run/nvidia/validations
+mount --rbind {q(str(driver_dev.parent))} /run/nvidia/driver
+touch /run/nvidia/validations/driver-ready /run/nvidia/validations/toolkit-ready
 # Mounts made by the node (pod volumes, Bidirectional propagation) stay inside it.
 mount --make-rshared /
 ip link set lo up

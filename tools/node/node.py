@@ -20,11 +20,13 @@ from typing import Any
 
 from kubernetes import client
 
-from tools.cluster.binaries import REPO_ROOT, control_plane_dir
+from release.layers import BuiltImage
+from tools import buildcache
+from tools.cluster.binaries import control_plane_dir
 from tools.cluster.control_plane import ControlPlane, free_port
 from tools.cluster.feature_gates import settable_gates
 from tools.cluster.process import Component
-from tools.images.build import BuiltImage, build_all
+from tools.images.build import build_all
 from tools.node import cgroups, configs, credentials, driver_root, namespace, reaper
 from tools.node.binaries import node_binaries
 from tools.node.image_source import ImageSource
@@ -51,18 +53,12 @@ def _tail(component: Component, lines: int = 30) -> str:
 def _nvml_mock_library() -> Path | None:
     """libnvidia-ml.so.1 over NVIDIA's mock NVML servers (tools/nvml-mock), when this tree
     has it; the driver root installs it where the driver puts NVML."""
-    script = REPO_ROOT / "tools" / "nvml-mock" / "build.sh"
-    if not script.exists():
+    if not buildcache.SCRIPTS["nvml-mock"].exists():
         return None
-    proc = subprocess.run(
-        ["bash", str(script)], capture_output=True, text=True, timeout=900, check=False
-    )
-    if proc.returncode != 0:
-        raise RealNodeError(
-            f"building the NVML mock library failed (exit {proc.returncode}):\n"
-            f"{proc.stderr.strip()[-2000:]}"
-        )
-    library = Path(proc.stdout.strip().splitlines()[-1]) / "libnvidia-ml.so.1"
+    try:
+        library = buildcache.path("nvml-mock", timeout=900) / "libnvidia-ml.so.1"
+    except buildcache.BuildError as e:
+        raise RealNodeError(f"building the NVML mock library failed: {e}") from e
     return library if library.is_file() else None
 
 

@@ -6,7 +6,6 @@ what the other changes."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,11 +14,11 @@ from typing import Any
 
 from kubernetes import client
 
+from tools import buildcache
 from tools.cluster.nodes import create_simulated_node
 from tools.cluster.process import Component
 
 REPO = Path(__file__).resolve().parents[2]
-NVIDIA_BUILD = REPO / "tools" / "nvidia-driver" / "build.sh"
 NVIDIA_DRIVER = "gpu.nvidia.com"
 FLEXGPU_DRIVER = "gpu.flexgpu.dev"
 # NVIDIA's chart ships no gates on; the ones a GPU user turns on, as far as the plugin lets them
@@ -33,12 +32,7 @@ NVIDIA_IMAGE = "registry.k8s.io/dra-driver-nvidia-gpu/dra-driver-nvidia-gpu:v0.4
 
 def nvidia_plugin_binary() -> Path:
     """Builds NVIDIA's gpu-kubelet-plugin (or finds it cached); its path."""
-    done = subprocess.run(
-        ["bash", str(NVIDIA_BUILD)], check=False, stdout=subprocess.PIPE, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{NVIDIA_BUILD} failed with exit code {done.returncode}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return buildcache.path("nvidia-driver", stream=True) / "gpu-kubelet-plugin"
 
 
 @dataclass

@@ -13,7 +13,9 @@ from typing import Any
 
 import yaml
 
-from tools.nvidia_twin.plugins import NVIDIA_BUILD
+from tools import buildcache
+
+NVIDIA_BUILD = buildcache.SCRIPTS["nvidia-driver"]
 
 MODULE = "sigs.k8s.io/dra-driver-nvidia-gpu"
 SPECS = Path("demo") / "specs" / "quickstart" / "v1"

@@ -1,44 +1,24 @@
 #!/usr/bin/env bash
 # Builds libnvidia-ml.so.1, an NVML C library over NVIDIA's mock NVML servers, into a cache
-# folder outside the repo and prints that folder on the last line of stdout. Tests point
-# pynvml at it (LD_LIBRARY_PATH, or by loading it first). A warm cache returns at once.
+# folder outside the repo and prints that folder on the last line of stdout
+# (tools/buildcache.sh). Tests point pynvml at it (LD_LIBRARY_PATH, or by loading it first).
+# A warm cache returns at once.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 
-cache_root=${FLEXGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flexgpu}
-# The key covers everything that changes the library: module pins and our own Go sources.
-key=$(cat go.mod go.sum build.sh $(find . -name '*.go' -o -name '*.h' | LC_ALL=C sort) | sha256sum | cut -c1-12)
-out="$cache_root/nvml-mock-$key"
+. ../buildcache.sh
+# The key covers everything that changes the library: module pins, this script and our own Go
+# sources.
+key=$(bc_key go.mod go.sum build.sh $(find . -name '*.go' -o -name '*.h' | LC_ALL=C sort))
+bc_begin nvml-mock "$key"
+bc_need go "install Go 1.24+ and a C compiler"
+bc_need gcc "the library is cgo (apt-get install gcc)"
 
-if [ -f "$out/.complete" ]; then
-  echo "$out"
-  exit 0
-fi
-
-if ! command -v go >/dev/null 2>&1; then
-  echo "error: the Go toolchain (go 1.24+) and a C compiler are needed to build the NVML mock library." >&2
-  exit 2
-fi
-
-log() { printf '[nvml-mock %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-log "building libnvidia-ml.so.1 into $out"
-if ! go mod download >&2; then
-  echo "error: downloading Go modules failed; check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY))." >&2
-  exit 2
-fi
+bc_log "building libnvidia-ml.so.1 into $BC_OUT"
+bc_go_download
 # NVML's own header ships in go-nvml; the library's C types and prototypes come from it.
 header_dir="$(go list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml"
-# Two builds of one key at once (several shells or worktrees) would share the .tmp folder and
-# mark a half-built folder complete: the second waits for the first and then finds it done.
-mkdir -p "$cache_root"
-exec 9>"$out.lock"
-flock 9
-if [ -f "$out/.complete" ]; then
-  echo "$out"
-  exit 0
-fi
-mkdir -p "$out.tmp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp go.mod go.sum ./*.go ./*.h "$work/"
@@ -57,17 +37,12 @@ start=$(date +%s)
 (cd "$work" && CGO_ENABLED=1 CGO_CFLAGS="-O2 -Wno-deprecated-declarations -I$header_dir" \
   go build -trimpath -buildmode=c-shared \
   -ldflags "-s -w -extldflags=-Wl,-soname,libnvidia-ml.so.1" \
-  -o "$out.tmp/libnvidia-ml.so.1" .) >&2
-missing=$(nm -D --undefined-only "$out.tmp/libnvidia-ml.so.1" | awk '$2 ~ /^nvml/ {print $2}')
+  -o "$BC_TMP/libnvidia-ml.so.1" .) >&2
+missing=$(nm -D --undefined-only "$BC_TMP/libnvidia-ml.so.1" | awk '$2 ~ /^nvml/ {print $2}')
 if [ -n "$missing" ]; then
   echo "error: the library leaves NVML symbols undefined: $missing" >&2
   exit 2
 fi
-rm -f "$out.tmp/libnvidia-ml.so.h"
-log "built in $(( $(date +%s) - start ))s"
-touch "$out.tmp/.complete"
-rm -rf "$out"
-mv "$out.tmp" "$out"
-# Keep this build and the one before it; drop older ones.
-ls -dt "$cache_root"/nvml-mock-*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
-echo "$out"
+rm -f "$BC_TMP/libnvidia-ml.so.h"
+bc_log "built in $(( $(date +%s) - start ))s"
+bc_finish

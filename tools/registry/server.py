@@ -5,17 +5,15 @@ a released image."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tools.cluster.binaries import REPO_ROOT
+from tools import buildcache
 from tools.cluster.control_plane import free_port
 from tools.cluster.process import Component
 
-BUILD_SCRIPT = REPO_ROOT / "tools" / "registry" / "build.sh"
 PROGRAM = "flexgpu-registry"
 
 
@@ -25,14 +23,10 @@ class RegistryError(RuntimeError):
 
 def registry_binary() -> Path:
     """The registry program, built (or found in the tool cache) by build.sh."""
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if proc.returncode != 0:
-        raise RegistryError(
-            f"{BUILD_SCRIPT} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1]) / PROGRAM
+    try:
+        return buildcache.path("registry", timeout=1800) / PROGRAM
+    except buildcache.BuildError as e:
+        raise RegistryError(str(e)) from e
 
 
 def config_text(storage: Path, port: int) -> str:

@@ -80,6 +80,10 @@ flexgpu.webhookSecret (then, and only then, it may touch that Secret). */}}
 {{- define "flexgpu.tenantWebhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-tenancy{{- end -}}
 {{/* The tenancy webhook is rendered (and the controller may write it) when shared GPUs serve
 one namespace at a time and the controller serves webhooks. */}}
+{{- define "flexgpu.tolerationWebhookConfiguration" -}}{{ include "flexgpu.fullname" . }}-gpu-tolerations{{- end -}}
+{{/* The pod toleration webhook is rendered (and the controller may write it) when the admin
+names tolerations and the controller serves webhooks. */}}
+{{- define "flexgpu.tolerationWebhook" -}}{{ if and .Values.webhook.enabled .Values.webhook.gpuTolerations }}true{{ end }}{{- end -}}
 {{- define "flexgpu.tenantWebhook" -}}{{ if and .Values.webhook.enabled (eq .Values.kubeletPlugin.sharedGpuTenants "namespace") }}true{{ end }}{{- end -}}
 
 {{/* ServiceAccounts: the chart's own, or one the admin made (serviceAccount.create=false). */}}
@@ -112,20 +116,33 @@ off
 {{- end -}}
 {{- end -}}
 
+{{/* The whole-GPU class's extendedResourceName: "auto" is nvidia.com/gpu on Kubernetes
+1.37+, where DRAExtendedResource is GA (as NVIDIA's own DRA chart does), and none before;
+"" none; anything else that name. */}}
+{{- define "flexgpu.gpuExtendedResourceName" -}}
+{{- $name := toString .Values.deviceClasses.gpuExtendedResourceName -}}
+{{- if eq $name "auto" -}}
+{{- if semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version -}}nvidia.com/gpu{{- end -}}
+{{- else -}}
+{{- $name -}}
+{{- end -}}
+{{- end -}}
+
 {{/* MPS daemons as pods need the driver root (their program comes from it). */}}
 {{- define "flexgpu.mpsDaemonPods" -}}
 {{- if and .Values.kubeletPlugin.mpsDaemonPods .Values.kubeletPlugin.nvidiaDriverRoot -}}true{{- end -}}
 {{- end -}}
 
 {{/*
-The kubelet plugin's affinity: kubeletPlugin.affinity, with the device-plugin guard added to
-every required node selector term (terms are ORed, so each needs it), so no override of the
-affinity can put the plugin on a node NVIDIA's device plugin serves.
+The kubelet plugin's affinity: kubeletPlugin.affinity, with the device-plugin guard's label
+(kubeletPlugin.devicePluginGuard.labelKey, when set) added to every required node selector
+term (terms are ORed, so each needs it), so no override of the affinity can put the plugin
+on a node so labelled. The guard proper is the plugin's own check of the Node's allocatable.
 */}}
 {{- define "flexgpu.kubeletPluginAffinity" -}}
 {{- $affinity := deepCopy (.Values.kubeletPlugin.affinity | default dict) -}}
 {{- $guard := .Values.kubeletPlugin.devicePluginGuard -}}
-{{- if $guard.enabled -}}
+{{- if and $guard.enabled $guard.labelKey -}}
 {{- $expr := dict "key" $guard.labelKey "operator" "NotIn" "values" (list "true") -}}
 {{- $node := get $affinity "nodeAffinity" | default dict -}}
 {{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}

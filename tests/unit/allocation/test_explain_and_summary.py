@@ -151,3 +151,26 @@ def test_explanations_sharing_one_index_match_fresh_ones() -> None:
         seen.add(tuple(sorted((r, n) for r, n in fresh.requests[0].excluded.items() if n)))
     # The kinds really differ in what rules devices out (else the test proves nothing).
     assert len(seen) == len(kinds)
+
+
+def test_more_devices_than_one_node_has_is_called_never_fitting() -> None:
+    """Five GPUs from a cluster of one 4-GPU node: the explanation says no node ever has that
+    many, rather than only counting what is free now."""
+    target = claim(request("gpus", 5))
+    result = explain_claim(target, _cluster(), device_class(), [target], [NODE])
+    (diag,) = result.requests
+    assert diag.most_on_one_node == 4 and diag.free == 4
+    assert "no node the pod may use has more than 4 of them even with nothing else" in (
+        result.message
+    )
+
+
+def test_held_devices_count_toward_what_a_node_could_give() -> None:
+    """Devices held by other claims still count toward the ceiling: only a structural limit
+    is called never fitting."""
+    others = [holding("a", "h0"), holding("b", "h1"), holding("d", "l0")]
+    target = claim(request("gpus", 3))
+    result = explain_claim(target, _cluster(), device_class(), [*others, target], [NODE])
+    (diag,) = result.requests
+    assert (diag.free, diag.most_on_one_node) == (1, 4)
+    assert "ask for at most" not in result.message

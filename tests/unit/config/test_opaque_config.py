@@ -96,7 +96,7 @@ BAD: list[tuple[str, object, list[str]]] = [
     (
         "unknown top-level field",
         {"apiVersion": V, "kind": "GpuConfig", "spec": {}},
-        ["spec: unknown field; allowed: apiVersion, kind, sharing"],
+        ["spec: unknown field; allowed: apiVersion, kind, sharing, share"],
     ),
     (
         "unknown nested field",
@@ -391,7 +391,7 @@ def test_many_problems_are_capped() -> None:
         parse_opaque_config(raw)
     problems = caught.value.problems
     assert len(problems) == MAX_PROBLEMS + 1
-    assert problems[0] == "f00: unknown field; allowed: apiVersion, kind, sharing"
+    assert problems[0] == "f00: unknown field; allowed: apiVersion, kind, sharing, share"
     assert problems[-1] == f"... and {30 - MAX_PROBLEMS} more problems"
 
 
@@ -409,7 +409,7 @@ def test_lone_surrogates_are_escaped() -> None:
     with pytest.raises(OpaqueConfigError) as caught:
         parse_opaque_config(head + '"\\ud800": 1}')
     assert caught.value.problems == [
-        r'parameters["\\ud800"]: unknown field; allowed: apiVersion, kind, sharing'
+        r'parameters["\\ud800"]: unknown field; allowed: apiVersion, kind, sharing, share'
     ]
     with pytest.raises(OpaqueConfigError) as caught:
         parse_opaque_config(head + '"sharing": {"strategy": "\\udc00"}}')

@@ -168,7 +168,8 @@ def test_bad_claims_are_rejected_with_the_exact_text(
         # A blanket config of the other kind applies to no device here: skipped, as in prepare.
         claim(MIG, "gpu.flexgpu.dev"),
         # Another driver's config is not ours to judge, whatever it holds.
-        claim({"anything": True}, driver="gpu.nvidia.com"),
+        claim({"anything": True}, driver="other.example.com"),
+        claim({"anything": True}, "gpu.nvidia.com", driver="gpu.nvidia.com"),
         # A class we do not know: no kind check.
         claim(GPU, "example.com-gpu", ["gpu"]),
         {"spec": {"devices": {"requests": [{"name": "x"}]}}},
@@ -357,3 +358,41 @@ def test_every_resource_is_answered_and_others_are_not_ours() -> None:
         assert answer_admission_review(status) is None
     pods = {"request": {"resource": {"group": "", "version": "v1", "resource": "pods"}}}
     assert answer_admission_review(pods) is None
+
+
+NVIDIA = "gpu.nvidia.com"
+
+
+def test_nvidia_driver_config_on_flexgpu_requests_is_refused_with_the_fix() -> None:
+    """A half-migrated claim (flexgpu's class, NVIDIA's driver name on its config) would run
+    without its sharing: neither driver reads that config."""
+    obj = claim(mps(), "shared-gpu.flexgpu.dev", driver=NVIDIA)
+    (problem,) = validate_resource_claim(obj)
+    assert problem.startswith(
+        "spec.devices.config[0].opaque.driver: 'gpu.nvidia.com' is read by no driver here: "
+        "request(s) gpu ask for shared-gpu.flexgpu.dev"
+    )
+    assert problem.endswith("set opaque.driver to 'gpu.flexgpu.dev'")
+    template = {"spec": {"spec": claim(mps(), requests=["gpu"], driver=NVIDIA)["spec"]}}
+    (problem,) = validate_resource_claim_template(template)
+    assert problem.startswith("spec.spec.devices.config[0].opaque.driver:")
+
+
+def test_nvidia_driver_config_that_nvidia_can_read_passes() -> None:
+    """A request of NVIDIA's class (or a firstAvailable that may end on it) reads the config:
+    none of flexgpu's business."""
+    assert validate_resource_claim(claim(mps(), "gpu.nvidia.com", driver=NVIDIA)) == []
+    obj = claim(mps(), driver=NVIDIA, requests=["main"])
+    obj["spec"]["devices"]["requests"] = [
+        {
+            "name": "main",
+            "firstAvailable": [
+                {"name": "ours", "deviceClassName": "gpu.flexgpu.dev"},
+                {"name": "theirs", "deviceClassName": "gpu.nvidia.com"},
+            ],
+        }
+    ]
+    assert validate_resource_claim(obj) == []
+    obj["spec"]["devices"]["config"][0]["requests"] = ["main/ours"]
+    (problem,) = validate_resource_claim(obj)
+    assert "request(s) main/ours ask for gpu.flexgpu.dev" in problem

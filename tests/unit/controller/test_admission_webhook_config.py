@@ -135,6 +135,31 @@ def test_claim_and_template_conditions(spec_devices: Any, sent: bool) -> None:
     assert cel(TEMPLATE_CONDITION, {"metadata": {}, "spec": {}}) is False
 
 
+@pytest.mark.parametrize(
+    ("requests", "sent"),
+    [
+        ([{"name": "r", "exactly": {"deviceClassName": "shared-gpu.flexgpu.dev"}}], True),
+        (
+            [
+                {
+                    "name": "r",
+                    "firstAvailable": [{"name": "s", "deviceClassName": "mig.flexgpu.dev"}],
+                }
+            ],
+            True,
+        ),
+        ([{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}}], False),
+        ([{"name": "r"}], False),
+    ],
+)
+def test_nvidia_configs_beside_our_requests_are_sent(requests: Any, sent: bool) -> None:
+    """NVIDIA's driver name on a claim that asks for our classes reaches the webhook (which
+    refuses it: no driver reads it); NVIDIA's own claims never do."""
+    spec = {"devices": {"requests": requests, "config": devices("gpu.nvidia.com")["config"]}}
+    assert cel(CLAIM_CONDITION, {"metadata": {}, "spec": spec}) is sent
+    assert cel(TEMPLATE_CONDITION, {"metadata": {}, "spec": {"spec": spec}}) is sent
+
+
 def test_device_class_condition() -> None:
     ours = {"spec": {"config": [{"opaque": {"driver": "gpu.flexgpu.dev", "parameters": {}}}]}}
     theirs = {"spec": {"config": [{"opaque": {"driver": "x.example.com", "parameters": {}}}]}}

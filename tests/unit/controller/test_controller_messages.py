@@ -95,8 +95,32 @@ def test_constraint_counts_the_largest_group() -> None:
     assert "8 matching devices free." in text
     assert (
         "Constraint matchAttribute gpu.flexgpu.dev/nvlinkDomain needs 3 devices with the same "
-        "nvlinkDomain on one node, but at most 2 free matching devices share one." in text
+        "nvlinkDomain on one node, but at most 2 free matching devices share one, and no more "
+        "than 2 do even with nothing else allocated: the claim cannot fit as written." in text
     )
+
+
+def test_more_gpus_than_any_node_has_says_it_can_never_fit() -> None:
+    """Nine GPUs on 8-GPU nodes: the count of free GPUs alone (12 here, over two nodes)
+    would suggest waiting; the message says no node can ever give nine."""
+    slices = node_slices("h1", "hgx-h100-8") + node_slices("h2", "hgx-h100-8")
+    hog = holding("hog", "h1", "gpu-0", "gpu-1", "gpu-2", "gpu-3")
+    target = claim("nine", request("gpu.flexgpu.dev", 9, H100))
+    text, _ = _explain(
+        target, pod("p", "nine"), slices=slices, nodes=[node("h1"), node("h2")], claims=[hog]
+    )
+    assert "12 free; no node the pod may use has more than 8 of them even with nothing" in text
+    assert "ask for at most 8 per pod" in text
+
+
+def test_nine_fitting_in_free_count_is_not_called_impossible_when_a_node_has_room() -> None:
+    """Four GPUs wanted, four held on one node: the other node has eight, nothing is said
+    about a ceiling (the claim is simply allocatable there)."""
+    slices = node_slices("h1", "hgx-h100-8")
+    hog = holding("hog", "h1", "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4")
+    target = claim("four", request("gpu.flexgpu.dev", 4, H100))
+    text, _ = _explain(target, pod("p", "four"), slices=slices, nodes=[node("h1")], claims=[hog])
+    assert "3 free" in text and "never" not in text and "at most 8 per pod" not in text
 
 
 def test_shared_gpu_without_enough_left_names_what_is_left_and_who_shares() -> None:

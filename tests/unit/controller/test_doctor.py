@@ -244,7 +244,7 @@ def test_node_served_by_both_drivers_fails() -> None:
 
 
 def test_static_image_hook_runs_on_any_host(tmp_path: Path) -> None:
-    """The hook tools/nvidia-ctk builds (and the image ships) is linked statically, so the host's
+    """The hook hooks/ builds (and the image ships) is linked statically, so the host's
     glibc does not matter; a dynamically linked one is still judged by the host's glibc."""
     from tests.nvidia_ctk import tools_dir as toolkit_dir
 

@@ -194,6 +194,37 @@ def test_idle_claim_and_its_pods_get_one_event_per_idle_stretch() -> None:
     assert notifier.check_once() == []
 
 
+def test_an_idle_podgroup_claim_tells_the_podgroup_not_a_pod() -> None:
+    """A gang's claim is reserved for its PodGroup and names no pods: the Event goes to the
+    PodGroup (not to a pod of the group's name), and a consumer kind nobody knows gets none."""
+    group = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train"}
+    claims = {
+        ("ml", "nb"): {
+            "metadata": {"uid": "uid-nb"},
+            "status": {
+                "reservedFor": [
+                    {**group, "uid": "uid-pg"},
+                    {"apiGroup": "example.com", "resource": "things", "name": "t", "uid": "u"},
+                ]
+            },
+        }
+    }
+    sink = Sink()
+    notifier = IdleClaimNotifier(
+        ["n1:1"],
+        sink,
+        read_claim=lambda ns, name: claims.get((ns, name)),
+        is_leader=lambda: True,
+        window_s=7200,
+        read=lambda endpoints: Scrape(parse(EXPOSITION)),
+    )
+    assert notifier.check_once() == ["ml/nb"]
+    assert [(t.kind, t.api_version, t.name, t.uid) for t, _, _ in sink.events] == [
+        ("ResourceClaim", "resource.k8s.io/v1", "nb", "uid-nb"),
+        ("PodGroup", "scheduling.k8s.io/v1beta1", "train", "uid-pg"),
+    ]
+
+
 def test_the_idle_check_thread_survives_a_failing_scrape_and_stops_cleanly() -> None:
     """Started, the notifier checks every interval; a scrape that raises is retried (the thread
     lives on) and the next good one tells the idle claim; stop() leaves no thread behind."""

@@ -170,7 +170,11 @@ async def test_port_zero_publishes_the_port_actually_listened_on(tmp_path: Path)
     (certs / "tls.key").write_bytes(bundle.key)
     (certs / "ca.crt").write_bytes(bundle.ca_bundle)
     options = WebhookOptions(
-        listen_addr="127.0.0.1", port=0, cert_dir=certs, tenant_configuration_name="tenancy"
+        listen_addr="127.0.0.1",
+        port=0,
+        cert_dir=certs,
+        tenant_configuration_name="tenancy",
+        toleration_configuration_name="tolerations",
     )
     server = FlexgpuWebhookServer(options, ApiClient())
     created: list[dict[str, Any]] = []
@@ -188,6 +192,7 @@ async def test_port_zero_publishes_the_port_actually_listened_on(tmp_path: Path)
         break
     assert [c["kind"] for c in created] == [
         "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
         "MutatingWebhookConfiguration",
     ]
     urls = {hook["clientConfig"]["url"] for c in created for hook in c["webhooks"]}

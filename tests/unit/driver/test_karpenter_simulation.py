@@ -22,6 +22,7 @@ from flexgpu.driver.autoscaler_shapes import karpenter_dynamic_resources
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.node_template import TemplatePolicy, render_node_template
 from flexgpu.driver.topology import load_topology
+from tools import buildcache
 
 REPO = Path(__file__).resolve().parents[3]
 # hgx-h100-8: GPUs 0-3 whole, 4-5 shared, 6-7 on demand MIG (whole GPU or 7 1g partitions).
@@ -32,15 +33,7 @@ POLICY = TemplatePolicy(shared=frozenset({4, 5}), dynamic_mig=frozenset({6, 7}))
 def karpenter_check() -> Path:
     if shutil.which("go") is None:
         pytest.skip("the Go toolchain is needed to build tools/karpenter (karpenter-check)")
-    result = subprocess.run(
-        ["bash", str(REPO / "tools" / "karpenter" / "build.sh"), "karpenter-check"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=3600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return Path(result.stdout.strip().splitlines()[-1])
+    return buildcache.path("karpenter", "karpenter-check", timeout=3600) / "karpenter-check"
 
 
 def request(name: str, device_class: str, count: int = 1, **extra: Any) -> dict[str, Any]:

@@ -126,6 +126,14 @@ TABLE: list[tuple[str, object, bool]] = [
     (SHARED_GPU_DEVICE_CLASS, gpu({"strategy": "MPS"}), False),
     (SHARED_GPU_DEVICE_CLASS, gpu({"strategy": "TimeSlicing"}), True),
     (SHARED_GPU_DEVICE_CLASS, mig(), True),
+    # A burstable fraction: its own block, only on a shared GPU.
+    (SHARED_GPU_DEVICE_CLASS, {**gpu(), "share": {"computeLimit": 70}}, False),
+    (SHARED_GPU_DEVICE_CLASS, {**gpu({"strategy": "MPS"}), "share": {"computeLimit": 1}}, False),
+    (SHARED_GPU_DEVICE_CLASS, {**gpu(), "share": {"computeLimit": 0}}, True),
+    (SHARED_GPU_DEVICE_CLASS, {**gpu(), "share": {"computeLimit": 101}}, True),
+    (SHARED_GPU_DEVICE_CLASS, {**gpu(), "share": {"limit": 50}}, True),
+    (GPU_DEVICE_CLASS, {**gpu(), "share": {"computeLimit": 70}}, True),
+    (GPU_DEVICE_CLASS, {**gpu(), "share": {}}, True),
 ]
 
 
@@ -157,9 +165,11 @@ class _OneClaim:
         return self.view if (namespace, name) == (self.view.namespace, self.view.name) else None
 
 
-def prepare_error(tmp_path: Path, device_class: str, parameters: object) -> str:
+def prepare_error(
+    tmp_path: Path, device_class: str, parameters: object, device: AllocatedDevice | None = None
+) -> str:
     backend = SimulatedBackend.from_topology("hgx-h100-8", NODE, state_path=tmp_path / "gpus.json")
-    device = DEVICE_OF_CLASS[device_class]
+    device = device or DEVICE_OF_CLASS[device_class]
     entry = {
         "source": "FromClaim",
         "requests": ["gpu"],
@@ -213,3 +223,45 @@ def test_a_config_of_the_wrong_kind_is_refused_by_both(tmp_path: Path) -> None:
     assert len(problems) == 1 and "MigConfig cannot configure a whole GPU" in problems[0]
     error = prepare_error(tmp_path, GPU_DEVICE_CLASS, mig())
     assert "MigConfig cannot configure a whole GPU (gpu-2)" in error
+
+
+def test_a_limit_below_the_compute_reserved_is_refused_by_both_with_one_text(
+    tmp_path: Path,
+) -> None:
+    """Admission reads the compute the request asks for; prepare the compute the scheduler
+    granted (the same, for a whole percent)."""
+    parameters = {**gpu(), "share": {"computeLimit": 20}}
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": SHARED_GPU_DEVICE_CLASS,
+                            "capacity": {"requests": {"memory": "8Gi", "compute": "30"}},
+                        },
+                    }
+                ],
+                "config": [
+                    {
+                        "requests": ["gpu"],
+                        "opaque": {"driver": DRIVER_NAME, "parameters": parameters},
+                    }
+                ],
+            }
+        },
+    }
+    (problem,) = validate_resource_claim(claim)
+    granted = AllocatedDevice(
+        "gpu",
+        DRIVER_NAME,
+        NODE,
+        "gpu-1",
+        share_id="s1",
+        consumed_capacity=parse_consumed_capacity({"memory": "8Gi", "compute": "30"}),
+    )
+    error = prepare_error(tmp_path, SHARED_GPU_DEVICE_CLASS, parameters, granted)
+    assert error == "claim ns/c: " + problem.removeprefix("spec.devices.")
+    assert "share.computeLimit: 20 is not allowed" in error

@@ -72,10 +72,10 @@ def test_plugin_readiness_waits_for_prepares_and_a_published_slice() -> None:
     readiness = NodeReadiness(gate)
     assert readiness() == "starting: prepares are not served yet"
 
-    class Preparer:
+    class Health:
         pass
 
-    gate.open(Preparer(), Preparer())  # type: ignore[arg-type]
+    gate.open(Health())  # type: ignore[arg-type]
     assert readiness() == "ResourceSlices not published yet"
     publisher = Publisher()
     readiness.publisher = publisher  # type: ignore[assignment]

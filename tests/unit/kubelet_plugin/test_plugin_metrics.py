@@ -19,6 +19,7 @@ from flexgpu.driver.durations import parse_duration
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.sim_usage import USAGE_FILE_NAME
 from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
+from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, PrepareResult, UnprepareResult
 from flexgpu.kubelet_plugin.observe import metrics
@@ -74,7 +75,9 @@ def test_errors_are_counted_by_reason(error: str, reason: str) -> None:
 
 
 def test_prepare_and_unprepare_are_timed_and_failures_counted() -> None:
-    observed = metrics.ObservedPreparer(FakePreparer({"u2": "claim ns/b not found"}), NODE)
+    observed = ClaimPipeline(
+        [metrics.CallMetrics(NODE)], FakePreparer({"u2": "claim ns/b not found"})
+    )
     before = value("flexgpu_plugin_prepare_errors_total", reason="claim_not_found")
     count = value("flexgpu_plugin_prepare_duration_seconds_count")
     observed.prepare([ClaimRef("ns", "a", "u1"), ClaimRef("ns", "b", "u2")])
@@ -212,7 +215,9 @@ def plugin_exposition(tmp_path: Path) -> bytes:
             )
         ),
     )
-    observed = metrics.ObservedPreparer(FakePreparer({"x": "claim a/b not found"}), NODE)
+    observed = ClaimPipeline(
+        [metrics.CallMetrics(NODE)], FakePreparer({"x": "claim a/b not found"})
+    )
     observed.prepare([ClaimRef("a", "b", "x")])
     with pytest.raises(OSError):
         observed.unprepare([ClaimRef("a", "b", "x")])

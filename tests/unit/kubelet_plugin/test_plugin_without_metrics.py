@@ -18,6 +18,7 @@ SCRIPT = textwrap.dedent(
     from fake_kube_api import FakeKubeApi
     from flexgpu.kubelet_plugin import main
     from flexgpu.kubelet_plugin.config import make_config
+    from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline
     from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 
     root = Path({root!r})
@@ -30,13 +31,10 @@ SCRIPT = textwrap.dedent(
     api.close = lambda: None  # the fake holds no connection
     main.make_api = lambda config: api
     gate = StartupGate()
-    stop = main.start_node(config, gate)
+    pipeline = ClaimPipeline([gate])
+    stop = main.start_node(config, gate, pipeline)
     try:
-        chain, served = [], gate._preparer
-        while served is not None:  # the wrappers around the preparer, outermost first
-            chain.append(type(served).__name__)
-            served = getattr(served, "inner", None)
-        print("served", " > ".join(chain))
+        print("served", " > ".join(pipeline.names))  # the stages in order, then the preparer
         print("prometheus", "prometheus_client" in sys.modules)
     finally:
         stop()
@@ -59,11 +57,11 @@ def _run(root: Path, env: dict[str, str]) -> str:
 
 
 @pytest.mark.parametrize("port", ["", "0"])
-def test_no_metrics_port_means_no_prometheus_and_no_counting_wrappers(
+def test_no_metrics_port_means_no_prometheus_and_no_metrics_stage(
     short_tmp: Path, port: str
 ) -> None:
     out = _run(short_tmp, {"FLEXGPU_METRICS_PORT": port})
-    assert "served TenantTrackingDriver > ClaimPreparerImpl\n" in out
+    assert "served start-up gate > tenancy > ClaimPreparerImpl\n" in out
     assert "prometheus False" in out
 
 
@@ -73,5 +71,5 @@ def test_with_a_metrics_port_prepares_are_counted(short_tmp: Path) -> None:
         port = str(probe.getsockname()[1])
     env = {"FLEXGPU_METRICS_PORT": port, "FLEXGPU_METRICS_ADDRESS": "127.0.0.1"}
     out = _run(short_tmp, env)
-    assert "served ObservedPreparer > TenantTrackingDriver > ClaimPreparerImpl\n" in out
+    assert "served start-up gate > metrics > tenancy > ClaimPreparerImpl\n" in out
     assert "prometheus True" in out

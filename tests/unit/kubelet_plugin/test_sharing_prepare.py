@@ -284,3 +284,90 @@ def test_restart_adopts_the_daemon_of_prepared_claims_and_stops_leftovers(
     other = claims.add("b", [share("gpu-1", "s2", "4Gi")])
     assert restarted.prepare([other])[other.uid].error == ""
     assert restarted_backend.mps_starts(1) == 1
+
+
+def burstable(limit: int, requests: list[str] | None = None) -> dict[str, Any]:
+    parameters = {"apiVersion": API, "kind": "GpuConfig", "share": {"computeLimit": limit}}
+    return config(parameters) | ({"requests": requests} if requests else {})
+
+
+def test_a_burstable_share_gets_its_limit_and_still_consumes_only_its_request(
+    preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    a = claims.add("a", [share("gpu-1", "s1", "4Gi", compute="30")], [burstable(80)])
+    # 30 + 70 requested: the GPU holds both, though 80 + 70 of limits exceed it.
+    b = claims.add("b", [share("gpu-1", "s2", "4Gi", compute="70")])
+    results = preparer.prepare([a, b])
+    assert results[a.uid].error == results[b.uid].error == ""
+    assert spec_env(preparer, a.uid)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "80"
+    assert spec_env(preparer, b.uid)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "70"
+    # Memory is not burstable: the pinned limit is the request.
+    assert spec_env(preparer, a.uid)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    record = preparer.load_checkpoint().claims[a.uid]
+    assert record.devices[0].consumed_capacity == {"memory": "4Gi", "compute": "30"}
+    mps = record.created.mps_share
+    assert mps is not None and mps.active_thread_percentage == 80
+    # A third share asking for compute finds none left: requests count, limits do not.
+    c = claims.add("c", [share("gpu-1", "s3", "1Gi", compute="1")])
+    assert "would take compute to 101% of 100%" in preparer.prepare([c])[c.uid].error
+
+
+def test_a_memory_only_share_bursts_to_its_limit_instead_of_its_memory_proportion(
+    preparer: ClaimPreparerImpl, claims: Claims
+) -> None:
+    ref = claims.add("a", [share("gpu-1", "s1", "2Gi")], [burstable(50)])
+    assert preparer.prepare([ref])[ref.uid].error == ""
+    assert spec_env(preparer, ref.uid)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+
+def test_a_limit_below_the_granted_compute_is_refused_and_creates_nothing(
+    preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    ref = claims.add("c", [share("gpu-1", "s1", "2Gi", compute="40")], [burstable(25, ["gpu"])])
+    assert preparer.prepare([ref])[ref.uid].error == (
+        "claim ns/c: config[0].opaque.parameters.share.computeLimit: 25 is not allowed (below "
+        'the 40 percent of SMs request "gpu" reserves); allowed: an integer from 40 to 100'
+    )
+    assert backend.mps_daemons() == [] and not preparer.cdi_dir.exists()
+    assert preparer.load_checkpoint().claims == {}
+
+
+def test_the_share_block_on_a_whole_gpu_is_refused(
+    preparer: ClaimPreparerImpl, backend: SimulatedBackend, claims: Claims
+) -> None:
+    ref = claims.add("w", [whole("gpu-0")], [burstable(60)])
+    error = preparer.prepare([ref])[ref.uid].error
+    assert error.startswith(
+        "claim ns/w: config[0].opaque.parameters.share: not supported on a whole GPU"
+    )
+    assert preparer.load_checkpoint().claims == {}
+
+
+def test_an_admin_access_share_and_two_requests_on_one_gpu_get_their_limits(
+    preparer: ClaimPreparerImpl, claims: Claims
+) -> None:
+    monitor = AllocatedDevice(
+        "gpu",
+        DRIVER,
+        NODE,
+        "gpu-1",
+        admin_access=True,
+        share_id="m1",
+        consumed_capacity=parse_consumed_capacity({"memory": "1Gi", "compute": "0"}),
+    )
+    m = claims.add("m", [monitor], [burstable(10)])
+    # One claim, two requests on one GPU: one MPS client, whose limits add up (capped at 100).
+    first = share("gpu-1", "s1", "2Gi", compute="20")
+    second = AllocatedDevice(
+        "other",
+        DRIVER,
+        NODE,
+        "gpu-1",
+        share_id="s2",
+        consumed_capacity=parse_consumed_capacity({"memory": "2Gi", "compute": "20"}),
+    )
+    two = claims.add("two", [first, second], [burstable(60)])
+    results = preparer.prepare([m, two])
+    assert results[m.uid].error == results[two.uid].error == ""
+    assert spec_env(preparer, m.uid)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+    assert spec_env(preparer, two.uid)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"

@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent(
     from flexgpu.kubelet_plugin.config import make_config
     from flexgpu.kubelet_plugin.api.kube_api import KubeApi
     from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
+    from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline
     from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 
     root = Path({root!r})
@@ -47,8 +48,9 @@ SCRIPT = textwrap.dedent(
     }})
     main.make_api = lambda config: fake
     gate = StartupGate(wait_s=30)
-    stop = main.start_node(config, gate)
-    first = gate.prepare([claim])["u1"]
+    pipeline = ClaimPipeline([gate])
+    stop = main.start_node(config, gate, pipeline)
+    first = pipeline.prepare([claim])["u1"]
     print("first", first.error or [d.device_name for d in first.devices])
     stop()
 
@@ -56,12 +58,13 @@ SCRIPT = textwrap.dedent(
     api = KubeApi("http://127.0.0.1:{port}")
     main.make_api = lambda config: api
     gate = StartupGate(wait_s=30)
+    pipeline = ClaimPipeline([gate])
     started = time.monotonic()
-    stop = main.start_node(config, gate)
+    stop = main.start_node(config, gate, pipeline)
     print("started in", round(time.monotonic() - started, 1))
-    again = gate.prepare([claim])["u1"]
+    again = pipeline.prepare([claim])["u1"]
     print("again", again.error or [d.device_name for d in again.devices])
-    print("unprepared", repr(gate.unprepare([claim])["u1"].error))
+    print("unprepared", repr(pipeline.unprepare([claim])["u1"].error))
 
     # 3: the API server comes back: the MPS daemon pods' watch lists them.
     class Up(BaseHTTPRequestHandler):
@@ -79,7 +82,7 @@ SCRIPT = textwrap.dedent(
         do_POST = do_PUT = do_PATCH = do_GET
     httpd = ThreadingHTTPServer(("127.0.0.1", {port}), Up)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    copy = gate._preparer.inner.mps._pods_copy  # inside the tenant attribute's wrapper
+    copy = pipeline.end.mps._pods_copy  # the preparer, at the end of the claim pipeline
     deadline = time.monotonic() + 40
     while not copy.synced and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -13,6 +13,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline
 from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 from flexgpu.kubelet_plugin.config import PluginConfig
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef, DeviceHealth, HealthStatus, Server
@@ -32,12 +33,29 @@ def gate() -> StartupGate:
 
 
 @pytest.fixture
-def server(plugin_config: PluginConfig, gate: StartupGate) -> Iterator[Server]:
-    with Server(gate, plugin_config.server_options(), gate) as running:
+def pipeline(gate: StartupGate) -> ClaimPipeline:
+    return ClaimPipeline([gate])  # as the plugin serves it until start-up completes it
+
+
+@pytest.fixture
+def server(
+    plugin_config: PluginConfig, gate: StartupGate, pipeline: ClaimPipeline
+) -> Iterator[Server]:
+    with Server(pipeline, plugin_config.server_options(), gate) as running:
         yield running
 
 
-def test_early_prepare_waits_for_start_up_then_succeeds(server: Server, gate: StartupGate) -> None:
+def _open(
+    gate: StartupGate, pipeline: ClaimPipeline, preparer: MemoryPreparer, health: MemoryHealth
+) -> None:
+    """What start_node does once start-up is done: the path completed, then the gate opened."""
+    pipeline.complete([gate], preparer)
+    gate.open(health)
+
+
+def test_early_prepare_waits_for_start_up_then_succeeds(
+    server: Server, gate: StartupGate, pipeline: ClaimPipeline
+) -> None:
     preparer = MemoryPreparer()
     claim = dra_pb2.Claim(namespace="ns", name="c", uid="u1")
     with (
@@ -54,17 +72,19 @@ def test_early_prepare_waits_for_start_up_then_succeeds(server: Server, gate: St
         with pytest.raises(futures.TimeoutError):
             call.result(timeout=0.3)
         assert preparer.calls == []
-        gate.open(preparer, MemoryHealth())
+        _open(gate, pipeline, preparer, MemoryHealth())
         reply = call.result(timeout=TIMEOUT)
     assert reply.claims["u1"].error == ""
     assert [d.device_name for d in reply.claims["u1"].devices] == ["gpu-c"]
     assert preparer.calls == [("prepare", ["u1"])]
 
 
-def test_failed_start_up_answers_waiting_calls_with_the_reason(gate: StartupGate) -> None:
+def test_failed_start_up_answers_waiting_calls_with_the_reason(
+    gate: StartupGate, pipeline: ClaimPipeline
+) -> None:
     results: list[object] = []
     waiter = threading.Thread(
-        target=lambda: results.append(gate.unprepare([ClaimRef("ns", "c", "u1")]))
+        target=lambda: results.append(pipeline.unprepare([ClaimRef("ns", "c", "u1")]))
     )
     waiter.start()
     gate.fail("no GPUs: NVML not found")
@@ -75,12 +95,12 @@ def test_failed_start_up_answers_waiting_calls_with_the_reason(gate: StartupGate
 
 def test_start_up_that_takes_too_long_is_a_per_claim_error() -> None:
     gate = StartupGate(wait_s=0.05)
-    result = gate.prepare([ClaimRef("ns", "c", "u1")])
+    result = ClaimPipeline([gate]).prepare([ClaimRef("ns", "c", "u1")])
     assert "still starting" in (result["u1"].error or "")
 
 
 def test_health_stream_opened_early_gets_the_devices_once_known(
-    server: Server, gate: StartupGate
+    server: Server, gate: StartupGate, pipeline: ClaimPipeline
 ) -> None:
     with grpc.insecure_channel(f"unix://{server.options.dra_socket}") as channel:
         stream = health_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
@@ -88,7 +108,7 @@ def test_health_stream_opened_early_gets_the_devices_once_known(
         )
         first = next(stream)
         assert list(first.devices) == []  # nothing known yet
-        gate.open(MemoryPreparer(), MemoryHealth([GPU0]))
+        _open(gate, pipeline, MemoryPreparer(), MemoryHealth([GPU0]))
         second = next(stream)
         assert [d.device.device_name for d in second.devices] == ["gpu-0"]
         stream.cancel()
@@ -108,7 +128,7 @@ def test_plugin_serves_its_sockets_before_start_up_work_runs(
     seen: dict[str, object] = {}
 
     def start_node(
-        config: PluginConfig, gate: StartupGate, readiness: object = None
+        config: PluginConfig, gate: StartupGate, pipeline: ClaimPipeline, readiness: object = None
     ) -> Callable[[], None]:
         # Runs after the sockets are up: the kubelet can already register and call.
         with grpc.insecure_channel(f"unix://{config.registration_socket}") as channel:
@@ -117,7 +137,7 @@ def test_plugin_serves_its_sockets_before_start_up_work_runs(
             )
         seen["endpoint"] = info.endpoint
         seen["gate_ready"] = gate.ready
-        gate.open(MemoryPreparer(), MemoryHealth())
+        _open(gate, pipeline, MemoryPreparer(), MemoryHealth())
         os.kill(os.getpid(), signal.SIGTERM)  # and the plugin shuts down cleanly
         return lambda: seen.setdefault("stopped", True)
 
@@ -137,7 +157,7 @@ def test_start_up_failure_stops_the_servers_and_exits_1(
     from flexgpu.kubelet_plugin import main
 
     def start_node(
-        config: PluginConfig, gate: StartupGate, readiness: object = None
+        config: PluginConfig, gate: StartupGate, pipeline: ClaimPipeline, readiness: object = None
     ) -> Callable[[], None]:
         raise main.StartupFailed("no GPUs: NVML not found")
 

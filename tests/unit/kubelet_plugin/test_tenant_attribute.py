@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord, ClaimState, DeviceRecord
-from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute, TenantTrackingDriver
+from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline
+from flexgpu.kubelet_plugin.claims.tenant_attribute import TenantAttribute, TenantTracking
 from flexgpu.kubelet_plugin.kubeletplugin import ClaimRef
 from tests.unit.kubelet_plugin.prepare_support import SHARED_GPU, ClaimTable, Node, share
 
@@ -50,13 +51,14 @@ def _now(node: Node) -> str:
     return str(device["attributes"]["tenant"]["string"])
 
 
-def _tracking(node: Node) -> tuple[TenantTrackingDriver, Published]:
+def _tracking(node: Node) -> tuple[ClaimPipeline, Published]:
+    """The preparer behind the tenancy stage, as the plugin serves it."""
     published = Published(node)
     attribute = TenantAttribute(node.preparer.load_checkpoint, node.devices, published)
-    return TenantTrackingDriver(node.preparer, attribute), published
+    return ClaimPipeline([TenantTracking(attribute.update)], node.preparer), published
 
 
-def _ok(driver: TenantTrackingDriver, ref: ClaimRef) -> None:
+def _ok(driver: ClaimPipeline, ref: ClaimRef) -> None:
     assert driver.prepare([ref])[ref.uid].error == ""
 
 
@@ -156,6 +158,6 @@ def test_a_failing_update_never_fails_the_prepare(node: Node) -> None:
         raise RuntimeError("publisher gone")
 
     attribute = TenantAttribute(node.preparer.load_checkpoint, node.devices, broken)
-    driver = TenantTrackingDriver(node.preparer, attribute)
+    driver = ClaimPipeline([TenantTracking(attribute.update)], node.preparer)
     _ok(driver, node.table.add("a", share(GPU, "s1", "8Gi"), namespace="team-a"))
     assert driver.prepare([]) == {}

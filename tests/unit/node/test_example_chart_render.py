@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tools.images.build import BuiltImage
+from release.layers import BuiltImage
 from tools.node import example_chart
 
 IMAGE = BuiltImage("local.flexgpu.dev/dra-example-driver:v0.4.0-abc", Path("/nonexistent"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.images import oci
+from release import oci
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:

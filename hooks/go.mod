@@ -1,4 +1,4 @@
-module flexgpu.dev/tools/nvidia-ctk
+module flexgpu.dev/hooks
 
 go 1.26.0
 

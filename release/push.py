@@ -1,8 +1,9 @@
-"""Pushes an OCI archive written by tools/images (one image) to a registry over the OCI
-distribution API, unchanged: the blobs and the manifest bytes go up as they are, so the
-image's digest in the registry is the digest the archive holds. No container engine needed.
+"""Pushes an OCI archive (release/image.py or tools/images wrote it; one image) to a registry
+over the OCI distribution API, unchanged: the blobs and the manifest bytes go up as they are,
+so the image's digest in the registry is the digest the archive holds. No container engine
+needed.
 
-    python -m tools.images.push <archive.tar> <registry>/<repository>:<tag> [--plain-http]
+    python -m release.push <archive.tar> <registry>/<repository>:<tag> [--plain-http]
 
 Prints ``<registry>/<repository>@<digest>``. Credentials, where the registry asks for them,
 come from FLEXGPU_REGISTRY_USER and FLEXGPU_REGISTRY_PASSWORD (basic or bearer-token
@@ -24,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import IO, Any
 
-from tools.images.oci import MANIFEST_MEDIA_TYPE
+from release.oci import MANIFEST_MEDIA_TYPE
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 

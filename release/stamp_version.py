@@ -1,7 +1,7 @@
 """Stamps a release version into the two files that carry it: driver/version.py (read by the
 package metadata and every ``--version``) and the chart's version and appVersion.
 
-``python -m tools.stamp_version 1.2.3`` (the release workflow runs it with the tag's version
+``python -m release.stamp_version 1.2.3`` (the release workflow runs it with the tag's version
 before building the image and packaging the chart); ``--check`` only verifies they agree.
 """
 
