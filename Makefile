@@ -153,6 +153,7 @@ bench: setup
 	@$(PY) -m bench.nvidia_pod_start
 	@$(PY) -m bench.pod_start --mig
 	@$(PY) -m bench.side_by_side
+	@$(PY) -m bench.node_watch
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

@@ -12,6 +12,7 @@ from kubernetes import client
 from flexgpu.controller import kube, metrics
 from flexgpu.controller.active import ActiveWork
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
+from flexgpu.controller.claim_labels import ClaimLabeller
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.events import EventRecorder
@@ -47,7 +48,6 @@ class Controller:
     def __init__(self, api: client.ApiClient, config: ControllerConfig) -> None:
         self.api = api
         self.config = config
-        self.state = ClusterState()
         self.elector = LeaseElector(
             kube.clone(api),
             name=config.lease_name,
@@ -55,6 +55,10 @@ class Controller:
             identity=config.identity,
             owner=config.owner,
         )
+        self.labeller = ClaimLabeller(
+            kube.clone(api), self.elector, synced=lambda: self.state.synced(("claims",))
+        )
+        self.state = ClusterState(listeners={"claims": self.labeller})
         work_api = kube.clone(api)
         self.diagnostics = Diagnostics(
             EventRecorder(work_api, config.identity),
@@ -91,6 +95,7 @@ class Controller:
             metrics.serve(self.config.metrics_port, self.config.metrics_address)
         self._reflectors = start_reflectors(self.state, lambda: kube.clone(self.api))
         self.elector.start()
+        self.labeller.start()
         self.work.start()
         if self.idle is not None:
             self.idle.start()
@@ -105,6 +110,7 @@ class Controller:
     def stop(self) -> None:
         """Stops the active work first, then gives the lease up for a prompt takeover."""
         self.work.stop()
+        self.labeller.stop()
         if self.idle is not None:
             self.idle.stop()
         self.elector.stop(release=True)

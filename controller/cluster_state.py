@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from flexgpu.controller import records
 from flexgpu.controller.records import CachedClaim, NodeRecord, PodRecord
@@ -72,8 +72,18 @@ class Snapshot:
         return [n.model for n in self.nodes.values()]
 
 
+class RawListener(Protocol):
+    """Told every object of one kind as it arrives, before conversion (the claim labeller
+    needs metadata the records leave out)."""
+
+    def listed(self, objects: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def changed(self, event: str, obj: Mapping[str, Any]) -> None: ...
+
+
 class ClusterState:
-    def __init__(self) -> None:
+    def __init__(self, listeners: Mapping[Kind, RawListener] | None = None) -> None:
+        self._listeners = dict(listeners or {})
         self._lock = threading.Lock()
         self._objects: dict[Kind, dict[str, Any]] = {kind: {} for kind in KINDS}
         self._synced: set[Kind] = set()
@@ -89,6 +99,10 @@ class ClusterState:
 
     def replace(self, kind: Kind, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full listing: what is not in it is gone (deletions missed between watches)."""
+        listener = self._listeners.get(kind)
+        if listener is not None:
+            objects = list(objects)
+            listener.listed(objects)
         fresh: dict[str, Any] = {}
         for obj in objects:
             record = self._convert(kind, obj)
@@ -101,6 +115,9 @@ class ClusterState:
 
     def apply(self, kind: Kind, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event: ADDED, MODIFIED or DELETED."""
+        listener = self._listeners.get(kind)
+        if listener is not None:
+            listener.changed(event, obj)
         key = records.object_key(obj)
         record = None if event == "DELETED" else self._convert(kind, obj)
         with self._lock:

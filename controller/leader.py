@@ -90,6 +90,9 @@ class LeaseElector:
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # last successful write as holder
         self._leading = False
+        # Written on the Lease with each renewal (the claim labeller's mark); dropped when
+        # this replica takes the lease over, so a mark always speaks of the current term.
+        self.annotations: dict[str, str] = {}
         self._loop = Loop("leader-election", self._round, self.retry_s)
 
     # -- state -------------------------------------------------------------------------
@@ -145,6 +148,7 @@ class LeaseElector:
             if err.status != HTTP_NOT_FOUND:
                 raise
             spec = self._spec(True, None)
+            self.annotations.clear()
             body: Any = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
@@ -171,6 +175,9 @@ class LeaseElector:
         if not mine and record.holder and not expired:
             return False
         spec = self._spec(not mine, record)
+        if not mine:
+            self.annotations.clear()
+        annotations = dict(self.annotations)
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -179,6 +186,7 @@ class LeaseElector:
                 "namespace": self.namespace,
                 "resourceVersion": lease.metadata.resource_version,
                 **({"ownerReferences": self._owners} if self._owners else {}),
+                **({"annotations": annotations} if annotations else {}),
             },
             "spec": spec,
         }

@@ -58,6 +58,10 @@ CLAIM_WAIT_SECONDS: Final = Histogram(
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600),
 )
 LEADER: Final = Gauge("flexgpu_controller_leader", "1 while this replica holds the lease")
+CLAIM_LABELS_PENDING: Final = Gauge(
+    "flexgpu_controller_claim_labels_pending",
+    "Allocated claims whose node label the leader has not written yet",
+)
 
 
 def _string(device: Device, name: str) -> str:

@@ -136,12 +136,28 @@ class PluginConfig(BaseModel):
     binding_conditions: Literal["auto", "on", "off"] = "auto"
     # After creating a partition failed, the GPU's partitions stay tainted this long.
     partition_failure_seconds: float = Field(default=300.0, ge=0)
+    # "<namespace>/<name>" of the controller's Lease, which says whether allocated claims
+    # carry their node's label (driver/claim_node_label.py); "" watches every claim.
+    claim_labels_lease: str = ""
     # on: wait, publishing nothing, while a device plugin serves the node (its resources in
     # the Node's allocatable; api/device_plugin_guard.py), reading the Node this often.
     device_plugin_guard: Literal["on", "off"] = "on"
     device_plugin_recheck_seconds: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "text"
+
+    @field_validator("claim_labels_lease")
+    @classmethod
+    def _check_claim_labels_lease(cls, value: str) -> str:
+        namespace, _, name = value.partition("/")
+        if value and not (
+            _DNS_SUBDOMAIN.match(namespace) and _DNS_SUBDOMAIN.match(name) and "/" not in name
+        ):
+            raise ValueError(
+                "must be empty or <namespace>/<name> of the controller's Lease, both made of "
+                "lowercase letters, digits, '-' and '.'"
+            )
+        return value
 
     @field_validator("node_name")
     @classmethod

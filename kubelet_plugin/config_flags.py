@@ -230,6 +230,14 @@ SETTINGS: Final = (
         "duration",
     ),
     Setting(
+        "claim_labels_lease",
+        "--claim-labels-lease",
+        "FLEXGPU_CLAIM_LABELS_LEASE",
+        "<namespace>/<name> of the controller's Lease; while it says claims carry their "
+        "node's label, binding conditions watch only this node's claims (default: every claim)",
+        "str",
+    ),
+    Setting(
         "device_plugin_guard",
         "--device-plugin-guard",
         "FLEXGPU_DEVICE_PLUGIN_GUARD",

@@ -282,6 +282,7 @@ def start_node(
             tenants_changed=tenants.update,
             requeue=publisher.publish_again,
             step=preparer.step,
+            labels_lease=config.claim_labels_lease,
         )
         tenants.held = binding.tenants.holders
         binding.start()

@@ -5,9 +5,11 @@ scheduler, goes elsewhere; and gives each free shared GPU to the namespace of th
 allocated there (``TenantReady``), sending back the claims of other namespaces allocated in
 the same instant (``TenantTaken``; tenant_binding.py).
 
-One watch of ResourceClaims (no field selector reaches into a claim's allocation, so the
-watch covers the cluster and keeps only claims with a waiting device of this node's pool),
-paced like the plugin's other watches. The work runs on one thread of its own: a claim's
+One watch of ResourceClaims, paced like the plugin's other watches. No field selector reaches
+into a claim's allocation, so while the controller labels allocated claims with their node
+(its Lease says so: api/claim_scope.py) the watch asks for this node's label only, and
+otherwise covers the cluster; either way it keeps only claims with a waiting device of this
+node's pool. The work runs on one thread of its own: a claim's
 partitions are created while the scheduler waits, never on the kubelet's prepare path.
 """
 
@@ -25,6 +27,7 @@ from flexgpu.driver.names import (
     PARTITION_FAILED_CONDITION,
     PARTITION_READY_CONDITION,
 )
+from flexgpu.kubelet_plugin.api.claim_scope import ClaimScope
 from flexgpu.kubelet_plugin.api.kube_api import ApiError, KubeApi, path_of
 from flexgpu.kubelet_plugin.api.watched_objects import WatchedObjects
 from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
@@ -73,6 +76,7 @@ class BindingWatch:
         requeue: Callable[[], None] = lambda: None,
         step: Callable[[str, str], None] = lambda name, uid: None,
         clock: Callable[[], float] = time.monotonic,
+        labels_lease: str = "",
     ) -> None:
         self._node = node_name
         self.tenants = TenantBinding(node_name, devices.shared_gpu_index)
@@ -105,12 +109,15 @@ class BindingWatch:
         # keeps that allocation (our own status write may not have come back on the watch).
         self._reported_failed: dict[str, tuple[str, ...]] = {}
         self._api = api
+        self.scope = ClaimScope(api, node_name, labels_lease, on_change=self._wake.set, clock=clock)
+        self._query: dict[str, str] = {}
         self.claims = self._new_watch()
 
     def _new_watch(self) -> WatchedObjects:
         return WatchedObjects(
             self._api,
             CLAIMS,
+            query=self._query,
             on_change=self._wake.set,
             name="resourceclaims (binding conditions)",
             keep=self.waits_here,
@@ -143,6 +150,7 @@ class BindingWatch:
         self._wake.set()
         if self._watching:
             self.claims.stop()
+            self.scope.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -172,14 +180,28 @@ class BindingWatch:
             or self._devices.tenant_binding()
         )
         if wanted and not self._watching:
+            self.scope.start()
+            self._query = self.scope.query()
             self.claims = self._new_watch()
             self.claims.start()
             self._watching = True
-            log.info("binding conditions: watching ResourceClaims")
+            log.info("binding conditions: watching ResourceClaims (%s)", self._scope_text())
+        elif wanted and self.scope.query() != self._query:
+            # The controller started or stopped labelling claims: the watch follows.
+            self.claims.stop()
+            self._query = self.scope.query()
+            self.claims = self._new_watch()
+            self.claims.start()
+            log.info("binding conditions: now watching %s", self._scope_text())
         elif not wanted and self._watching:
             self.claims.stop()
+            self.scope.stop()
             self._watching = False
             log.info("binding conditions: no on-demand MIG or shared GPU left; claims not watched")
+
+    def _scope_text(self) -> str:
+        selector = self._query.get("labelSelector")
+        return f"those labelled {selector}" if selector else "every claim of the cluster"
 
     # -- the work --------------------------------------------------------------------------
     def process(self) -> None:

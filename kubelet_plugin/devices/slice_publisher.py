@@ -107,6 +107,17 @@ def _same_quantity(a: str, b: str) -> bool:
         return False
 
 
+def _up_to_date(current: dict[str, Any] | None, spec: Any, owner: dict[str, Any]) -> bool:
+    """Whether a slice on the server has ``spec`` and is owned by this node's Node."""
+    return (
+        current is not None
+        and contains(current.get("spec"), spec)
+        and any(
+            o.get("uid") == owner["uid"] for o in current["metadata"].get("ownerReferences") or []
+        )
+    )
+
+
 def unreachable(err: BaseException) -> bool:
     """True when the error says the server could not be reached or is not serving yet (so
     retrying soon is right), False when it answered and refused (back off)."""
@@ -142,6 +153,8 @@ class SlicePublisher:
         self._devices: list[SliceDevice] = []
         self._counters: list[dict[str, Any]] = []
         self._generation = 0
+        # publish_again: the next pass writes every slice under a new generation.
+        self._bump = False
         self._content_key: str | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -156,7 +169,8 @@ class SlicePublisher:
     def set_devices(
         self, devices: Sequence[SliceDevice], shared_counters: Sequence[dict[str, Any]] = ()
     ) -> None:
-        """Replaces the desired content; the pool generation is bumped when it changed."""
+        """Replaces the desired content; the next pass writes what changed (``_generation_for``
+        says whether the pool's generation is bumped)."""
         key = json.dumps([list(devices), list(shared_counters)], sort_keys=True)
         with self._lock:
             if key == self._content_key:
@@ -164,7 +178,6 @@ class SlicePublisher:
             self._devices = list(devices)
             self._counters = list(shared_counters)
             self._content_key = key
-            self._generation += 1
         self._reconciler.poke()
 
     def publish_again(self) -> None:
@@ -176,7 +189,7 @@ class SlicePublisher:
         with self._lock:
             if self._content_key is None:
                 return
-            self._generation += 1
+            self._bump = True
         self._reconciler.poke()
 
     @property
@@ -294,32 +307,17 @@ class SlicePublisher:
             if self._content_key is None:
                 return False
         existing = {item["metadata"]["name"]: item for item in self._list()}
-        # A restarted plugin must not publish an older generation than what is there.
-        highest = max((i["spec"]["pool"]["generation"] for i in existing.values()), default=0)
-        with self._lock:
-            if self._generation <= highest and not self._matches(existing, devices, counters):
-                self._generation = highest + 1
-            generation = self._generation
-        specs = slice_specs(
-            self.node_name,
-            devices,
-            generation,
-            counters,
-            counters_in_own_slice=self._counters_in_own_slice(),
-        )
-        wanted = {self._slice_name(i): spec for i, spec in enumerate(specs)}
-        wrote = False
         owner = self._owner()
+        with self._lock:
+            bump, self._bump = self._bump, False
+        generation = self._generation_for(existing, devices, counters, owner, bump)
+        with self._lock:
+            self._generation = generation
+        wanted = self._wanted(devices, counters, generation)
+        wrote = False
         for name, spec in wanted.items():
             current = existing.get(name)
-            if (
-                current is not None
-                and contains(current.get("spec"), spec)
-                and any(
-                    o.get("uid") == owner["uid"]
-                    for o in current["metadata"].get("ownerReferences") or []
-                )
-            ):
+            if _up_to_date(current, spec, owner):
                 continue
             body: Any = {
                 "apiVersion": "resource.k8s.io/v1",
@@ -346,15 +344,9 @@ class SlicePublisher:
             )
         return wrote
 
-    def _matches(
-        self,
-        existing: dict[str, dict[str, Any]],
-        devices: list[SliceDevice],
-        counters: list[dict[str, Any]],
-    ) -> bool:
-        if not existing:
-            return False
-        generation = next(iter(existing.values()))["spec"]["pool"]["generation"]
+    def _wanted(
+        self, devices: list[SliceDevice], counters: list[dict[str, Any]], generation: int
+    ) -> dict[str, dict[str, Any]]:
         specs = slice_specs(
             self.node_name,
             devices,
@@ -362,10 +354,33 @@ class SlicePublisher:
             counters,
             counters_in_own_slice=self._counters_in_own_slice(),
         )
-        return len(specs) == len(existing) and all(
-            contains(existing.get(self._slice_name(i), {}).get("spec"), spec)
-            for i, spec in enumerate(specs)
-        )
+        return {self._slice_name(i): spec for i, spec in enumerate(specs)}
+
+    def _generation_for(
+        self,
+        existing: dict[str, dict[str, Any]],
+        devices: list[SliceDevice],
+        counters: list[dict[str, Any]],
+        owner: dict[str, Any],
+        bump: bool,
+    ) -> int:
+        """The pool generation to publish at. Kept (upstream's resourceslice controller does
+        the same) when the pool's slices are the same ones, all at one generation, and at
+        most one of them changes: one write is atomic, so the scheduler never sees half a
+        change, and a tenant or health change of one GPU rewrites one slice, not the pool.
+        Bumped otherwise, so slices written one after another are never mixed with the old
+        ones; never below what is there (a restarted plugin)."""
+        highest = max((i["spec"]["pool"]["generation"] for i in existing.values()), default=0)
+        if not existing:
+            return max(self._generation, 1) if not bump else self._generation + 1
+        if not bump and len({i["spec"]["pool"]["generation"] for i in existing.values()}) == 1:
+            wanted = self._wanted(devices, counters, highest)
+            changed = [
+                n for n, spec in wanted.items() if not _up_to_date(existing.get(n), spec, owner)
+            ]
+            if wanted.keys() == existing.keys() and len(changed) <= 1:
+                return highest
+        return max(highest, self._generation) + 1
 
     # -- watch -------------------------------------------------------------------------
     def _watch_loop(self) -> None:

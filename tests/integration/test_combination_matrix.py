@@ -28,6 +28,10 @@ Combinations that do not exist are excluded by one rule each (``matrix_rows._val
 config on a whole GPU, a GpuConfig on a MIG device or a fraction, a burstable config on
 anything but a fraction, a reallocation where nothing can be refused.
 
+The controller's claim labelling runs beside the plugin (bench/node_watchers.py) and the
+plugin watches only claims labelled with its node: every row with binding conditions on also
+proves that labels reach it in time, across restarts, deletions and reallocations.
+
 Every row: the pods that fit are Running and the rest unschedulable with the scheduler's
 reason; each container got one device of the kind asked for, with the sharing its config
 asks; every prepared claim's CDI spec names the driver installed now; afterwards no
@@ -49,7 +53,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from bench.node_watchers import LEASE_NAME, LEASE_NAMESPACE, LabellingController, lease_marked
 from flexgpu.controller.tenant_selector import tenant_expression
+from flexgpu.driver.claim_node_label import node_selector
 from flexgpu.driver.sim_backend import SimulatedBackend
 from tests.conftest import target_minor, wait_for
 from tests.integration.gpu_workloads import (
@@ -83,7 +89,12 @@ NODE = "matrix"
 API = f"{DRIVER}/v1alpha1"
 # GPUs 0-1 on-demand MIG, 2-3 shared, 4-5 whole; 6-7 start in MIG mode (hgx-h100-8) and get
 # seven 1g.10gb instances each before the plugin runs: static MIG devices.
-BASE_ARGS = ("--dynamic-mig-gpus=0,1", "--shared-gpus=2,3", "--partition-failure-cooldown=5s")
+BASE_ARGS = (
+    "--dynamic-mig-gpus=0,1",
+    "--shared-gpus=2,3",
+    "--partition-failure-cooldown=5s",
+    f"--claim-labels-lease={LEASE_NAMESPACE}/{LEASE_NAME}",
+)
 STATIC_GPUS = (6, 7)
 BURST = 16
 SHARE = "4Gi"
@@ -115,6 +126,8 @@ def test_the_matrix_covers_every_pair() -> None:
 @pytest.fixture(scope="module")
 def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
     ensure_device_classes(api)
+    labels = LabellingController(cluster.api_client(), identity="matrix-controller")
+    labels.start()
     root = Path(tempfile.mkdtemp(prefix="fgmx-", dir="/tmp"))  # specs carry the driver's files
     driver_root.add_mig_capabilities(driver_root.create(root, 8))
     sim = SimulatedGpuNode(
@@ -126,11 +139,22 @@ def node(cluster: ControlPlane, api: Any) -> Iterator[SimulatedGpuNode]:
     )
     _partition_static(sim)
     try:
+        wait_for(lambda: lease_marked(api), what="the controller's Lease marked: claims labelled")
         sim.start()
+        _watching_labelled(sim)
         yield sim
     finally:
         sim.cleanup()
         shutil.rmtree(root, ignore_errors=True)
+        labels.stop()
+
+
+def _watching_labelled(sim: SimulatedGpuNode) -> None:
+    selector = f"those labelled {node_selector(NODE)}"
+    wait_for(
+        lambda: sim.plugin and selector in sim.plugin.log_tail(400),
+        what="the plugin watching only its node's labelled claims",
+    )
 
 
 def _partition_static(node: SimulatedGpuNode) -> None:
@@ -166,6 +190,8 @@ class Plugin:
         self.node.plugin_args, self.node.plugin_env = args, env
         self.node.start_plugin()
         self.current = (args, env)
+        if row.binding == "on":
+            _watching_labelled(self.node)
         # Claims allocated against the last plugin's slices would carry its binding
         # conditions, which a plugin with them off never decides.
         wanted = row.binding == "on"

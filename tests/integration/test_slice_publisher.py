@@ -96,7 +96,11 @@ def test_edited_slice_is_repaired(api: Any, published: tuple[str, SlicePublisher
     )
 
 
-def test_content_change_bumps_generation(api: Any, published: tuple[str, SlicePublisher]) -> None:
+def test_a_content_change_of_the_one_slice_is_written_in_place(
+    api: Any, published: tuple[str, SlicePublisher]
+) -> None:
+    """One slice changes: one atomic write, the pool's generation kept (upstream's
+    resourceslice controller does the same); the scheduler reads the new content at once."""
     node, publisher = published
     first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
     devices = [d for d in _device_dicts(first) if d["name"] != "gpu-7"]
@@ -105,7 +109,22 @@ def test_content_change_bumps_generation(api: Any, published: tuple[str, SlicePu
         lambda: (s := _our_slices(api, node)) and len(s[0].spec.devices) == 7 and s[0],
         what="slice updated to 7 devices",
     )
-    assert updated.spec.pool.generation > first.spec.pool.generation
+    assert updated.metadata.uid == first.metadata.uid
+    assert updated.spec.pool.generation == first.spec.pool.generation
+
+
+def test_publish_again_bumps_the_generation(
+    api: Any, published: tuple[str, SlicePublisher]
+) -> None:
+    node, publisher = published
+    first = wait_for(lambda: _our_slices(api, node), what="slices created")[0]
+    publisher.publish_again()
+    wait_for(
+        lambda: (
+            (s := _our_slices(api, node)) and s[0].spec.pool.generation > first.spec.pool.generation
+        ),
+        what="generation bumped",
+    )
 
 
 def _device_dicts(slice_obj: Any) -> list[dict[str, Any]]:
