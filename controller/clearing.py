@@ -235,7 +235,9 @@ class Clearing:
     # --- starting ----------------------------------------------------------------------------
 
     def _start_new(self, snapshot: Snapshot, pending: list[PendingClaim], wall: datetime) -> None:
-        limit = steering_limit(count_gpus(snapshot.node_models, snapshot.slice_index), self._share)
+        gpus = count_gpus(snapshot.node_models, snapshot.slice_index)
+        limit = steering_limit(gpus, self._share)
+        log.debug("clearing: %d steered of at most %d (%d GPUs)", len(self._active), limit, gpus)
         if len(self._active) >= limit or not pending:
             return
         memo = Memo()
@@ -269,6 +271,8 @@ class Clearing:
             ]
             if found:
                 self._start(item, found[0], wall)
+            else:
+                log.debug("clearing: no single GPU to clear for claim %s", item.claim.model.key)
 
     def _start(self, item: PendingClaim, candidate: Candidate, wall: datetime) -> None:
         model = item.claim.model

@@ -187,6 +187,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         recheck_s=args.recheck_interval,
         reemit_s=args.reemit_interval,
         binding_grace_s=args.binding_grace,
+        clearing_share=args.clearing_share,
+        clearing_max_s=args.clearing_max,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),

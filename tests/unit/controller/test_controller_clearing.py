@@ -17,7 +17,7 @@ from controller_builders import NOW, A, claim, holding, load, node, pod, request
 from flexgpu.controller.clearing import ENDED, STARTED, Clearing
 from flexgpu.controller.cluster_state import ClusterState, Snapshot
 from flexgpu.controller.events import EventTarget
-from flexgpu.controller.main import build_parser
+from flexgpu.controller.main import build_parser, config_from_args
 from flexgpu.controller.taint_rules import ClearingFor, RuleInfo, rule_body
 from flexgpu.driver.allocation.clearing import ClearingInputs, candidates, steering_limit
 from flexgpu.driver.allocation.state import DeviceId
@@ -364,3 +364,11 @@ def test_a_one_g_claim_is_never_what_a_gpu_is_cleared_for() -> None:
     clearing, _, _ = _clearing(rules)
     clearing.run_pass(load(ClusterState(), **objects), NOW)
     assert rules.rules == {}
+
+
+def test_the_clearing_flags_reach_the_controllers_configuration() -> None:
+    config = config_from_args(
+        build_parser().parse_args(["--clearing-share=0.2", "--clearing-max=2h"])
+    )
+    assert (config.clearing_share, config.clearing_max_s) == (0.2, 7200.0)
+    assert config_from_args(build_parser().parse_args([])).clearing_share == 0.0
