@@ -4,7 +4,9 @@ keep a whole-GPU claim waiting; the controller taints the GPU with fewest holder
 claim is allocated that GPU and the taints are removed.
 
 Slices are published straight from the simulated backend (no plugin process: nothing has to
-run on the node), as in test_controller.py; the pods are bound, never started.
+run on the node), as in test_controller.py; the pods are never started. Run with the node's
+partitions with and without flexgpu's binding conditions (there the test reports each
+partition ready, as the plugin would, so the pods are bound).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from flexgpu.controller.taint_rules import (
     PLURAL,
     TaintRules,
 )
-from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.names import DRIVER_NAME, PARTITION_READY_CONDITION
 from flexgpu.driver.sim_backend import SimulatedBackend
 from flexgpu.driver.topology import load_topology
 from flexgpu.kubelet_plugin.api.kube_api import KubeApi
@@ -94,6 +97,34 @@ def _device(api: Any, ns: str, claim: str) -> str:
     return str(status.allocation.devices.results[0].device)
 
 
+def _allocated(api: Any, ns: str, claim: str, ready: bool) -> str:
+    """Waits for the claim's device; with binding conditions, reports the partition ready as
+    the node's plugin would once it made it, so the scheduler binds the pod (holders run)."""
+    device = wait_for(lambda: _device(api, ns, claim), timeout_s=90, what=f"{claim} allocated")
+    if ready:
+        resource = client.ResourceV1Api(api)
+        result = resource.read_namespaced_resource_claim(claim, ns).status.allocation.devices
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": PARTITION_READY_CONDITION,
+            "status": "True",
+            "reason": "Made",
+            "message": "made by the test",
+            "lastTransitionTime": now,
+        }
+        devices = [
+            {"driver": r.driver, "pool": r.pool, "device": r.device, "conditions": [condition]}
+            for r in result.results
+        ]
+        resource.patch_namespaced_resource_claim_status(claim, ns, {"status": {"devices": devices}})
+        wait_for(
+            lambda: client.CoreV1Api(api).read_namespaced_pod(claim, ns).spec.node_name,
+            timeout_s=60,
+            what=f"pod {claim} bound",
+        )
+    return str(device)
+
+
 def _rules(api: Any, version: str) -> list[dict[str, Any]]:
     listed: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
         GROUP, version, PLURAL, label_selector=f"{MANAGED_LABEL}=true"
@@ -120,11 +151,16 @@ def rules_version(api: Any) -> str:
     return version
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(params=[False, True], ids=["binding-conditions-off", "binding-conditions-on"])
 def node(
-    api: Any, cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    """(namespace, node): one node with two H100s partitioned on demand."""
+    api: Any,
+    cluster: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[str, str, bool]]:
+    """(namespace, node, binding conditions): one node with two H100s partitioned on demand,
+    their partitions with or without flexgpu's binding conditions (the 1.36+ default; with
+    them the test reports each partition ready, as the plugin would, and the pod is bound)."""
     ensure_device_classes(api)
     tmp = tmp_path_factory.mktemp("clearing")
     run = uuid.uuid4().hex[:5]
@@ -135,11 +171,11 @@ def node(
     topology = tmp / "two.yaml"
     topology.write_text(yaml.safe_dump(TWO_H100))
     backend = SimulatedBackend(load_topology(str(topology)), name, state_path=tmp / "s.json")
-    devices = NodeDevices(backend, dynamic_mig={0, 1})
+    devices = NodeDevices(backend, dynamic_mig={0, 1}, binding_conditions=request.param)
     publisher = SlicePublisher(KubeApi.from_kubeconfig(cluster.kubeconfig), name)
     publisher.set_devices(devices.slice_devices(), devices.counter_sets())
     publisher.reconcile_once()
-    yield ns, name
+    yield ns, name, request.param
     core.delete_namespace(ns)
     publisher.delete_all()
     core.delete_node(name)
@@ -185,9 +221,9 @@ def controller(
 
 
 def test_a_gpu_is_cleared_for_a_waiting_whole_gpu_claim_without_moving_anyone(
-    api: Any, node: tuple[str, str], controller: Path, rules_version: str
+    api: Any, node: tuple[str, str, bool], controller: Path, rules_version: str
 ) -> None:
-    ns, name = node
+    ns, name, ready = node
     core = client.CoreV1Api(api)
     # One 1g partition on GPU 0, two on GPU 1: no whole GPU is free.
     holders = {"s0": 0, "s1a": 1, "s1b": 1}
@@ -195,8 +231,7 @@ def test_a_gpu_is_cleared_for_a_waiting_whole_gpu_claim_without_moving_anyone(
         _claim(api, ns, claim, "mig.flexgpu.dev", ONE_G, f"{A}.parentIndex == {gpu}")
         _pod(api, ns, claim, name)
     for claim, gpu in holders.items():
-        wait_for(lambda c=claim: _device(api, ns, c), timeout_s=60, what=f"{claim} allocated")
-        assert _device(api, ns, claim).startswith(f"gpu-{gpu}-mig-1g10gb")
+        assert _allocated(api, ns, claim, ready).startswith(f"gpu-{gpu}-mig-1g10gb")
 
     _claim(api, ns, "big", "gpu.flexgpu.dev")
     _pod(api, ns, "big", name)
@@ -238,17 +273,19 @@ def test_a_gpu_is_cleared_for_a_waiting_whole_gpu_claim_without_moving_anyone(
     # taints it goes to GPU 1.
     _claim(api, ns, "late", "mig.flexgpu.dev", ONE_G)
     _pod(api, ns, "late", name)
-    wait_for(lambda: _device(api, ns, "late"), timeout_s=60, what="late allocated")
-    assert _device(api, ns, "late").startswith("gpu-1-"), _device(api, ns, "late")
+    late = _allocated(api, ns, "late", ready)
+    assert late.startswith("gpu-1-"), late
 
     # GPU 0's holder ends: the waiting claim takes the whole GPU, the taints go.
     core.delete_namespaced_pod("s0", ns, grace_period_seconds=0)
     client.ResourceV1Api(api).delete_namespaced_resource_claim("s0", ns)
-    wait_for(lambda: _device(api, ns, "big"), timeout_s=90, what="big allocated")
-    assert _device(api, ns, "big") == "gpu-0"
+    assert _allocated(api, ns, "big", ready) == "gpu-0"
     wait_for(lambda: not steering(), timeout_s=30, what="the taints removed")
     wait_for(
         lambda: "GpuClearingEnded" in _reasons(api, ns, "ResourceClaim", "big"),
         timeout_s=30,
         what="GpuClearingEnded Event on the claim",
     )
+    # Nobody was moved: GPU 1's holders kept their partitions throughout.
+    assert _device(api, ns, "s1a").startswith("gpu-1-mig-1g10gb")
+    assert _device(api, ns, "s1b").startswith("gpu-1-mig-1g10gb")
