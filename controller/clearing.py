@@ -265,9 +265,7 @@ class Clearing:
             usable = evaluation.fit.usable if evaluation.fit is not None else None
             busy = {s.gpu for s in self._active.values()}
             found = [
-                c
-                for c in candidates(item.claim.model, inputs, usable)
-                if _gpu_text(c) not in busy and c.steer
+                c for c in candidates(item.claim.model, inputs, usable) if _gpu_text(c) not in busy
             ]
             if found:
                 self._start(item, found[0], wall)

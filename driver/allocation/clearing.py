@@ -10,7 +10,8 @@ as its pods end. This module decides which GPU, from the controller's snapshot a
   ``parentUUID``);
 - a GPU is a candidate for a claim when the claim cannot be allocated now, but could on that
   GPU's node once the claims holding that GPU's devices (its holders) were gone, and the
-  allocation found then uses a device of that GPU;
+  allocation found then uses a device of that GPU but not all of them (a shared GPU is one
+  device that the waiting claim and the small shares would both use: no candidate);
 - candidates are ranked by ``Candidate.score``: fewest holders, then the least memory they
   hold, then the holders that have run longest (of work of similar length, what has run
   longest has least left; nothing in the API says how long a pod will run).
@@ -181,6 +182,11 @@ def _candidate_on(
     keep = tuple(d for d in gpu.devices if d in chosen)
     if not keep:
         return None  # it fits there, but not on this GPU: clearing it would not help
+    steer = tuple(d for d in gpu.devices if d not in chosen)
+    if not steer:
+        # The claim would take every device of the GPU (a shared GPU is one device): a taint
+        # would keep the waiting claim off as well.
+        return None
     held = {d for d in gpu.devices if inputs.state.holders.get(d)}
     return Candidate(
         gpu=gpu,
@@ -188,7 +194,7 @@ def _candidate_on(
         held_memory=sum((inputs.memory.get(d, Fraction(0)) for d in held), Fraction(0)),
         youngest_holder_age_s=min(inputs.holder_ages.get(h, 0.0) for h in holders),
         keep_free=keep,
-        steer=tuple(d for d in gpu.devices if d not in chosen),
+        steer=steer,
     )
 
 

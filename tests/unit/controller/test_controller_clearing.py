@@ -12,7 +12,18 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_builders import NOW, A, claim, holding, load, node, pod, request, stamp
+from controller_builders import (
+    NOW,
+    A,
+    claim,
+    holding,
+    load,
+    node,
+    node_slices,
+    pod,
+    request,
+    stamp,
+)
 
 from flexgpu.controller.clearing import ENDED, STARTED, Clearing
 from flexgpu.controller.cluster_state import ClusterState, Snapshot
@@ -372,3 +383,26 @@ def test_the_clearing_flags_reach_the_controllers_configuration() -> None:
     )
     assert (config.clearing_share, config.clearing_max_s) == (0.2, 7200.0)
     assert config_from_args(build_parser().parse_args([])).clearing_share == 0.0
+
+
+def test_a_shared_gpu_is_never_cleared_since_the_waiting_claim_would_use_the_same_device() -> None:
+    # GPU 0 is shared and holds a 16Gi share; GPU 1 is whole and held. 20Gi of GPU 0 would
+    # fit once the share ended, but a taint on its one device would keep the claim off too.
+    objects = {
+        "slices": node_slices("l4", "l4-2-pcie", shared=(0,)),
+        "nodes": [node("l4")],
+        "claims": [
+            claim(
+                "big", request("shared-gpu.flexgpu.dev", capacity={"requests": {"memory": "20Gi"}})
+            ),
+            holding("share", "l4", "gpu-0", memory="16Gi"),
+            holding("hog", "l4", "gpu-1"),
+        ],
+        "pods": [pod("waits", "big")],
+    }
+    snap = load(ClusterState(), **objects)
+    assert choice(snap) == []
+    rules = Rules()
+    clearing, _, _ = _clearing(rules)
+    clearing.run_pass(snap, NOW)
+    assert rules.rules == {}
