@@ -31,6 +31,7 @@ from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.evaluation import Memo, evaluate
 from flexgpu.controller.events import EventTarget
 from flexgpu.controller.pending import PendingClaim, pending_claims
+from flexgpu.controller.records import CachedClaim
 from flexgpu.controller.taint_rules import ClearingFor, RuleInfo
 from flexgpu.driver.allocation.clearing import (
     Candidate,
@@ -113,6 +114,17 @@ def _since_wall(text: str, wall: datetime, now: float) -> float:
     if started.tzinfo is None:
         started = started.replace(tzinfo=UTC)
     return now - max(0.0, (wall - started).total_seconds())
+
+
+def _adopted_targets(steering: Steering, claim: CachedClaim | None) -> tuple[EventTarget, ...]:
+    node = EventTarget("Node", "v1", "", steering.gpu.partition("/")[0], "")
+    if claim is None:
+        return (node,)
+    model = claim.model
+    return (
+        EventTarget("ResourceClaim", "resource.k8s.io/v1", model.namespace, model.name, model.uid),
+        node,
+    )
 
 
 class Clearing:
@@ -208,6 +220,8 @@ class Clearing:
                 self._gave_up[uid] = now
             else:
                 continue
+            if not steering.targets:  # taken over from another leader: tell what is known
+                steering.targets = _adopted_targets(steering, claim)
             self._end(steering, outcome)
         for uid, at in list(self._gave_up.items()):
             if now - at >= self._max_s:

@@ -343,7 +343,7 @@ def test_a_new_leader_takes_over_the_rules_and_removes_them_when_the_claim_is_pl
     first, _, _ = _clearing(rules)
     first.run_pass(load(ClusterState(), **world(*FRAGMENTED)), NOW)
     made = dict(rules.rules)
-    second, _, _ = _clearing(rules)
+    second, sink, _ = _clearing(rules)
     state = ClusterState()
     second.run_pass(load(state, **world(*FRAGMENTED)), NOW)
     assert rules.rules == made  # taken over, not steered twice
@@ -351,6 +351,10 @@ def test_a_new_leader_takes_over_the_rules_and_removes_them_when_the_claim_is_pl
     placed["claims"][0] = held("big", "n1", "gpu-0")
     second.run_pass(load(state, **placed), NOW)
     assert rules.rules == {}
+    assert sorted(sink.events) == [
+        ("Node", "n1", ENDED, "Normal"),
+        ("ResourceClaim", "big", ENDED, "Normal"),
+    ]
 
 
 def test_nothing_is_done_where_no_device_taint_rule_api_is_served() -> None:
