@@ -228,6 +228,17 @@ def start_controller(plane: ControlPlane, share: float) -> subprocess.Popen[byte
     )
 
 
+def clearings(api: Any, publications: Sequence[str]) -> int:
+    """GpuClearing Events the controller recorded on the replay's pods."""
+    core: Any = client.CoreV1Api(api)
+    return sum(
+        1
+        for p in publications
+        for e in core.list_namespaced_event(namespace_of(p)).items
+        if e.reason == "GpuClearing" and e.involved_object.kind == "Pod"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1)
@@ -262,10 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             replay(api, requests, args.steps, args.publications)
         finally:
-            if controller is not None:
-                controller.terminate()
-                controller.wait(30)
             report(requests, args)
+            if controller is not None:
+                print(f"GPU clearings started: {clearings(api, args.publications)}")
+                controller.terminate()
+                try:
+                    controller.wait(30)
+                except subprocess.TimeoutExpired:
+                    controller.kill()
+                    controller.wait()
     return 0
 
 
