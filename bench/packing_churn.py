@@ -4,7 +4,7 @@ scheduler against flexgpu's publication and the NVIDIA-style one side by side (o
 publications named by ``--publications``, from ``bench.scale_publications.PUBLICATIONS``):
 
     python -m bench.packing_churn [--nodes 1] [--steps 40] [--seed 7] [--arrivals-per-gpu 0.3]
-        [--publications flexgpu,nvidia-style]
+        [--publications flexgpu,nvidia-style] [--clearing SHARE]
 
 Each publication gets its own ``--nodes`` hollow HGX H100 nodes with all 8 GPUs in dynamic MIG
 (``bench.scale_publications``); every request of the trace is made once for each group
@@ -14,7 +14,9 @@ be placed waits. After each step's arrivals and departures the scheduler is give
 has been placed for a few seconds. Reported per publication: for the large requests (3g, 4g,
 7g, whole GPU) how many were placed by the end and their mean wait in steps, and the same for
 the small ones. Both groups share one scheduler and the same clock, so noise hits both alike.
-Nothing is asserted.
+Nothing is asserted. ``--clearing`` runs flexgpu's controller beside the replay with GPU
+clearing at that share of the GPUs (``--clearing-share``, pending delay 1 s), so large
+requests that wait get a GPU steered for them; compare with a run without it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -179,7 +182,8 @@ def report(requests: Sequence[Request], args: argparse.Namespace) -> None:
     print()
     print(
         f"{len(requests)} requests over {args.steps} steps (seed {args.seed}), "
-        f"{args.nodes} nodes x 8 H100 in dynamic MIG per publication"
+        f"{args.nodes} nodes x 8 H100 in dynamic MIG per publication, GPU clearing "
+        + (f"at share {args.clearing}" if args.clearing else "off")
     )
     print(
         f"{'publication':24s}{'size':7s}{'arrived':>9s}{'placed':>8s}{'mean wait':>11s}"
@@ -204,6 +208,37 @@ def report(requests: Sequence[Request], args: argparse.Namespace) -> None:
         print(f"  {kind:8s} " + " / ".join(f"{n:3d}" for n in got) + f" of {len(mine)}")
 
 
+def start_controller(plane: ControlPlane, share: float) -> subprocess.Popen[bytes]:
+    """flexgpu's controller with GPU clearing, its log in the control plane's folder."""
+    log = (plane.workdir / "controller.log").open("wb")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flexgpu.controller.main",
+            f"--kubeconfig={plane.kubeconfig}",
+            "--namespace=default",
+            "--pending-delay=1",
+            "--metrics-port=0",
+            "--no-webhook",
+            f"--clearing-share={share}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def clearings(api: Any, publications: Sequence[str]) -> int:
+    """GpuClearing Events the controller recorded on the replay's pods."""
+    core: Any = client.CoreV1Api(api)
+    return sum(
+        1
+        for p in publications
+        for e in core.list_namespaced_event(namespace_of(p)).items
+        if e.reason == "GpuClearing" and e.involved_object.kind == "Pod"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1)
@@ -211,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--arrivals-per-gpu", type=float, default=0.3)
     parser.add_argument("--publications", type=lambda s: s.split(","), default=list(PUBLICATIONS))
+    parser.add_argument("--clearing", type=float, default=0.0, metavar="SHARE")
     args = parser.parse_args(argv)
     unknown = set(args.publications) - set(KNOWN)
     if unknown:
@@ -233,10 +269,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             publish(api, publication, nodes)
             make_namespace(api, namespace_of(publication))
+        controller = start_controller(plane, args.clearing) if args.clearing else None
         try:
             replay(api, requests, args.steps, args.publications)
         finally:
             report(requests, args)
+            if controller is not None:
+                print(f"GPU clearings started: {clearings(api, args.publications)}")
+                controller.terminate()
+                try:
+                    controller.wait(30)
+                except subprocess.TimeoutExpired:
+                    controller.kill()
+                    controller.wait()
     return 0
 
 

@@ -19,6 +19,7 @@ from kubernetes import client
 
 from flexgpu.controller import metrics, policy_status
 from flexgpu.controller.binding_waits import BindingWaits
+from flexgpu.controller.clearing import Clearing
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.driver.backoff import Backoff
@@ -38,11 +39,13 @@ class ActiveWork:
         is_leader: Callable[[], bool],
         *,
         binding_waits: BindingWaits | None = None,
+        clearing: Clearing | None = None,
         tick_s: float = TICK_S,
     ) -> None:
         self._state = state
         self._diagnostics = diagnostics
         self._binding_waits = binding_waits
+        self._clearing = clearing
         self._api = api
         self._is_leader = is_leader
         self._pending_clock = metrics.PendingClock()
@@ -63,6 +66,8 @@ class ActiveWork:
         self._diagnostics.forget()
         if self._binding_waits is not None:
             self._binding_waits.forget()
+        if self._clearing is not None:
+            self._clearing.forget()
         self._pending_clock = metrics.PendingClock()
         metrics.POOL.update(None)
 
@@ -91,4 +96,6 @@ class ActiveWork:
             patches = policy_status.desired_patches(snapshot.policies, snapshot.nodes, wall)
             if patches:
                 policy_status.apply_patches(self._api, patches)
+        if self._clearing is not None and self._is_leader():
+            self._clearing.run_pass(snapshot, wall)
         self.passes += 1

@@ -13,12 +13,14 @@ from flexgpu.controller import kube, metrics
 from flexgpu.controller.active import ActiveWork
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
 from flexgpu.controller.claim_labels import ClaimLabeller
+from flexgpu.controller.clearing import DEFAULT_MAX_S, Clearing
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.events import EventRecorder
 from flexgpu.controller.idle_events import IdleClaimNotifier, claim_reader
 from flexgpu.controller.leader import LeaseElector
 from flexgpu.controller.reflector import Reflector, start_reflectors
+from flexgpu.controller.taint_rules import TaintRules
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,10 @@ class ControllerConfig:
     owner: dict[str, Any] | None = None
     # How long a pod may wait for flexgpu's binding conditions before it gets an Event.
     binding_grace_s: float = DEFAULT_GRACE_S
+    # Share of the cluster's GPUs that may be kept clear for waiting claims at once (0: off;
+    # controller/clearing.py), and how long one GPU is kept clear at most.
+    clearing_share: float = 0.0
+    clearing_max_s: float = DEFAULT_MAX_S
 
 
 class Controller:
@@ -71,12 +77,22 @@ class Controller:
             grace_s=config.binding_grace_s,
             reemit_s=config.reemit_s,
         )
+        self.clearing: Clearing | None = None
+        if config.clearing_share > 0:
+            self.clearing = Clearing(
+                TaintRules(work_api),
+                EventRecorder(work_api, config.identity),
+                delay_s=config.pending_delay_s,
+                share=config.clearing_share,
+                max_s=config.clearing_max_s,
+            )
         self.work = ActiveWork(
             self.state,
             self.diagnostics,
             work_api,
             lambda: self.elector.is_leader,
             binding_waits=self.binding_waits,
+            clearing=self.clearing,
         )
         self._reflectors: list[Reflector] = []
         self.idle: IdleClaimNotifier | None = None

@@ -52,13 +52,23 @@ class EventRecorder:
         self._core = client.CoreV1Api(api)
         self._instance = instance
 
-    def emit(self, target: EventTarget, reason: str, message: str, *, repeat: bool) -> None:
+    def emit(
+        self,
+        target: EventTarget,
+        reason: str,
+        message: str,
+        *,
+        repeat: bool,
+        event_type: str = "Warning",
+    ) -> None:
         name = event_name(target, reason, message)
         now = _now()
+        # Events about cluster-scoped objects (Nodes) live in "default", as kubectl looks.
+        namespace = target.namespace or "default"
         body: Any = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": target.namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "involvedObject": {
                 "apiVersion": target.api_version,
                 "kind": target.kind,
@@ -68,7 +78,7 @@ class EventRecorder:
             },
             "reason": reason,
             "message": message,
-            "type": "Warning",
+            "type": event_type,
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
             "reportingInstance": self._instance,
@@ -77,7 +87,7 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(target.namespace, body)
+            self._core.create_namespaced_event(namespace, body)
             return
         except client.ApiException as err:
             if err.status != HTTP_CONFLICT:
@@ -85,10 +95,10 @@ class EventRecorder:
         if not repeat:
             return  # already said, by us before a restart or by the previous leader
         try:
-            current: Any = self._core.read_namespaced_event(name, target.namespace)
+            current: Any = self._core.read_namespaced_event(name, namespace)
             self._core.patch_namespaced_event(
                 name,
-                target.namespace,
+                namespace,
                 {"count": (current.count or 1) + 1, "lastTimestamp": now},
             )
         except client.ApiException as err:

@@ -27,6 +27,7 @@ from flexgpu.controller import kube
 from flexgpu.controller.admission_server import add_webhook_arguments, options_from_args
 from flexgpu.controller.app import Controller, ControllerConfig
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S
+from flexgpu.controller.clearing import DEFAULT_MAX_S
 from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.owner import deployment_owner
@@ -44,6 +45,18 @@ def _default_identity() -> str:
     # In a pod, the pod name is unique and readable in `kubectl get lease`.
     base = os.environ.get("POD_NAME") or socket.gethostname()
     return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"--clearing-share {text!r}: must be a number from 0 (off) to 1"
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="record GpuBindingConditionPending once a pod has waited this long for flexgpu's "
         f"binding conditions (Kubernetes 1.36+; default {DEFAULT_GRACE_S:.0f})",
+    )
+    parser.add_argument(
+        "--clearing-share",
+        type=_share,
+        default=0.0,
+        metavar="FRACTION",
+        help="keep new claims off at most this share of the cluster's GPUs so they empty for "
+        "claims that wait on fragmented capacity, e.g. 0.1 (default 0: off)",
+    )
+    parser.add_argument(
+        "--clearing-max",
+        type=parse_duration,
+        default=DEFAULT_MAX_S,
+        metavar="DURATION",
+        help="stop keeping a GPU clear after this long, e.g. 1h (default 1h)",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=8080, help="Prometheus endpoint port; 0 turns it off"
@@ -159,6 +187,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         recheck_s=args.recheck_interval,
         reemit_s=args.reemit_interval,
         binding_grace_s=args.binding_grace,
+        clearing_share=args.clearing_share,
+        clearing_max_s=args.clearing_max,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),

@@ -436,6 +436,74 @@ def test_controller_may_write_only_its_own_webhook_configuration(
         admin.delete_validating_webhook_configuration(other)
 
 
+def _taint_rule(name: str, *, effect: str = "NoSchedule", **overrides: Any) -> dict[str, Any]:
+    """A DeviceTaintRule as the controller's GPU clearing writes it, with ``overrides``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": name,
+            "labels": overrides.get("labels", {"flexgpu.dev/clearing": "true"}),
+        },
+        "spec": {
+            "deviceSelector": {
+                "driver": overrides.get("driver", "gpu.flexgpu.dev"),
+                "pool": "chart-node-a",
+                "device": "gpu-0",
+            },
+            "taint": {"key": overrides.get("key", "flexgpu.dev/clearing"), "effect": effect},
+        },
+    }
+
+
+def test_controller_may_write_only_its_own_clearing_taint_rules(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    if target_minor() < 37:
+        pytest.skip("resource.k8s.io/v1 DeviceTaintRules are served from Kubernetes 1.37")
+    rules = ("resource.k8s.io", "v1", "devicetaintrules")
+    admin: Any = client.CustomObjectsApi(api)
+    kubeconfig = service_account_kubeconfig(
+        api, cluster.kubeconfig, NS, CONTROLLER_SA, cluster.workdir / "controller-rules.kubeconfig"
+    )
+    as_controller: Any = client.CustomObjectsApi(
+        config.new_client_from_config(config_file=str(kubeconfig))
+    )
+    foreign = _taint_rule("someone-elses-rule", labels={})
+    admin.create_cluster_custom_object(*rules, foreign)
+    try:
+        evicting = _taint_rule("flexgpu-clearing-evict", effect="NoExecute")
+        _policies_loaded(as_controller.create_cluster_custom_object, *rules, evicting)
+        # Evicting pods, another key, another driver's devices, a rule not labelled its own.
+        assert "flexgpu.dev/clearing and effect NoSchedule" in _denial(
+            as_controller.create_cluster_custom_object, *rules, evicting
+        )
+        for bad in (
+            _taint_rule("flexgpu-clearing-key", key="example.com/drain"),
+            _taint_rule("flexgpu-clearing-driver", driver="gpu.nvidia.com"),
+            _taint_rule("flexgpu-clearing-unlabelled", labels={}),
+        ):
+            _denial(as_controller.create_cluster_custom_object, *rules, bad)
+        # Another's rule: not deletable, not changeable (no update or patch at all).
+        _denial(as_controller.delete_cluster_custom_object, *rules, "someone-elses-rule")
+        _denial(
+            as_controller.patch_cluster_custom_object,
+            *rules,
+            "someone-elses-rule",
+            {"metadata": {"labels": {"flexgpu.dev/clearing": "true"}}},
+        )
+        assert admin.get_cluster_custom_object(*rules, "someone-elses-rule")
+        # What GPU clearing needs goes through: create, list, delete its own.
+        as_controller.create_cluster_custom_object(*rules, _taint_rule("flexgpu-clearing-ok"))
+        listed = as_controller.list_cluster_custom_object(
+            *rules, label_selector="flexgpu.dev/clearing=true"
+        )
+        assert [r["metadata"]["name"] for r in listed["items"]] == ["flexgpu-clearing-ok"]
+        as_controller.delete_cluster_custom_object(*rules, "flexgpu-clearing-ok")
+    finally:
+        admin.delete_cluster_custom_object(*rules, "someone-elses-rule")
+
+
 def test_plugin_may_write_only_its_own_node_and_driver(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:
