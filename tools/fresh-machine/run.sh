@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs the README's commands on a machine that has nothing: a minimal Debian root filesystem
+# (mmdebstrap's minbase variant: the essential packages and apt, so no Go, no gcc, no Python),
+# a clean copy of this checkout's HEAD (git archive) in /root/flexgpu, and then, as root inside
+# it, one of:
+#
+#   tools/fresh-machine/run.sh go     make system-deps, then `go version` as make's builds see
+#                                     it (Debian's golang-go fetching the toolchain: minutes)
+#   tools/fresh-machine/run.sh demo   make demo, then make demo-down (cold: every build)
+#
+# and prints how long the command took. The root filesystem is made anew each run under
+# FLEXGPU_FRESH_DIR (default /var/tmp/flexgpu-fresh-machine; FLEXGPU_FRESH_SUITE picks the
+# Debian release, default bookworm), so its caches (Go modules, builds, the venv's wheels) start
+# empty and stay there: nothing of this machine's ~/.cache/flexgpu is used. It runs in mount and
+# PID namespaces of its own, with /proc, /sys (cgroups included), /dev and a /run of its own
+# mounted as the demo's real node needs; every process it started ends with it, and the
+# network is this machine's (the Debian mirror, PyPI and the Go module proxy must be reachable).
+# Needs root (chroot, mounts); installs mmdebstrap with apt-get when it is missing.
+set -euo pipefail
+
+what=${1:-}
+case "$what" in
+  go | demo) ;;
+  *)
+    echo "usage: $0 go|demo (got '$what')" >&2
+    exit 2
+    ;;
+esac
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: run as root: a root filesystem is made with mmdebstrap and entered with chroot" >&2
+  exit 2
+fi
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+base=${FLEXGPU_FRESH_DIR:-/var/tmp/flexgpu-fresh-machine}
+suite=${FLEXGPU_FRESH_SUITE:-bookworm}
+rootfs="$base/rootfs-$what"
+
+if ! command -v mmdebstrap >/dev/null 2>&1; then
+  echo "==> apt-get install mmdebstrap" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+fi
+
+# A previous run's root filesystem goes first: a cold run means empty caches.
+if [ -d "$rootfs" ]; then
+  if grep -q " $rootfs/" /proc/self/mounts; then
+    echo "error: something is still mounted under $rootfs (a run in progress?)" >&2
+    exit 2
+  fi
+  rm -rf "$rootfs"
+fi
+mkdir -p "$base"
+start=$SECONDS
+echo "==> Debian $suite (minbase) into $rootfs" >&2
+mmdebstrap --quiet --mode=root --variant=minbase "$suite" "$rootfs" http://deb.debian.org/debian
+echo "==> root filesystem made in $((SECONDS - start)) s: $(du -sh "$rootfs" | cut -f1)" >&2
+cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+mkdir -p "$rootfs/root/flexgpu"
+git -C "$repo" archive HEAD | tar -x -C "$rootfs/root/flexgpu"
+echo "==> $(git -C "$repo" rev-parse --short HEAD) of $repo copied to /root/flexgpu" >&2
+
+# What runs inside: a newcomer's shell as root. make itself is the one thing a bare Debian
+# lacks before the README's first command can run, so it is installed the way they would.
+case "$what" in
+  go)
+    inner='make system-deps && echo "go on make'"'"'s PATH: $(make -s --eval "go-path: ; @command -v go; go version" go-path)"'
+    ;;
+  demo)
+    inner='make demo && make demo-down'
+    ;;
+esac
+script="set -euo pipefail
+cd /root/flexgpu
+apt-get update -qq >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends make >/dev/null
+start=\$(date +%s)
+$inner
+end=\$(date +%s)
+echo \"==> cold $what inside the fresh machine: \$(( (end - start) / 60 )) min \$(( (end - start) % 60 )) s\""
+
+# PID 1 of the new PID namespace mounts the machine's file systems into the root filesystem
+# (private to its mount namespace: they vanish with it) and enters it with a clean environment.
+unshare --mount --pid --fork --propagation private -- bash -euo pipefail -c '
+  rootfs=$1 script=$2
+  mount -t proc proc "$rootfs/proc"
+  mount --rbind /sys "$rootfs/sys"
+  mount --rbind /dev "$rootfs/dev"
+  mount -t tmpfs tmpfs "$rootfs/run"
+  exec chroot "$rootfs" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -c "$script"
+' fresh-machine "$rootfs" "$script"
