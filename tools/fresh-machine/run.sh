@@ -55,6 +55,12 @@ echo "==> Debian $suite (minbase) into $rootfs" >&2
 mmdebstrap --quiet --mode=root --variant=minbase "$suite" "$rootfs" http://deb.debian.org/debian
 echo "==> root filesystem made in $((SECONDS - start)) s: $(du -sh "$rootfs" | cut -f1)" >&2
 cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+# The network is this machine's: a CA it added for a proxy that intercepts HTTPS is added to
+# the fresh machine too (ca-certificates takes it in when system-deps installs that package).
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$rootfs/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+fi
 mkdir -p "$rootfs/root/flexgpu"
 git -C "$repo" archive HEAD | tar -x -C "$rootfs/root/flexgpu"
 echo "==> $(git -C "$repo" rev-parse --short HEAD) of $repo copied to /root/flexgpu" >&2
@@ -63,10 +69,12 @@ echo "==> $(git -C "$repo" rev-parse --short HEAD) of $repo copied to /root/flex
 # lacks before the README's first command can run, so it is installed the way they would.
 case "$what" in
   go)
-    inner='make system-deps && echo "go on make'"'"'s PATH: $(make -s --eval "go-path: ; @command -v go; go version" go-path)"'
+    inner='make system-deps
+echo "go on make'"'"'s PATH: $(make -s --eval "go-path: ; @command -v go; go version" go-path)"'
     ;;
   demo)
-    inner='make demo && make demo-down'
+    inner='make demo
+make demo-down'
     ;;
 esac
 script="set -euo pipefail
