@@ -100,7 +100,10 @@ install_toolchain() { # <version>
     ln -sfn "go$version/bin" "$dir/bin.new" && mv -T "$dir/bin.new" "$dir/bin"
     return 0
   fi
-  echo "==> Go $version from the Go module proxy into $dir (about 70 MB)" >&2
+  # What a run killed half-way left (the lock says no other run is at work).
+  chmod -R u+w "$dir"/.download.* 2>/dev/null || true
+  rm -rf "$dir"/.download.* "$dir/go$version.tmp"
+  echo "==> Go $version from the Go module proxy into $dir (a download of about 70 MB)" >&2
   # The module cache is read-only by design; a private one is removed whole afterwards.
   tmp=$(mktemp -d "$dir/.download.XXXXXX")
   trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -112,7 +115,6 @@ install_toolchain() { # <version>
   fi
   src="$tmp/mod/$mod"
   chmod -R u+w "$src"
-  rm -rf "$dir/go$version.tmp"
   mv "$src" "$dir/go$version.tmp"
   # Module zips carry no file modes; the go command sets these same bits after its own fetch.
   chmod 0755 "$dir/go$version.tmp"/bin/* "$dir/go$version.tmp"/pkg/tool/*/*
@@ -120,6 +122,7 @@ install_toolchain() { # <version>
   got=$("$dir/go$version.tmp/bin/go" version)
   if [[ "$got" != "go version go$version "* ]]; then
     echo "error: $mod holds '$got', not go$version" >&2
+    rm -rf "$dir/go$version.tmp"
     exit 2
   fi
   mv -T "$dir/go$version.tmp" "$dir/go$version"

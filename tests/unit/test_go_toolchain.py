@@ -197,8 +197,21 @@ def test_a_module_holding_another_version_is_refused(tmp_path: Path) -> None:
     result = _run([], env)
     assert result.returncode == 2
     assert f"not go{NEED}" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "cache" / "go").iterdir()) == [".lock"]
+
+
+def test_what_a_killed_fetch_left_is_cleared_before_the_next(tmp_path: Path) -> None:
+    env, _ = _machine(tmp_path, "1.19.8")
     go_dir = tmp_path / "cache" / "go"
-    assert not (go_dir / "bin").exists() and not (go_dir / f"go{NEED}").exists()
+    # A private module cache (read-only, as go leaves it) and a half-moved toolchain.
+    stale = go_dir / ".download.abc123" / "mod" / "golang.org"
+    stale.mkdir(parents=True)
+    stale.chmod(0o555)
+    stale.parent.chmod(0o555)
+    (go_dir / f"go{NEED}.tmp" / "bin").mkdir(parents=True)
+    result = _run([], env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in go_dir.iterdir()) == [".lock", "bin", f"go{NEED}"]
 
 
 def _tools_copy(tmp_path: Path, modules: dict[str, str], own_toolchain: str = "") -> Path:
