@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import put_fetched_go_first
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "go-toolchain.sh"
 
@@ -283,3 +285,18 @@ def test_make_puts_the_cached_toolchain_first_on_path(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(bin_dir / "go")
+
+
+def test_pytest_run_directly_puts_the_fetched_toolchain_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEXGPU_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    put_fetched_go_first()
+    assert os.environ["PATH"] == "/usr/bin:/bin"  # nothing fetched: nothing changes
+    bin_dir = tmp_path / "go" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "go").write_text("#!/bin/sh\n")
+    put_fetched_go_first()
+    put_fetched_go_first()
+    assert os.environ["PATH"] == f"{bin_dir}:/usr/bin:/bin"
