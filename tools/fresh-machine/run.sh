@@ -37,6 +37,13 @@ base=${FLEXGPU_FRESH_DIR:-/var/tmp/flexgpu-fresh-machine}
 suite=${FLEXGPU_FRESH_SUITE:-bookworm}
 rootfs="$base/rootfs-$what"
 
+mkdir -p "$base"
+# One run per root filesystem: its mounts live in its own namespace, invisible from here.
+exec 7>"$rootfs.lock"
+if ! flock -n 7; then
+  echo "error: a '$what' run is still using $rootfs (it holds $rootfs.lock)" >&2
+  exit 2
+fi
 if ! command -v mmdebstrap >/dev/null 2>&1; then
   echo "==> apt-get install mmdebstrap" >&2
   apt-get update -qq >/dev/null
@@ -44,14 +51,7 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
 fi
 
 # A previous run's root filesystem goes first: a cold run means empty caches.
-if [ -d "$rootfs" ]; then
-  if grep -q " $rootfs/" /proc/self/mounts; then
-    echo "error: something is still mounted under $rootfs (a run in progress?)" >&2
-    exit 2
-  fi
-  rm -rf "$rootfs"
-fi
-mkdir -p "$base"
+rm -rf "$rootfs"
 start=$SECONDS
 echo "==> Debian $suite (minbase) into $rootfs" >&2
 mmdebstrap --quiet --mode=root --variant=minbase "$suite" "$rootfs" http://deb.debian.org/debian
