@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 # (tools/k8s/releases/<minor>); empty: the release tools/k8s/go.mod pins (1.37).
 K8S ?= $(FLEXGPU_K8S)
 export FLEXGPU_K8S := $(K8S)
+# The Go toolchain tools/go-toolchain.sh (run by system-deps) fetches when the machine's go is
+# missing or older than the go.mod files need: first on PATH for every build (absent: no effect).
+export PATH := $(or $(FLEXGPU_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flexgpu)/go/bin:$(PATH)
 # -rs prints every skip with its reason (a test of a feature the release lacks included).
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
@@ -18,9 +21,9 @@ PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 setup: system-deps venv control-plane helm-tools nvml-mock nvidia-ctk node nvidia-driver
 
 # Debian packages the machine itself needs (the real node's build and namespaces, the package
-# lists its images come from), installed with apt-get when missing: first, so that a fresh
-# machine learns it in seconds rather than after the long builds. Not root: one line says what
-# to run.
+# lists its images come from), installed with apt-get when missing, then the Go toolchain the
+# go.mod files need (tools/go-toolchain.sh): first, so that a fresh machine learns it in
+# seconds or minutes rather than after the long builds. Not root: one line says what to run.
 system-deps:
 	@bash tools/system-deps.sh node
 

@@ -21,7 +21,21 @@ _RELEASE_SKIPS: list[tuple[str, str]] = []
 _MINOR: list[int] = []
 
 
+def put_fetched_go_first() -> None:
+    """pytest run directly, not through make, finds the Go toolchain tools/go-toolchain.sh
+    fetched where the machine's go is missing or too old: first on PATH, as the Makefile puts
+    it (the builds the tests start need it)."""
+    cache = os.environ.get("FLEXGPU_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexgpu"
+    )
+    bin_dir = str(Path(cache) / "go" / "bin")
+    path = os.environ.get("PATH", "")
+    if Path(bin_dir, "go").exists() and bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    put_fetched_go_first()
     config.addinivalue_line(
         "markers",
         "requires_k8s(release, why): skipped, with why printed, on releases older than release",

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The Debian packages that `make demo` (set "node") and `make test` (set "test") need on the
-# machine itself, installed with apt-get when any is missing. Everything else (Go modules,
-# PyPI wheels, helm and kubectl) the other set-up steps fetch into caches of their own.
+# machine itself, installed with apt-get when any is missing, then the Go toolchain the go.mod
+# files need (tools/go-toolchain.sh: from Debian's golang-go when there is no go at all).
+# Everything else (Go modules, PyPI wheels, helm and kubectl) the other set-up steps fetch into
+# caches of their own.
 #
 #   tools/system-deps.sh node|test [--check]
 #
 # As root it installs what is missing; not as root it prints one line naming the command to run
-# and exits 2; with --check it only lists what is missing (exit 1 if anything is).
+# and exits 2 (the Go toolchain needs no root: it goes into the user's cache); with --check it
+# only lists what is missing (exit 1 if anything is).
 # FLEXGPU_APT_GET overrides the apt-get command (the tests point it at a recorder).
 set -euo pipefail
 
+# The script's folder, without dirname: the tests run it on a PATH of bash and id only.
+here=${BASH_SOURCE[0]%/*}
+[ "$here" = "${BASH_SOURCE[0]}" ] && here=.
 set_name=${1:-}
 mode=${2:-install}
 case "$set_name" in
@@ -49,6 +55,8 @@ fi
 have ip || want iproute2 "the node's network namespace"
 { have unshare && have nsenter; } || want util-linux "the node's mount and PID namespaces"
 have mount || want mount "the node's mounts"
+# Any go can fetch the toolchain the builds need; with none, Debian's (1.19 on Debian 12) does.
+have go || want golang-go "fetches the Go toolchain the go.mod files need (tools/go-toolchain.sh)"
 # The node's images are assembled from Debian packages fetched with `apt-get download`,
 # which needs the package lists (a fresh machine or container often has none).
 if ! apt-cache show busybox-static >/dev/null 2>&1; then
@@ -62,9 +70,11 @@ if [ "$set_name" = test ]; then
 fi
 
 if [ ${#missing[@]} -eq 0 ] && [ $need_lists -eq 0 ]; then
-  exit 0
+  [ "$mode" = --check ] && exec bash "$here/go-toolchain.sh" --check
+  exec bash "$here/go-toolchain.sh"
 fi
 if [ "$mode" = --check ]; then
+  have go && { bash "$here/go-toolchain.sh" --check || true; }
   exit 1
 fi
 if ! have "$apt_get"; then
@@ -83,3 +93,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   # port), and a container without an init system cannot start one anyway.
   DEBIAN_FRONTEND=noninteractive "$apt_get" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# golang-go is any version; the one the go.mod files need comes from the Go module proxy.
+exec bash "$here/go-toolchain.sh"

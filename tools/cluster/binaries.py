@@ -128,8 +128,9 @@ def control_plane_dir() -> Path:
             return folder
     if shutil.which("go") is None:
         raise BinariesError(
-            "the Go toolchain is needed to build the local control plane: install go 1.26+ "
-            "or set KUBEBUILDER_ASSETS to a folder with the v1.37 binaries"
+            "the Go toolchain is needed to build the local control plane: `make setup` fetches "
+            "it (tools/system-deps.sh), or set KUBEBUILDER_ASSETS to a folder with the v1.37 "
+            "binaries"
         )
     return build(release=release)
 
