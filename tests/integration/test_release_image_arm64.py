@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from release import debs, oci
+from release import debs, oci, wheels
 from release.layers import cache_root
 from release import image as build
 from release.push import manifest_digest
@@ -156,3 +156,13 @@ def test_the_index_is_reproducible_and_holds_the_tested_amd64_image(
     again = build.flexgpu_index()
     assert again.archive.is_relative_to(tmp_path / "fresh")
     assert manifest_digest(str(again.archive)) == digest
+
+
+def test_a_dependency_without_an_arm64_wheel_stops_the_build_named(tmp_path: Path) -> None:
+    """Nothing is compiled for arm64: pycrypto 2.6.1 is published as a source archive only,
+    so the build stops naming it (and not idna, which has a wheel)."""
+    with pytest.raises(wheels.WheelError) as err:
+        wheels.download("arm64", ["idna==3.21", "pycrypto==2.6.1"], tmp_path)
+    assert "no linux/arm64 wheel for Python 3.11" in str(err.value)
+    assert "for pycrypto==2.6.1 (platforms manylinux2014_aarch64" in str(err.value)
+    assert "idna" not in str(err.value).split("pip said")[0]
