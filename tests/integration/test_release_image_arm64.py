@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from release import debs, oci, wheels
-from release.layers import cache_root
 from release import image as build
+from release.layers import cache_root
 from release.push import manifest_digest
 from tools.images import debian_rootfs
 

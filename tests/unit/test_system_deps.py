@@ -30,11 +30,7 @@ NODE_PACKAGES = [
 TEST_PACKAGES = [
     *NODE_PACKAGES,
     "prometheus",
-    *(
-        []
-        if os.uname().machine == "aarch64"
-        else ["gcc-aarch64-linux-gnu", "qemu-user-static"]
-    ),
+    *([] if os.uname().machine == "aarch64" else ["gcc-aarch64-linux-gnu", "qemu-user-static"]),
 ]
 
 
