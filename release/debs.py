@@ -6,10 +6,12 @@ checked against its archive keys, so the machine's apt configuration is never ch
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # The foreign lists are refreshed when older than this: the point release moves slowly, and
@@ -88,14 +90,25 @@ def fetch(packages: Sequence[str], cache: Path, arch: str | None = None) -> list
         else:
             missing.append(pkg)
     if missing:
-        options = [] if folder == cache else _foreign_apt(str(arch), folder / ".apt")
-        _run(["apt-get", *options, "download", *missing], folder)
+        with locked(folder / ".lock"):
+            # apt takes its own lock on the lists and fails at once where another build
+            # holds it: builds of other trees wait here instead.
+            options = [] if folder == cache else _foreign_apt(str(arch), folder / ".apt")
+            _run(["apt-get", *options, "download", *missing], folder)
         for pkg in missing:
             found = sorted(folder.glob(f"{pkg}_*_*.deb"))
             if not found:
                 raise DebError(f"apt-get download {pkg} left no {pkg}_*.deb in {folder}")
             debs.append(found[-1])
     return debs
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` (created if missing) while the block runs."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def version(deb: Path) -> str:

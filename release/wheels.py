@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from release import python_env
+from release import debs, python_env
 
 # Debian's architecture -> the machine name in wheel platform tags.
 MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
@@ -52,6 +52,7 @@ def _pip(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
 
 def requirements(arch: str) -> list[str]:
     """``name==version`` of every run-time dependency, markers read for ``arch``."""
+    platform_tags(arch)  # an architecture without wheels is refused, named
     closure = python_env.dependency_closure(machine=MACHINES[arch])
     return [f"{d.metadata['Name']}=={d.version}" for d in closure]
 
@@ -59,7 +60,9 @@ def requirements(arch: str) -> list[str]:
 def download(arch: str, wanted: Sequence[str], folder: Path) -> None:
     """The wheels of ``wanted`` for ``arch`` into ``folder`` (pip keeps what it has)."""
     folder.mkdir(parents=True, exist_ok=True)
-    proc = _pip(["download", *_target_options(arch), "--dest", str(folder), *wanted])
+    # Builds of other trees share the folder: one download at a time.
+    with debs.locked(folder / ".lock"):
+        proc = _pip(["download", *_target_options(arch), "--dest", str(folder), *wanted])
     if proc.returncode == 0:
         return
     # pip stops at the first miss: ask for each one to name every dependency that lacks one.

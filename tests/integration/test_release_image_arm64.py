@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import tarfile
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,9 @@ import pytest
 from release import debs, oci, wheels
 from release import image as build
 from release.layers import cache_root
-from release.push import manifest_digest
+from release.push import manifest_digest, push
 from tools.images import debian_rootfs
+from tools.registry.server import LocalRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -134,8 +137,18 @@ def _fresh_cache(tmp: Path, shared: Path) -> Path:
     return tmp
 
 
-def test_the_index_is_reproducible_and_holds_the_tested_amd64_image(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry"))
+    reg.start()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+def test_the_index_is_reproducible_holds_the_tested_amd64_image_and_is_pushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: LocalRegistry
 ) -> None:
     index = build.flexgpu_index()
     amd64 = manifest_digest(str(build.flexgpu_image("amd64").archive))
@@ -151,6 +164,16 @@ def test_the_index_is_reproducible_and_holds_the_tested_amd64_image(
         ("amd64", amd64),
         ("arm64", arm64),
     ]
+    # What the release pushes: the registry serves the index under the archive's digest.
+    pushed = push(str(index.archive), f"{registry.address}/flexgpu:release")
+    assert pushed == f"{registry.address}/flexgpu@{digest}"
+    req = urllib.request.Request(
+        f"http://{registry.address}/v2/flexgpu/manifests/release",
+        headers={"Accept": oci.INDEX_MEDIA_TYPE},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        served = json.loads(resp.read())["manifests"]
+    assert [m["digest"] for m in served] == [amd64, arm64]
     shared = cache_root().parent
     monkeypatch.setenv("FLEXGPU_CACHE", str(_fresh_cache(tmp_path / "fresh", shared)))
     again = build.flexgpu_index()
