@@ -5,20 +5,23 @@ packages from the source tree, as an OCI archive in the tool cache, without a co
 engine (layout and cache: release/layers.py). docs/releasing.md lists what decides its digest;
 ``--inputs`` prints it.
 
-    python -m release.image [--inputs]
+    python -m release.image [--platforms linux/amd64,linux/arm64] [--inputs]
 
-prints ``flexgpu, name, archive``.
+prints ``flexgpu, name, archive``. One platform (default: this machine's) gives an image; several
+give an image index over one image per platform, each built the same way from that
+architecture's Debian packages, wheels and cross-compiled Go programs.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from release import debs, oci, python_env
+from release import debs, oci, python_env, wheels
 from release.layers import (
     BUSYBOX_DEB,
     REGISTRY,
@@ -29,6 +32,7 @@ from release.layers import (
     busybox_rootfs,
     cache_root,
     cached_layer,
+    index_archive,
     layer_key,
     tree_bytes,
 )
@@ -55,9 +59,12 @@ SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 IMAGE_PYTHON = (3, 11)
 
 
-def _python_base(rootfs: Path) -> None:
-    busybox_rootfs(rootfs)
-    debs.unpack(debs.fetch(PYTHON_DEBS, cache_root() / "debs"), rootfs)
+ARCHITECTURES = ("amd64", "arm64")
+
+
+def _python_base(rootfs: Path, arch: str) -> None:
+    busybox_rootfs(rootfs, arch)
+    debs.unpack(debs.fetch(PYTHON_DEBS, cache_root() / "debs", arch), rootfs)
     # Debian's /bin is a link to usr/bin in a merged /usr; here busybox owns /bin.
     for name in ("python3", "python"):
         link = rootfs / "usr" / "bin" / name
@@ -67,7 +74,7 @@ def _python_base(rootfs: Path) -> None:
     shutil.rmtree(rootfs / "usr" / "share" / "man", ignore_errors=True)
 
 
-def _dependencies(rootfs: Path) -> None:
+def _dependencies(rootfs: Path, arch: str) -> None:
     if sys.version_info[:2] != IMAGE_PYTHON:
         # Compiled wheels (grpcio, pydantic-core, cryptography) are built per Python version.
         raise ImageBuildError(
@@ -76,8 +83,17 @@ def _dependencies(rootfs: Path) -> None:
             "its compiled dependencies would not load there; make the venv with python3.11"
         )
     site = rootfs / SITE_PACKAGES
-    site.mkdir(parents=True)
-    python_env.copy_dependencies(site)
+    if arch == debs.host_arch():
+        site.mkdir(parents=True)
+        python_env.copy_dependencies(site)
+    else:
+        # This environment's compiled modules are for this machine: the same versions'
+        # wheels for the other architecture.
+        wheels.install(arch, site, _wheel_cache(arch))
+
+
+def _wheel_cache(arch: str) -> Path:
+    return cache_root() / f"wheels-{arch}"
 
 
 def _project(rootfs: Path) -> None:
@@ -99,19 +115,20 @@ TOOLKIT_SCRIPT = buildcache.SCRIPTS["hooks"]
 TOOLKIT_PROGRAMS = ("nvidia-ctk", "nvidia-cdi-hook", "flexgpu-cdi-common", "flexgpu-cdi-hooks")
 
 
-def _toolkit_dir() -> Path:
+def _toolkit_dir(arch: str) -> Path:
     """The Go programs the image ships (nvidia-ctk, the static nvidia-cdi-hook,
-    flexgpu-cdi-common, flexgpu-cdi-hooks), built by hooks/ from its module pins."""
+    flexgpu-cdi-common, flexgpu-cdi-hooks), built by hooks/ from its module pins for
+    ``arch``."""
     try:
-        return buildcache.path("hooks", timeout=1800)
+        return buildcache.path("hooks", arch, timeout=1800)
     except buildcache.BuildError as e:
         raise ImageBuildError(str(e)) from e
 
 
-def _toolkit_layer() -> oci.Layer | None:
+def _toolkit_layer(arch: str) -> oci.Layer | None:
     if not TOOLKIT_SCRIPT.exists():
         return None
-    folder = _toolkit_dir()
+    folder = _toolkit_dir(arch)
     programs = [folder / name for name in TOOLKIT_PROGRAMS if (folder / name).is_file()]
 
     def populate(rootfs: Path) -> None:
@@ -120,24 +137,47 @@ def _toolkit_layer() -> oci.Layer | None:
         for program in programs:
             shutil.copy2(program, bin_dir / program.name)
 
-    # The tool cache names its folder after the tools' sources: that is the layer's key.
+    # The tool cache names its folder after the tools' sources and architecture: the key.
     return cached_layer("toolkit-" + _hash([folder.name.encode()]), populate)
 
 
-def flexgpu_image() -> BuiltImage:
-    base = cached_layer("python-" + _hash([d.encode() for d in PYTHON_DEBS]), _python_base)
-    deps = cached_layer("pydeps-" + _hash([python_env.dependency_key().encode()]), _dependencies)
-    toolkit = _toolkit_layer()
+def _check_arch(arch: str) -> str:
+    if arch not in ARCHITECTURES:
+        raise ImageBuildError(
+            f"platform linux/{arch} is not built; allowed: "
+            f"{', '.join('linux/' + a for a in ARCHITECTURES)}"
+        )
+    return arch
+
+
+def platform_image(arch: str | None = None) -> oci.PlatformImage:
+    """The layers and config of the image for linux/``arch`` (default: this machine's)."""
+    arch = _check_arch(arch or debs.host_arch())
+    tagged = arch.encode()
+    base = cached_layer(
+        "python-" + _hash([tagged, *(d.encode() for d in PYTHON_DEBS)]),
+        lambda rootfs: _python_base(rootfs, arch),
+    )
+    deps = cached_layer(
+        "pydeps-" + _hash([tagged, python_env.dependency_key().encode()]),
+        lambda rootfs: _dependencies(rootfs, arch),
+    )
+    toolkit = _toolkit_layer(arch)
+    app = cached_layer("flexgpu-" + _source_key(), _project)
+    layers = [base, deps, *([toolkit] if toolkit else []), app]
+    return oci.PlatformImage(arch, layers, _config())
+
+
+def _source_key() -> str:
     sources = [REPO / "pyproject.toml"]
-    app_key = _hash(
+    return _hash(
         [p.read_bytes() for p in sources]
         + [b for pkg in python_env.OWN_PACKAGES for b in tree_bytes(REPO / pkg)]
     )
-    app = cached_layer("flexgpu-" + app_key, _project)
-    layers = [base, deps, *([toolkit] if toolkit else []), app]
-    tag = _hash([layer.digest.encode() for layer in layers])
-    name = f"{REGISTRY}/flexgpu:{tag}"
-    config = oci.ImageConfig(
+
+
+def _config() -> oci.ImageConfig:
+    return oci.ImageConfig(
         cmd=("flexgpu-controller",),
         env={
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -151,7 +191,26 @@ def flexgpu_image() -> BuiltImage:
             "org.opencontainers.image.version": _version(),
         },
     )
-    return BuiltImage(name, archive(name, "flexgpu", layers, config))
+
+
+def flexgpu_image(arch: str | None = None) -> BuiltImage:
+    """The image for linux/``arch`` (default: this machine's, the one the tests run)."""
+    image = platform_image(arch)
+    tag = _hash([layer.digest.encode() for layer in image.layers])
+    if image.architecture != "amd64":
+        tag = f"{tag}-{image.architecture}"
+    name = f"{REGISTRY}/flexgpu:{tag}"
+    return BuiltImage(
+        name, archive(name, "flexgpu", list(image.layers), image.config, image.architecture)
+    )
+
+
+def flexgpu_index(archs: Sequence[str] = ARCHITECTURES) -> BuiltImage:
+    """The image index the release pushes: one image per architecture of ``archs``."""
+    images = [platform_image(arch) for arch in archs]
+    parts = [f"{i.architecture}:{layer.digest}".encode() for i in images for layer in i.layers]
+    name = f"{REGISTRY}/flexgpu:{_hash(parts)}-index"
+    return BuiltImage(name, index_archive(name, "flexgpu-index", images))
 
 
 def _version() -> str:
@@ -161,21 +220,25 @@ def _version() -> str:
     return match.group(1)
 
 
-def inputs() -> list[str]:
-    """What decides the flexgpu image's digest, one line each: the Debian packages (name
-    and version of each .deb), the Python distributions, the toolkit build and the source
-    tree's hash."""
-    found = [
-        f"deb {deb.name}" for deb in debs.fetch([BUSYBOX_DEB, *PYTHON_DEBS], cache_root() / "debs")
-    ]
+def inputs(archs: Sequence[str] | None = None) -> list[str]:
+    """What decides the flexgpu image's digest (of each architecture of ``archs``, default
+    this machine's), one line each: the Debian packages (name, version and architecture of
+    each .deb), the Python distributions (and another architecture's wheel files), the
+    toolkit build of each architecture and the source tree's hash."""
+    archs = [_check_arch(a) for a in archs or [debs.host_arch()]]
+    found: list[str] = []
+    for arch in archs:
+        fetched = debs.fetch([BUSYBOX_DEB, *PYTHON_DEBS], cache_root() / "debs", arch)
+        found += [f"deb {deb.name}" for deb in fetched]
     found += [f"python {line}" for line in python_env.dependency_key().splitlines()]
+    for arch in archs:
+        if arch != debs.host_arch():
+            wanted, cache = wheels.requirements(arch), _wheel_cache(arch)
+            wheels.download(arch, wanted, cache)
+            found += [f"wheel {name}" for name in wheels.wheel_files(arch, wanted, cache)]
     if TOOLKIT_SCRIPT.exists():
-        found.append(f"toolkit {_toolkit_dir().name}")
-    tree = _hash(
-        [(REPO / "pyproject.toml").read_bytes()]
-        + [b for pkg in python_env.OWN_PACKAGES for b in tree_bytes(REPO / pkg)]
-    )
-    found.append(f"source {tree} (version {_version()})")
+        found += [f"toolkit linux/{arch} {_toolkit_dir(arch).name}" for arch in archs]
+    found.append(f"source {_source_key()} (version {_version()})")
     return found
 
 
@@ -183,18 +246,36 @@ def _hash(parts: Iterable[bytes]) -> str:
     return layer_key(Path(__file__), parts)
 
 
+def _platforms(text: str) -> list[str]:
+    archs = []
+    for item in text.split(","):
+        os_name, _, arch = item.strip().partition("/")
+        if os_name != "linux" or not arch:
+            raise ImageBuildError(
+                f"--platforms: {item.strip()!r} is not a platform; expected linux/<arch> "
+                f"with <arch> one of {', '.join(ARCHITECTURES)}, comma-separated"
+            )
+        archs.append(_check_arch(arch))
+    if len(set(archs)) != len(archs):
+        raise ImageBuildError(f"--platforms: {text!r} names a platform twice")
+    return archs
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    unknown = [a for a in args if a != "--inputs"]
-    if unknown:
-        print(f"error: unknown argument {unknown[0]!r}; expected --inputs or none", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m release.image", description=__doc__)
+    parser.add_argument(
+        "--platforms",
+        help="comma-separated linux/<arch> (amd64, arm64); several give an image index",
+    )
+    parser.add_argument("--inputs", action="store_true", help="print what decides the digest")
+    args = parser.parse_args(argv)
     try:
-        if args:
-            print("\n".join(inputs()))
+        archs = _platforms(args.platforms) if args.platforms else [debs.host_arch()]
+        if args.inputs:
+            print("\n".join(inputs(archs)))
             return 0
-        image = flexgpu_image()
-    except (ImageBuildError, debs.DebError) as err:
+        image = flexgpu_index(archs) if len(archs) > 1 else flexgpu_image(archs[0])
+    except (ImageBuildError, debs.DebError, wheels.WheelError) as err:
         print(f"error: building the flexgpu image failed: {err}", file=sys.stderr)
         return 1
     print(f"flexgpu\t{image.name}\t{image.archive}")

@@ -9,10 +9,11 @@ the keep period."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,23 +77,46 @@ def cached_layer(key: str, populate: Callable[[Path], None]) -> oci.Layer:
     return layer
 
 
-def busybox_rootfs(rootfs: Path) -> None:
-    """Static busybox with a link per applet, plus the files a shell expects."""
-    debs.unpack(debs.fetch([BUSYBOX_DEB], cache_root() / "debs"), rootfs / ".deb")
+def busybox_rootfs(rootfs: Path, arch: str | None = None) -> None:
+    """Static busybox (of ``arch``, default this machine's) with a link per applet, plus the
+    files a shell expects."""
+    cache = cache_root() / "debs"
+    (deb,) = debs.fetch([BUSYBOX_DEB], cache, arch)
+    debs.unpack([deb], rootfs / ".deb")
     (rootfs / "bin").mkdir(exist_ok=True)
     shutil.move(str(rootfs / ".deb" / "bin" / "busybox"), rootfs / "bin" / "busybox")
     shutil.rmtree(rootfs / ".deb")
-    applets = subprocess.run(
-        [str(rootfs / "bin" / "busybox"), "--list"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for applet in applets:
+    for applet in _applets(deb, cache):
         link = rootfs / "bin" / applet
         if not link.exists():
             link.symlink_to("busybox")
     base_files(rootfs)
+
+
+def _applets(deb: Path, cache: Path) -> list[str]:
+    """The applets of the busybox in ``deb``, as this machine's busybox of the same Debian
+    source version lists them (one configuration builds every architecture's, and another
+    architecture's binary does not run here)."""
+    (native,) = debs.fetch([BUSYBOX_DEB], cache)
+    if _source_version(native) != _source_version(deb):
+        raise ImageBuildError(
+            f"{BUSYBOX_DEB} {debs.version(deb)} ({deb.name}) and this machine's "
+            f"{debs.version(native)} come from different sources: its applet list cannot "
+            "be read here; refresh the package lists so both are the current point release"
+        )
+    with tempfile.TemporaryDirectory(prefix="flexgpu-busybox-") as tmp:
+        debs.unpack([native], Path(tmp))
+        return subprocess.run(
+            [str(Path(tmp) / "bin" / "busybox"), "--list"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+
+
+def _source_version(deb: Path) -> str:
+    # A binNMU (+bN) rebuilds the same source for one architecture; the applets stay.
+    return re.sub(r"\+b\d+$", "", debs.version(deb))
 
 
 def base_files(rootfs: Path) -> None:
@@ -109,14 +133,37 @@ def base_files(rootfs: Path) -> None:
     (rootfs / "tmp").chmod(0o1777)
 
 
-def archive(name: str, file_name: str, layers: list[oci.Layer], config: oci.ImageConfig) -> Path:
+def archive(
+    name: str,
+    file_name: str,
+    layers: list[oci.Layer],
+    config: oci.ImageConfig,
+    architecture: str = "amd64",
+) -> Path:
     parts = [name.encode(), repr(config).encode()]
+    if architecture != "amd64":
+        parts.append(architecture.encode())
     key = layer_key(Path(__file__), parts + [layer.digest.encode() for layer in layers])
     dest = cache_root() / f"{file_name}-{key}.tar"
     if dest.exists():
         buildcache.touch(dest)
     else:
-        oci.write_archive(dest, name, layers, config)
+        oci.write_archive(dest, name, layers, config, architecture)
+        _evict(cache_root(), f"{file_name}-*.tar", keep=dest)
+    return dest
+
+
+def index_archive(name: str, file_name: str, images: Sequence[oci.PlatformImage]) -> Path:
+    """An archive of the image index ``name`` over ``images`` (one per platform)."""
+    parts = [name.encode()]
+    for image in images:
+        parts += [image.architecture.encode(), repr(image.config).encode()]
+        parts += [layer.digest.encode() for layer in image.layers]
+    dest = cache_root() / f"{file_name}-{layer_key(Path(__file__), parts)}.tar"
+    if dest.exists():
+        buildcache.touch(dest)
+    else:
+        oci.write_index_archive(dest, name, images)
         _evict(cache_root(), f"{file_name}-*.tar", keep=dest)
     return dest
 

@@ -92,11 +92,11 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_archive(dest: Path, name: str, layers: Sequence[Layer], config: ImageConfig) -> str:
-    """Writes an OCI layout archive holding one linux/amd64 image named ``name`` (a full
-    reference such as ``registry.k8s.io/pause:3.10.2``). Returns the manifest digest."""
-    if ":" not in name.rsplit("/", 1)[-1]:
-        raise ValueError(f"image name {name!r} has no tag; expected <repository>:<tag>")
+def _image_blobs(
+    layers: Sequence[Layer], config: ImageConfig, architecture: str
+) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+    """The config and manifest blobs of one image; returns them (manifest last) and the
+    manifest's descriptor with its platform."""
     cfg: dict[str, Any] = {
         "Env": [f"{k}={v}" for k, v in config.env.items()],
         "WorkingDir": config.working_dir,
@@ -110,7 +110,7 @@ def write_archive(dest: Path, name: str, layers: Sequence[Layer], config: ImageC
     if config.labels:
         cfg["Labels"] = dict(config.labels)
     image_config = {
-        "architecture": "amd64",
+        "architecture": architecture,
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": cfg,
@@ -131,24 +131,79 @@ def write_archive(dest: Path, name: str, layers: Sequence[Layer], config: ImageC
         ],
     }
     manifest_digest, manifest_bytes = _blob(json.dumps(manifest, sort_keys=True).encode())
-    index = {
-        "schemaVersion": 2,
-        "mediaType": INDEX_MEDIA_TYPE,
-        "manifests": [
-            {
-                "mediaType": MANIFEST_MEDIA_TYPE,
-                "digest": manifest_digest,
-                "size": len(manifest_bytes),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {CONTAINERD_NAME: name, REF_NAME: name.rsplit(":", 1)[1]},
-            }
-        ],
+    descriptor = {
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "digest": manifest_digest,
+        "size": len(manifest_bytes),
+        "platform": {"architecture": architecture, "os": "linux"},
     }
+    return [(config_digest, config_bytes), (manifest_digest, manifest_bytes)], descriptor
+
+
+@dataclass(frozen=True)
+class PlatformImage:
+    """One platform's image in a multi-platform archive."""
+
+    architecture: str
+    layers: Sequence[Layer]
+    config: ImageConfig
+
+
+def write_archive(
+    dest: Path, name: str, layers: Sequence[Layer], config: ImageConfig, architecture: str = "amd64"
+) -> str:
+    """Writes an OCI layout archive holding one linux image named ``name`` (a full
+    reference such as ``registry.k8s.io/pause:3.10.2``). Returns the manifest digest."""
+    _check_name(name)
+    blobs, descriptor = _image_blobs(layers, config, architecture)
+    _write_layout(dest, name, descriptor, blobs, layers)
+    return str(descriptor["digest"])
+
+
+def write_index_archive(dest: Path, name: str, images: Sequence[PlatformImage]) -> str:
+    """Writes an OCI layout archive whose ``name`` is an image index over one image per
+    platform (what a registry serves to amd64 and arm64 nodes alike). Returns the index's
+    digest, the one a pull by digest names."""
+    _check_name(name)
+    architectures = [image.architecture for image in images]
+    if not images or len(set(architectures)) != len(architectures):
+        raise ValueError(f"an image index needs distinct platforms; got {architectures}")
+    blobs: list[tuple[str, bytes]] = []
+    descriptors: list[dict[str, Any]] = []
+    layers: dict[str, Layer] = {}
+    for image in images:
+        image_blobs, descriptor = _image_blobs(image.layers, image.config, image.architecture)
+        blobs += image_blobs
+        descriptors.append(descriptor)
+        layers.update({layer.digest: layer for layer in image.layers})
+    index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": descriptors}
+    index_digest, index_bytes = _blob(json.dumps(index, sort_keys=True).encode())
+    blobs.append((index_digest, index_bytes))
+    top = {"mediaType": INDEX_MEDIA_TYPE, "digest": index_digest, "size": len(index_bytes)}
+    _write_layout(dest, name, top, blobs, list(layers.values()))
+    return index_digest
+
+
+def _check_name(name: str) -> None:
+    if ":" not in name.rsplit("/", 1)[-1]:
+        raise ValueError(f"image name {name!r} has no tag; expected <repository>:<tag>")
+
+
+def _write_layout(
+    dest: Path,
+    name: str,
+    top: dict[str, Any],
+    blobs: Sequence[tuple[str, bytes]],
+    layers: Sequence[Layer],
+) -> None:
+    """The archive: index.json naming ``top`` (a manifest or an index), then the blobs."""
+    entry = {**top, "annotations": {CONTAINERD_NAME: name, REF_NAME: name.rsplit(":", 1)[1]}}
+    index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": [entry]}
     tmp = dest.with_name(dest.name + ".tmp")
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         _add_bytes(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
         _add_bytes(tar, "index.json", json.dumps(index, sort_keys=True).encode())
-        for digest, data in ((config_digest, config_bytes), (manifest_digest, manifest_bytes)):
+        for digest, data in blobs:
             _add_bytes(tar, f"blobs/sha256/{digest.split(':', 1)[1]}", data)
         for layer in layers:
             info = _normalise(tarfile.TarInfo(f"blobs/sha256/{layer.digest.split(':', 1)[1]}"))
@@ -157,4 +212,3 @@ def write_archive(dest: Path, name: str, layers: Sequence[Layer], config: ImageC
             with layer.path.open("rb") as f:
                 tar.addfile(info, f)
     os.replace(tmp, dest)
-    return manifest_digest

@@ -1,7 +1,7 @@
-"""Pushes an OCI archive (release/image.py or tools/images wrote it; one image) to a registry
-over the OCI distribution API, unchanged: the blobs and the manifest bytes go up as they are,
-so the image's digest in the registry is the digest the archive holds. No container engine
-needed.
+"""Pushes an OCI archive (release/image.py or tools/images wrote it: one image, or an image
+index over one image per platform) to a registry over the OCI distribution API, unchanged:
+the blobs, manifest and index bytes go up as they are, so the digest in the registry is the
+digest the archive holds. No container engine needed.
 
     python -m release.push <archive.tar> <registry>/<repository>:<tag> [--plain-http]
 
@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import IO, Any
 
-from release.oci import MANIFEST_MEDIA_TYPE
+from release.oci import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
@@ -53,7 +53,7 @@ class Reference:
 
 
 def manifest_digest(archive: str) -> str:
-    """The digest of the (single) image manifest an OCI archive holds."""
+    """The digest of what an OCI archive names: its image manifest, or its image index."""
     with tarfile.open(archive) as tar:
         _, data = _manifest(tar)
     return "sha256:" + hashlib.sha256(data).hexdigest()
@@ -76,14 +76,31 @@ def _blob_name(digest: str) -> str:
 
 
 def _manifest(tar: tarfile.TarFile) -> tuple[dict[str, Any], bytes]:
+    """What index.json names (one image manifest or one image index), parsed and as bytes."""
     index = json.loads(_read(tar, "index.json"))
     manifests = index.get("manifests") or []
-    if len(manifests) != 1 or manifests[0].get("mediaType") != MANIFEST_MEDIA_TYPE:
+    kinds = (MANIFEST_MEDIA_TYPE, INDEX_MEDIA_TYPE)
+    if len(manifests) != 1 or manifests[0].get("mediaType") not in kinds:
         raise PushError(
-            f"{_label(tar)}: expected one image manifest in index.json, found {manifests}"
+            f"{_label(tar)}: expected one image manifest or image index in index.json, "
+            f"found {manifests}"
         )
     data = _read(tar, _blob_name(manifests[0]["digest"]))
     return json.loads(data), data
+
+
+def _children(tar: tarfile.TarFile, index: dict[str, Any]) -> list[tuple[dict[str, Any], bytes]]:
+    """The image manifests an image index lists (each platform's), parsed and as bytes."""
+    found = []
+    for desc in index.get("manifests") or []:
+        if desc.get("mediaType") != MANIFEST_MEDIA_TYPE:
+            raise PushError(
+                f"{_label(tar)}: the image index lists {desc.get('mediaType')!r}; "
+                f"only image manifests ({MANIFEST_MEDIA_TYPE}) are pushed"
+            )
+        data = _read(tar, _blob_name(desc["digest"]))
+        found.append((json.loads(data), data))
+    return found
 
 
 class _Client:
@@ -160,25 +177,43 @@ class _Client:
         self.request("PUT", url, f, headers).close()
 
 
+def _put_manifest(cli: _Client, reference: str, data: bytes, media_type: str) -> str:
+    """PUTs manifest or index bytes under ``reference`` (a tag or a digest); returns the
+    digest the registry says it stored, after checking it is the bytes' own."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    headers = {"Content-Type": media_type}
+    url = f"/v2/{cli.ref.repository}/manifests/{reference}"
+    with cli.request("PUT", url, data, headers) as resp:
+        stored = resp.headers.get("Docker-Content-Digest", digest)
+    if stored != digest:
+        raise PushError(
+            f"{cli.ref.registry}/{cli.ref.repository}:{reference}: the registry stored digest "
+            f"{stored}, the archive has {digest}"
+        )
+    return digest
+
+
 def push(archive: str, reference: str, *, plain_http: bool | None = None) -> str:
-    """Pushes the archive's image as ``reference``; returns ``registry/repository@digest``
-    after checking that the registry stored the manifest under the archive's digest."""
+    """Pushes the archive's image (or image index, with every platform's image first) as
+    ``reference``; returns ``registry/repository@digest`` after checking that the registry
+    stored it under the archive's digest."""
     ref = Reference.parse(reference)
     if plain_http is None:
         plain_http = ref.registry.rsplit(":", 1)[0] in LOCAL_HOSTS
     cli = _Client(ref, plain_http)
     with tarfile.open(archive) as tar:
-        manifest, data = _manifest(tar)
-        for desc in [manifest["config"], *manifest["layers"]]:
-            cli.push_blob(tar, desc["digest"], int(desc["size"]))
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    headers = {"Content-Type": manifest.get("mediaType", MANIFEST_MEDIA_TYPE)}
-    with cli.request("PUT", f"/v2/{ref.repository}/manifests/{ref.tag}", data, headers) as resp:
-        stored = resp.headers.get("Docker-Content-Digest", digest)
-    if stored != digest:
-        raise PushError(
-            f"{reference}: the registry stored digest {stored}, the archive has {digest}"
-        )
+        top, data = _manifest(tar)
+        media_type = top.get("mediaType", MANIFEST_MEDIA_TYPE)
+        images = _children(tar, top) if media_type == INDEX_MEDIA_TYPE else [(top, data)]
+        for manifest, _ in images:
+            for desc in [manifest["config"], *manifest["layers"]]:
+                cli.push_blob(tar, desc["digest"], int(desc["size"]))
+        if media_type == INDEX_MEDIA_TYPE:
+            # A registry accepts an index only once the manifests it lists are there.
+            for _, child in images:
+                child_digest = "sha256:" + hashlib.sha256(child).hexdigest()
+                _put_manifest(cli, child_digest, child, MANIFEST_MEDIA_TYPE)
+    digest = _put_manifest(cli, ref.tag, data, media_type)
     return f"{ref.registry}/{ref.repository}@{digest}"
 
 

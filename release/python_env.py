@@ -22,19 +22,28 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def dependency_closure(project: str = PROJECT) -> list[md.Distribution]:
-    """Every installed distribution ``project`` needs at run time (no extras), sorted."""
+def dependency_closure(project: str = PROJECT, machine: str = "") -> list[md.Distribution]:
+    """Every installed distribution ``project`` needs at run time (no extras), sorted;
+    markers read for ``machine`` (a wheel's machine name such as aarch64) when given."""
+    environment = {"extra": ""} | ({"platform_machine": machine} if machine else {})
     seen: dict[str, md.Distribution] = {}
     todo = [project]
     while todo:
         name = _norm(todo.pop())
         if name in seen:
             continue
-        dist = md.distribution(name)
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError as err:
+            # Only a marker of another machine can ask for one the environment lacks.
+            raise md.PackageNotFoundError(
+                f"{name}: a run-time dependency (for {machine or 'this machine'}) that this "
+                "environment does not hold; install it so its version is decided here"
+            ) from err
         seen[name] = dist
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            if req.marker is not None and not req.marker.evaluate(environment):
                 continue
             todo.append(req.name)
     return [seen[n] for n in sorted(seen) if n != _norm(project)]

@@ -67,10 +67,33 @@ fi
 if [ "$set_name" = test ]; then
   # promtool checks the chart's alert rules; the Prometheus integration test runs a server.
   { have promtool && have prometheus; } || want prometheus "promtool and prometheus for the metrics tests"
+  # The release image's arm64 half (tests/integration/test_release_image_arm64.py): its Go
+  # programs are cgo, cross-compiled; it is started under qemu.
+  if [ "$HOSTTYPE" != aarch64 ]; then
+    have aarch64-linux-gnu-gcc || want gcc-aarch64-linux-gnu "cross-compiles the arm64 image's Go programs"
+    [ -f /usr/aarch64-linux-gnu/include/stdio.h ] || want libc6-dev-arm64-cross "C headers and static libc for the arm64 Go programs"
+    have qemu-aarch64-static || want qemu-user-static "starts the arm64 image's programs"
+  fi
 fi
+
+# qemu-user-static's handler for arm64 programs, registered with binfmt_misc where the kernel
+# lets this machine (a container may not mount it): the arm64 image test skips, saying why,
+# where it is absent. Only as root and only for the test set.
+register_arm64() {
+  local conf=/usr/lib/binfmt.d/qemu-aarch64.conf dir=/proc/sys/fs/binfmt_misc
+  [ "$set_name" = test ] && [ "$mode" != --check ] && [ "$(id -u)" -eq 0 ] || return 0
+  [ -f "$conf" ] && [ ! -e "$dir/qemu-aarch64" ] || return 0
+  if { [ -e "$dir/register" ] || mount -t binfmt_misc binfmt_misc "$dir" 2>/dev/null; } &&
+    cat "$conf" >"$dir/register" 2>/dev/null; then
+    echo "==> registered qemu-aarch64 with binfmt_misc" >&2
+  else
+    echo "note: binfmt_misc cannot be registered here: the arm64 image test will skip" >&2
+  fi
+}
 
 if [ ${#missing[@]} -eq 0 ] && [ $need_lists -eq 0 ]; then
   [ "$mode" = --check ] && exec bash "$here/go-toolchain.sh" --check
+  register_arm64
   exec bash "$here/go-toolchain.sh"
 fi
 if [ "$mode" = --check ]; then
@@ -93,5 +116,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   # port), and a container without an init system cannot start one anyway.
   DEBIAN_FRONTEND=noninteractive "$apt_get" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+register_arm64
 # golang-go is any version; the one the go.mod files need comes from the Go module proxy.
 exec bash "$here/go-toolchain.sh"

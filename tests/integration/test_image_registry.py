@@ -79,6 +79,39 @@ def test_a_second_push_reuses_blobs_and_a_new_tag_names_the_same_digest(
     assert {"a", "b"} <= set(json.loads(tags)["tags"])
 
 
+def test_an_index_is_pushed_with_every_platforms_image_and_served_per_platform(
+    registry: LocalRegistry, tmp_path: Path
+) -> None:
+    """The release's multi-platform archive: the registry serves the index under the tag and
+    the archive's digest, and each platform's manifest and blobs under their own digests."""
+    images = []
+    for arch in ("amd64", "arm64"):
+        rootfs = tmp_path / arch
+        (rootfs / "etc").mkdir(parents=True)
+        (rootfs / "etc" / "arch").write_text(arch)
+        layer = oci.write_layer(rootfs, tmp_path / f"{arch}.tar")
+        images.append(oci.PlatformImage(arch, [layer], oci.ImageConfig(cmd=("/bin/true",))))
+    archive = tmp_path / "index.tar"
+    digest = oci.write_index_archive(archive, "example.test/multi:1", images)
+    assert manifest_digest(str(archive)) == digest
+    ref = push(str(archive), f"{registry.address}/flexgpu/multi:v1")
+    assert ref == f"{registry.address}/flexgpu/multi@{digest}"
+
+    base = f"http://{registry.address}/v2/flexgpu/multi"
+    by_tag, headers = _get(f"{base}/manifests/v1", oci.INDEX_MEDIA_TYPE)
+    assert "sha256:" + hashlib.sha256(by_tag).hexdigest() == digest
+    assert headers["Content-Type"] == oci.INDEX_MEDIA_TYPE
+    index = json.loads(by_tag)
+    assert [m["platform"]["architecture"] for m in index["manifests"]] == ["amd64", "arm64"]
+    for desc in index["manifests"]:
+        data, _ = _get(f"{base}/manifests/{desc['digest']}")
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == desc["digest"]
+        manifest = json.loads(data)
+        for blob_desc in [manifest["config"], *manifest["layers"]]:
+            blob, _ = _get(f"{base}/blobs/{blob_desc['digest']}", "*/*")
+            assert "sha256:" + hashlib.sha256(blob).hexdigest() == blob_desc["digest"]
+
+
 def test_bad_references_and_unreachable_registries_are_named(tmp_path: Path) -> None:
     archive = _archive(tmp_path, "three")
     with pytest.raises(PushError, match="expected <registry>/<repository>:<tag>"):

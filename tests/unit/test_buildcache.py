@@ -286,3 +286,16 @@ def test_every_build_goes_through_the_helper(
             assert own not in text, f"{script} does its own {own!r}"
     scripts = set(REPO.glob("tools/*/build.sh")) | set(REPO.glob("*/build.sh"))
     assert scripts <= set(buildcache.SCRIPTS.values())
+
+
+def test_the_hooks_build_refuses_an_architecture_it_does_not_build() -> None:
+    """hooks/build.sh builds amd64 and arm64 (the image index's platforms); another name is
+    refused before any build, naming the allowed ones."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "hooks" / "build.sh"), "riscv64"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "architecture 'riscv64' is not built; allowed: amd64, arm64" in proc.stderr

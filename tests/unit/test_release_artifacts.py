@@ -92,3 +92,15 @@ def test_release_pushes_exactly_the_image_the_chart_defaults_name(tmp_path: Path
     assert "sha256sum" in publish and "steps.push.outputs.digest" in publish
     # The release carries the pushed archive itself and what decided its digest.
     assert "steps.image.outputs.archive" in publish and "image-inputs.txt" in publish
+
+
+def test_the_release_builds_one_index_for_amd64_and_arm64_with_its_inputs() -> None:
+    """GPU nodes are amd64 and arm64 (GH200, GB200): the release pushes one image index over
+    both, and lists what decided both halves."""
+    build = next(s for s in _release_steps() if s.get("id") == "image")["run"]
+    assert "platforms=linux/amd64,linux/arm64" in build
+    commands = [line for line in build.splitlines() if "-m release.image" in line]
+    assert len(commands) == 2 and all('--platforms "$platforms"' in c for c in commands)
+    assert any("--inputs" in c for c in commands)
+    setup = _release_steps()[0]["run"]
+    assert "gcc-aarch64-linux-gnu" in setup and "libc6-dev-arm64-cross" in setup
