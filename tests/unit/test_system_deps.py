@@ -28,12 +28,21 @@ NODE_PACKAGES = [
     "golang-go",
 ]
 # The test set adds the metrics tests' Prometheus and what builds and starts the release
-# image's arm64 half on another machine (a cross compiler and qemu; the cross C library is
-# looked for by its headers, which this machine has, as libc6-dev's are).
+# image's arm64 half on another machine (a cross compiler, its C library and qemu).
+CROSS_HEADER = Path("/usr/aarch64-linux-gnu/include/stdio.h")
 TEST_PACKAGES = [
     *NODE_PACKAGES,
     "prometheus",
-    *([] if os.uname().machine == "aarch64" else ["gcc-aarch64-linux-gnu", "qemu-user-static"]),
+    *(
+        []
+        if os.uname().machine == "aarch64"
+        else [
+            "gcc-aarch64-linux-gnu",
+            # Looked for by a file, not on PATH: present once system-deps has run here.
+            *([] if CROSS_HEADER.exists() else ["libc6-dev-arm64-cross"]),
+            "qemu-user-static",
+        ]
+    ),
 ]
 
 
