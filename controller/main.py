@@ -33,7 +33,7 @@ from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.owner import deployment_owner
 from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
-from flexgpu.driver.durations import parse_duration
+from flexgpu.driver.durations import human_duration, parse_duration
 from flexgpu.driver.log_format import FORMATS, LEVELS, configure_logging
 
 log = logging.getLogger("flexgpu.controller")
@@ -265,8 +265,21 @@ def build_registry(
     return registry
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    after, most = args.clearing_evict_after, args.clearing_max
+    if after is not None and after >= most:
+        # Steering would end before eviction is ever considered.
+        parser.error(
+            f"--clearing-evict-after {human_duration(after)}: must be less than --clearing-max "
+            f"({human_duration(most)})"
+        )
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
         api = kube.api_client(args.kubeconfig)

@@ -22,7 +22,7 @@ from flexgpu.controller.clearing_eviction import (
     Evictions,
 )
 from flexgpu.controller.cluster_state import ClusterState
-from flexgpu.controller.main import build_parser, config_from_args
+from flexgpu.controller.main import build_parser, config_from_args, parse_args
 from flexgpu.driver.allocation.consolidation import (
     MOVABLE_ANNOTATION,
     Holder,
@@ -342,7 +342,14 @@ def test_a_bad_eviction_flag_names_itself_and_what_is_allowed(
     assert words in capsys.readouterr().err
 
 
-def test_eviction_after_the_steering_has_ended_is_refused() -> None:
+def test_eviction_after_the_steering_has_ended_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--clearing-evict-after=2h", "--clearing-max=1h"])
+    assert "--clearing-evict-after 2h: must be less than --clearing-max (1h)" in (
+        capsys.readouterr().err
+    )
     evictions = Evictions(Evictor(), Sink(), after_s=3600)
     with pytest.raises(ValueError, match=r"eviction after 3600s: must be less than .*3600s"):
         Clearing(Rules(), Sink(), delay_s=30, max_s=3600, evictions=evictions)
