@@ -58,7 +58,7 @@ class Holder:
 
     claim: str  # namespace/name
     # The pod the claim was generated for; None when the claim was made by name, or when
-    # its pod is not (or no longer) known.
+    # its pod is gone (the claim follows it).
     pod: HolderPod | None
     generated: bool = True  # the claim is controlled by a pod (a template's claim)
 
@@ -72,7 +72,7 @@ def why_not_movable(holder: Holder) -> str | None:
             "pod using it goes"
         )
     if pod is None:
-        return f"the pod claim {holder.claim} was generated for is not known"
+        return f"the pod claim {holder.claim} was generated for is gone"
     if not pod.opted_in:
         return f'pod {pod.key} does not carry {MOVABLE_ANNOTATION}: "true"'
     if pod.controller == JOB_OWNER:
@@ -99,6 +99,8 @@ def plan_gpu(holders: Sequence[Holder]) -> GpuPlan:
     ending: list[HolderPod] = []
     waits: list[tuple[str, str]] = []
     for holder in sorted(holders, key=lambda h: h.claim):
+        if holder.generated and holder.pod is None:
+            continue  # its pod is gone: the claim is deleted after it, nothing waits on it
         if holder.pod is not None and holder.pod.ending:
             ending.append(holder.pod)
             continue
