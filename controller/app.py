@@ -14,7 +14,7 @@ from flexgpu.controller.active import ActiveWork
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
 from flexgpu.controller.claim_labels import ClaimLabeller
 from flexgpu.controller.clearing import DEFAULT_MAX_S, Clearing
-from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT, ApiEvictor, Evictions
+from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT, ApiPods, Evictions
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.events import EventRecorder
@@ -86,8 +86,10 @@ class Controller:
         if config.clearing_share > 0:
             evictions = None
             if config.clearing_evict_after_s is not None:
+                pods = ApiPods(work_api)
                 evictions = Evictions(
-                    ApiEvictor(work_api),
+                    pods,
+                    pods,
                     EventRecorder(work_api, config.identity),
                     after_s=config.clearing_evict_after_s,
                     max_in_flight=config.clearing_evict_max_in_flight,

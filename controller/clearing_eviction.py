@@ -8,9 +8,11 @@ each holder's pod (the pod its claim was generated for) and what may be done
 evicted through the Eviction API (policy/v1), so PodDisruptionBudgets are honoured: a 429
 means a budget allows no disruption now, and the pod is tried again later.
 
-A pod is in flight from the eviction until it has left the cache. Pods holding a steered
-GPU that are being deleted count too, whoever deleted them: a new leader does not know what
-the old one evicted, and counting every ending pod keeps the bound.
+The cache holds only pods that wait for a node, so the holders' pods are read from the API
+server, only for GPUs past the bound (a few reads per pass). A pod is in flight from its
+eviction until a read finds it gone. Pods holding such a GPU that are being deleted count
+too, whoever deleted them: a new leader does not know what the old one evicted, and counting
+every ending pod keeps the bound.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from kubernetes import client
 from prometheus_client import Counter, Gauge
 
 from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.events import EventTarget
-from flexgpu.controller.records import CachedClaim, PodRecord
+from flexgpu.controller.records import CachedClaim, PodRecord, pod_record
 from flexgpu.driver.allocation.clearing import gpus_on_node
 from flexgpu.driver.allocation.consolidation import (
     GpuPlan,
@@ -74,6 +76,12 @@ class SteeredGpu(Protocol):
     since: float  # the clearing's clock
 
 
+class PodReader(Protocol):
+    def read(self, namespace: str, name: str) -> PodRecord | None:
+        """The pod as the server has it now; None when there is none."""
+        ...
+
+
 class PodEvictor(Protocol):
     def evict(self, namespace: str, name: str, uid: str) -> tuple[str, str]:
         """(outcome, detail): outcome is evicted, blocked or gone; detail the server's words."""
@@ -92,11 +100,22 @@ class EvictionSink(Protocol):
     ) -> None: ...
 
 
-class ApiEvictor:
-    """Evicts through the pods/eviction subresource (policy/v1)."""
+class ApiPods:
+    """Reads pods, and evicts them through the pods/eviction subresource (policy/v1)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
+
+    def read(self, namespace: str, name: str) -> PodRecord | None:
+        try:
+            response: Any = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=10
+            )
+        except client.ApiException as err:
+            if err.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return pod_record(json.loads(response.data))
 
     def evict(self, namespace: str, name: str, uid: str) -> tuple[str, str]:
         body = client.V1Eviction(
@@ -108,7 +127,7 @@ class ApiEvictor:
             delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
         )
         try:
-            self._core.create_namespaced_pod_eviction(name, namespace, body)
+            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=10)
         except client.ApiException as err:
             if err.status == HTTP_TOO_MANY:
                 return "blocked", _reason(err)
@@ -129,13 +148,13 @@ def _ending(pod: PodRecord) -> bool:
     return pod.deleting or pod.phase in ("Succeeded", "Failed")
 
 
-def _holder(claim: CachedClaim, pods_by_uid: dict[str, PodRecord]) -> Holder:
+def _holder(claim: CachedClaim, pods: PodReader) -> Holder:
     key = claim.model.key
     if claim.owner_pod is None:
         return Holder(key, None, generated=False)
-    _, uid = claim.owner_pod
-    pod = pods_by_uid.get(uid)
-    if pod is None:
+    name, uid = claim.owner_pod
+    pod = pods.read(claim.model.namespace, name)
+    if pod is None or pod.uid != uid:  # gone (a pod of the same name is another one)
         return Holder(key, None)
     return Holder(
         key,
@@ -153,6 +172,7 @@ class _Gpu:
 class Evictions:
     def __init__(
         self,
+        pods: PodReader,
         evictor: PodEvictor,
         sink: EvictionSink,
         *,
@@ -164,12 +184,13 @@ class Evictions:
             raise ValueError(f"clearing eviction after {after_s}s: must be more than 0 seconds")
         if max_in_flight < 1:
             raise ValueError(f"clearing eviction maxInFlight {max_in_flight}: must be 1 or more")
+        self._pods = pods
         self._evictor = evictor
         self._sink = sink
         self._after_s = after_s
         self._max_in_flight = max_in_flight
         self._clock = clock
-        self._evicted: dict[str, str] = {}  # pod uid -> GPU, until the pod leaves the cache
+        self._evicted: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name) till gone
         self._blocked: dict[str, float] = {}  # pod uid -> when a budget last kept it
         self._told: set[tuple[str, str]] = set()  # (claim uid, message) already said
 
@@ -185,46 +206,37 @@ class Evictions:
 
     def run(self, snapshot: Snapshot, steerings: Iterable[SteeredGpu]) -> None:
         now = self._clock()
-        present = {p.uid for p in snapshot.pods.values()}
-        self._evicted = {u: g for u, g in self._evicted.items() if u in present}
-        self._blocked = {
-            u: t for u, t in self._blocked.items() if u in present and now - t < BLOCKED_RETRY_S
-        }
-        steered = sorted(steerings, key=lambda s: (s.since, s.claim))
-        if not steered:
+        self._blocked = {u: t for u, t in self._blocked.items() if now - t < BLOCKED_RETRY_S}
+        for uid, (namespace, name) in list(self._evicted.items()):
+            current = self._pods.read(namespace, name)
+            if current is None or current.uid != uid:
+                del self._evicted[uid]
+        by_uid = {c.model.uid: c for c in snapshot.claims.values()}
+        due = [
+            s
+            for s in sorted(steerings, key=lambda s: (s.since, s.claim))
+            if now - s.since >= self._after_s
+            # Placed or gone: nothing is evicted for it (the pass ends such steering first;
+            # this holds whatever the caller did).
+            and (waiting := by_uid.get(s.claim_uid)) is not None
+            and not waiting.allocated
+        ]
+        if not due:
             IN_FLIGHT.set(len(self._evicted))
             return
-        by_uid = {c.model.uid: c for c in snapshot.claims.values()}
         state = allocated_state(snapshot.claim_models)
-        pods_by_uid = {p.uid: p for p in snapshot.pods.values()}
-        ending: set[str] = set()
-        due: list[_Gpu] = []
-        for steering in steered:
-            waiting = by_uid.get(steering.claim_uid)
-            if waiting is None or waiting.allocated:
-                continue  # placed or gone: nothing is evicted for it
-            gpu = self._plan(snapshot, state, pods_by_uid, steering)
-            if gpu is None:
-                continue
-            ending.update(p.uid for p in gpu.plan.ending)
-            if now - steering.since >= self._after_s:
-                due.append(gpu)
+        gpus = [g for s in due if (g := self._plan(snapshot, state, s)) is not None]
+        ending = {p.uid for g in gpus for p in g.plan.ending}
         in_flight = len(ending | set(self._evicted))
-        IN_FLIGHT.set(in_flight)
-        for gpu in due:
+        for gpu in gpus:
             self._tell_waits(gpu, now)
-        plans = [(gpu, _without(gpu.plan, set(self._evicted) | set(self._blocked))) for gpu in due]
+        skip = set(self._evicted) | set(self._blocked)
+        plans = [(gpu, _without(gpu.plan, skip)) for gpu in gpus]
         for gpu, pod in choose(plans, in_flight, self._max_in_flight):
             self._evict(gpu, pod, now)
         IN_FLIGHT.set(len(ending | set(self._evicted)))
 
-    def _plan(
-        self,
-        snapshot: Snapshot,
-        state: AllocatedState,
-        pods_by_uid: dict[str, PodRecord],
-        steering: SteeredGpu,
-    ) -> _Gpu | None:
+    def _plan(self, snapshot: Snapshot, state: AllocatedState, steering: SteeredGpu) -> _Gpu | None:
         node_name, _, rest = steering.gpu.partition("/")
         pool, _, uuid = rest.partition("/")
         record = snapshot.nodes.get(node_name)
@@ -238,7 +250,7 @@ class Evictions:
         if not found:
             return None
         keys = sorted({h for d in found[0].devices for h in state.holders.get(d, ())})
-        holders = [_holder(snapshot.claims[k], pods_by_uid) for k in keys if k in snapshot.claims]
+        holders = [_holder(snapshot.claims[k], self._pods) for k in keys if k in snapshot.claims]
         return _Gpu(steering, node_name, plan_gpu(holders))
 
     def _tell_waits(self, gpu: _Gpu, now: float) -> None:
@@ -266,7 +278,7 @@ class Evictions:
         node_target = EventTarget("Node", "v1", "", gpu.node, "")
         waited = human_duration(now - steering.since)
         if outcome == "evicted":
-            self._evicted[pod.uid] = steering.gpu
+            self._evicted[pod.uid] = (pod.namespace, pod.name)
             message = (
                 f"flexgpu evicted pod {pod.key} from GPU {steering.gpu} so that it empties for "
                 f"claim {steering.claim}, steered for {waited}: the pod opted in "

@@ -6,6 +6,7 @@ PodDisruptionBudget's 429 is waited out."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ from flexgpu.controller.clearing_eviction import (
     WAITS,
     Evictions,
 )
-from flexgpu.controller.cluster_state import ClusterState
+from flexgpu.controller.cluster_state import ClusterState, Kind
 from flexgpu.controller.main import build_parser, config_from_args, parse_args
+from flexgpu.controller.records import PodRecord, pod_record
 from flexgpu.driver.allocation.consolidation import (
     MOVABLE_ANNOTATION,
     Holder,
@@ -101,15 +103,41 @@ class Evictor:
         return self.outcome, "Cannot evict pod as it would violate the pod's disruption budget."
 
 
+class Cluster(ClusterState):
+    """The controller's cache as the watches fill it: only pods that wait for a node. Bound
+    pods (the holders') are what a read from the API server returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bound: dict[str, PodRecord] = {}
+
+    def replace(self, kind: Kind, objects: Iterable[Mapping[str, Any]]) -> None:
+        listed = list(objects)
+        if kind == "pods":
+            bound = [p for p in listed if p["spec"].get("nodeName")]
+            self.bound = {
+                f"{p['metadata']['namespace']}/{p['metadata']['name']}": r
+                for p in bound
+                if (r := pod_record(p)) is not None
+            }
+            listed = [p for p in listed if not p["spec"].get("nodeName")]
+        super().replace(kind, listed)
+
+    def read(self, namespace: str, name: str) -> PodRecord | None:
+        return self.bound.get(f"{namespace}/{name}")
+
+
 def setup(
     max_in_flight: int = 1, outcome: str = "evicted"
-) -> tuple[Clearing, Evictor, Sink, Clock, ClusterState]:
-    sink, clock, evictor = Sink(), Clock(), Evictor(outcome)
-    evictions = Evictions(evictor, sink, after_s=AFTER_S, max_in_flight=max_in_flight, clock=clock)
+) -> tuple[Clearing, Evictor, Sink, Clock, Cluster]:
+    sink, clock, evictor, state = Sink(), Clock(), Evictor(outcome), Cluster()
+    evictions = Evictions(
+        state, evictor, sink, after_s=AFTER_S, max_in_flight=max_in_flight, clock=clock
+    )
     clearing = Clearing(
         Rules(), sink, delay_s=30, share=1.0, max_s=3600, evictions=evictions, clock=clock
     )
-    return clearing, evictor, sink, clock, ClusterState()
+    return clearing, evictor, sink, clock, state
 
 
 def counted(outcome: str) -> float:
@@ -302,7 +330,7 @@ def test_eviction_itself_skips_a_steering_whose_claim_is_allocated() -> None:
     clearing.run_pass(load(state, **objects(pair)), NOW)
     (steering,) = clearing.active.values()
     evictor = Evictor()
-    evictions = Evictions(evictor, Sink(), after_s=AFTER_S, clock=clock)
+    evictions = Evictions(state, evictor, Sink(), after_s=AFTER_S, clock=clock)
     clock.now += AFTER_S + 1
     placed = objects(pair)
     placed["claims"][0] = held("big", "n1", "gpu-0")
@@ -353,6 +381,6 @@ def test_eviction_after_the_steering_has_ended_is_refused(
     assert "--clearing-evict-after 2h: must be less than --clearing-max (1h)" in (
         capsys.readouterr().err
     )
-    evictions = Evictions(Evictor(), Sink(), after_s=3600)
+    evictions = Evictions(Cluster(), Evictor(), Sink(), after_s=3600)
     with pytest.raises(ValueError, match=r"eviction after 3600s: must be less than .*3600s"):
         Clearing(Rules(), Sink(), delay_s=30, max_s=3600, evictions=evictions)
