@@ -49,6 +49,9 @@ WAITS: Final = "GpuClearingWaitsForPods"
 DEFAULT_MAX_IN_FLIGHT: Final = 1
 # A pod a PodDisruptionBudget kept is asked for again after this long, not every pass.
 BLOCKED_RETRY_S: Final = 30.0
+# Pods are read at most this often: a busy cluster changes the snapshot every second, and a
+# GPU steered for minutes loses nothing by a few seconds more.
+READ_INTERVAL_S: Final = 10.0
 HTTP_NOT_FOUND: Final = 404
 HTTP_CONFLICT: Final = 409  # the uid precondition failed: the pod of that name is a new one
 HTTP_TOO_MANY: Final = 429  # a PodDisruptionBudget allows no disruption now
@@ -144,10 +147,6 @@ def _reason(err: client.ApiException) -> str:
         return str(err.reason)
 
 
-def _ending(pod: PodRecord) -> bool:
-    return pod.deleting or pod.phase in ("Succeeded", "Failed")
-
-
 def _holder(claim: CachedClaim, pods: PodReader) -> Holder:
     key = claim.model.key
     if claim.owner_pod is None:
@@ -158,7 +157,15 @@ def _holder(claim: CachedClaim, pods: PodReader) -> Holder:
         return Holder(key, None)
     return Holder(
         key,
-        HolderPod(pod.namespace, pod.name, pod.uid, pod.movable, pod.controller, _ending(pod)),
+        HolderPod(
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            pod.movable,
+            pod.controller,
+            ending=pod.deleting or pod.phase in ("Succeeded", "Failed"),
+            deleting=pod.deleting,
+        ),
     )
 
 
@@ -193,6 +200,7 @@ class Evictions:
         self._evicted: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name) till gone
         self._blocked: dict[str, float] = {}  # pod uid -> when a budget last kept it
         self._told: set[tuple[str, str]] = set()  # (claim uid, message) already said
+        self._read_at = -READ_INTERVAL_S  # when pods were last read (clock)
 
     @property
     def after_s(self) -> float:
@@ -202,15 +210,11 @@ class Evictions:
         self._evicted.clear()
         self._blocked.clear()
         self._told.clear()
+        self._read_at = -READ_INTERVAL_S
         IN_FLIGHT.set(0)
 
     def run(self, snapshot: Snapshot, steerings: Iterable[SteeredGpu]) -> None:
         now = self._clock()
-        self._blocked = {u: t for u, t in self._blocked.items() if now - t < BLOCKED_RETRY_S}
-        for uid, (namespace, name) in list(self._evicted.items()):
-            current = self._pods.read(namespace, name)
-            if current is None or current.uid != uid:
-                del self._evicted[uid]
         by_uid = {c.model.uid: c for c in snapshot.claims.values()}
         due = [
             s
@@ -221,15 +225,23 @@ class Evictions:
             and (waiting := by_uid.get(s.claim_uid)) is not None
             and not waiting.allocated
         ]
-        if not due:
-            IN_FLIGHT.set(len(self._evicted))
+        if not (due or self._evicted) or now - self._read_at < READ_INTERVAL_S:
             return
-        state = allocated_state(snapshot.claim_models)
-        gpus = [g for s in due if (g := self._plan(snapshot, state, s)) is not None]
-        ending = {p.uid for g in gpus for p in g.plan.ending}
+        self._read_at = now
+        self._blocked = {u: t for u, t in self._blocked.items() if now - t < BLOCKED_RETRY_S}
+        for uid, (namespace, name) in list(self._evicted.items()):
+            current = self._pods.read(namespace, name)
+            if current is None or current.uid != uid:
+                del self._evicted[uid]
+        gpus: list[_Gpu] = []
+        if due:
+            state = allocated_state(snapshot.claim_models)
+            gpus = [g for s in due if (g := self._plan(snapshot, state, s)) is not None]
+        # Being deleted counts as in flight; a finished pod whose claim is still held does not.
+        ending = {p.uid for g in gpus for p in g.plan.ending if p.deleting}
         in_flight = len(ending | set(self._evicted))
         for gpu in gpus:
-            self._tell_waits(gpu, now)
+            self._tell_waits(gpu)
         skip = set(self._evicted) | set(self._blocked)
         plans = [(gpu, _without(gpu.plan, skip)) for gpu in gpus]
         for gpu, pod in choose(plans, in_flight, self._max_in_flight):
@@ -253,15 +265,16 @@ class Evictions:
         holders = [_holder(snapshot.claims[k], self._pods) for k in keys if k in snapshot.claims]
         return _Gpu(steering, node_name, plan_gpu(holders))
 
-    def _tell_waits(self, gpu: _Gpu, now: float) -> None:
+    def _tell_waits(self, gpu: _Gpu) -> None:
         """Says once, on the waiting claim, which holders keep the GPU and why."""
         if not gpu.plan.waits_for:
             return
         steering = gpu.steering
         reasons = "; ".join(why for _, why in gpu.plan.waits_for)
+        # No running time in the words: the same holders are said once, not once a pass.
         message = (
             f"flexgpu evicts nobody from GPU {steering.gpu} for claim {steering.claim}, steered "
-            f"for {human_duration(now - steering.since)}: it waits for these holders to end: "
+            f"longer than {human_duration(self._after_s)}: it waits for these holders to end: "
             f"{reasons}"
         )
         if (steering.claim_uid, message) in self._told:

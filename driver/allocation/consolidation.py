@@ -46,6 +46,7 @@ class HolderPod:
     opted_in: bool  # carries flexgpu.dev/movable: "true"
     controller: str  # its controlling owner as "Kind.group"; "" for none
     ending: bool  # being deleted, or finished (Succeeded, Failed)
+    deleting: bool = False  # being deleted: what counts as an eviction in flight
 
     @property
     def key(self) -> str:

@@ -48,15 +48,16 @@ def holder(
     device: str,
     *,
     owner: str | None = "ReplicaSet",
-    movable: bool = True,
+    movable: bool | str = True,
     generated: bool = True,
     deleting: bool = False,
+    phase: str = "Running",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A claim holding ``device`` on n1 and its pod, bound to n1: the claim generated for the
     pod (``generated``), the pod owned by ``owner`` and annotated movable or not."""
     body = held(name, "n1", device)
     running = pod(f"{name}-pod", node_name="n1", templates={"g": name})
-    running["status"]["phase"] = "Running"
+    running["status"]["phase"] = phase
     if generated:
         body["metadata"]["ownerReferences"] = [
             {
@@ -69,7 +70,7 @@ def holder(
         ]
     meta = running["metadata"]
     if movable:
-        meta["annotations"] = {MOVABLE_ANNOTATION: "true"}
+        meta["annotations"] = {MOVABLE_ANNOTATION: "true" if movable is True else movable}
     if owner is not None:
         meta["ownerReferences"] = [
             {
@@ -110,6 +111,7 @@ class Cluster(ClusterState):
     def __init__(self) -> None:
         super().__init__()
         self.bound: dict[str, PodRecord] = {}
+        self.reads = 0
 
     def replace(self, kind: Kind, objects: Iterable[Mapping[str, Any]]) -> None:
         listed = list(objects)
@@ -124,6 +126,7 @@ class Cluster(ClusterState):
         super().replace(kind, listed)
 
     def read(self, namespace: str, name: str) -> PodRecord | None:
+        self.reads += 1
         return self.bound.get(f"{namespace}/{name}")
 
 
@@ -191,9 +194,12 @@ def test_one_holder_that_must_end_keeps_every_other_in_place() -> None:
 # --- the leader's passes ---------------------------------------------------------------------
 
 
-def test_a_pod_that_may_move_is_evicted_once_the_bound_has_passed_and_not_before() -> None:
+@pytest.mark.parametrize("owner", ["ReplicaSet", "StatefulSet", "ReplicationController"])
+def test_a_pod_that_may_move_is_evicted_once_the_bound_has_passed_and_not_before(
+    owner: str,
+) -> None:
     clearing, evictor, sink, clock, state = setup()
-    world_ = objects(holder("a", "gpu-0-mig-1g10gb-0"))
+    world_ = objects(holder("a", "gpu-0-mig-1g10gb-0", owner=owner))
     clearing.run_pass(load(state, **world_), NOW)
     assert [s.gpu.split("/")[0] for s in clearing.active.values()] == ["n1"]
     clock.now += AFTER_S - 1
@@ -217,10 +223,12 @@ def test_a_pod_that_may_move_is_evicted_once_the_bound_has_passed_and_not_before
     [
         {"owner": "Job"},
         {"owner": None},
+        {"owner": "DaemonSet"},
         {"movable": False},
+        {"movable": "yes"},
         {"generated": False},
     ],
-    ids=["job", "bare-pod", "not-opted-in", "claim-by-name"],
+    ids=["job", "bare-pod", "daemonset", "not-opted-in", "annotation-not-true", "claim-by-name"],
 )
 def test_a_pod_that_may_not_move_is_left_to_end_and_the_claim_is_told_why(
     kwargs: dict[str, Any],
@@ -279,6 +287,27 @@ def test_at_most_max_in_flight_pods_are_being_evicted_at_once() -> None:
     clock.now += AFTER_S + 1
     clearing.run_pass(load(state, **objects(*pods)), NOW)
     assert evictor.calls == ["ns/a-pod", "ns/e-pod"]
+
+
+def test_a_finished_pod_whose_claim_is_still_held_is_no_eviction_in_flight() -> None:
+    pods = (holder("a", "gpu-0-mig-1g10gb-0", phase="Succeeded"), holder("e", "gpu-0-mig-1g10gb-1"))
+    clearing, evictor, _, clock, state = setup(max_in_flight=1)
+    clearing.run_pass(load(state, **objects(*pods)), NOW)
+    clock.now += AFTER_S + 1
+    clearing.run_pass(load(state, **objects(*pods)), NOW)
+    assert evictor.calls == ["ns/e-pod"]
+
+
+def test_pods_are_read_at_most_every_ten_seconds_however_often_the_cluster_changes() -> None:
+    clearing, _, _, clock, state = setup(outcome="blocked")
+    world_ = objects(holder("a", "gpu-0-mig-1g10gb-0"))
+    clearing.run_pass(load(state, **world_), NOW)
+    assert state.reads == 0  # nothing past the bound: nothing read
+    clock.now += AFTER_S
+    for _ in range(20):  # a pass a second, each over a changed snapshot
+        clearing.run_pass(load(state, **world_), NOW)
+        clock.now += 1
+    assert state.reads == 2
 
 
 def test_a_new_leader_counts_a_pod_being_deleted_as_in_flight() -> None:
