@@ -108,8 +108,8 @@ def plan_gpu(holders: Sequence[Holder]) -> GpuPlan:
         reason = why_not_movable(holder)
         if reason is not None:
             waits.append((holder.claim, reason))
-        elif holder.pod is not None:
-            evict.append(holder.pod)
+        elif holder.pod is not None and holder.pod not in evict:
+            evict.append(holder.pod)  # once, though two of its claims hold the GPU
     return GpuPlan(
         evict=() if waits else tuple(evict), ending=tuple(ending), waits_for=tuple(waits)
     )

@@ -186,6 +186,9 @@ def test_one_holder_that_must_end_keeps_every_other_in_place() -> None:
     ended = HolderPod("ns", "j-pod", "u2", True, "Job.batch", True)
     plan = plan_gpu([Holder("ns/a", movable), Holder("ns/j", ended)])
     assert plan.evict == (movable,) and plan.ending == (ended,)
+    # A pod with two claims on the GPU is evicted once.
+    plan = plan_gpu([Holder("ns/a", movable), Holder("ns/a2", movable)])
+    assert plan.evict == (movable,)
     # The Job's pod is gone and its claim not yet: that claim follows its pod, nothing waits.
     plan = plan_gpu([Holder("ns/a", movable), Holder("ns/j", None)])
     assert plan.evict == (movable,) and plan.waits_for == ()
