@@ -19,7 +19,8 @@ A GPU is emptied by eviction only when every holder may move (or is ending alrea
 one holder must end on its own, evicting the others would cost them a restart and still not
 let the waiting claim in. Evictions go through the Eviction API, so PodDisruptionBudgets are
 honoured; the controller (``controller.clearing_eviction``) makes the calls and bounds how
-many are in flight. This module decides from the controller's snapshot alone.
+many are in flight, and reads the holders' pods; this module only decides, from what it is
+given.
 """
 
 from __future__ import annotations
