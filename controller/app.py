@@ -14,6 +14,7 @@ from flexgpu.controller.active import ActiveWork
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
 from flexgpu.controller.claim_labels import ClaimLabeller
 from flexgpu.controller.clearing import DEFAULT_MAX_S, Clearing
+from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT, ApiPods, Evictions
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.events import EventRecorder
@@ -48,6 +49,10 @@ class ControllerConfig:
     # controller/clearing.py), and how long one GPU is kept clear at most.
     clearing_share: float = 0.0
     clearing_max_s: float = DEFAULT_MAX_S
+    # Evict the pods that opted in from a GPU steered this long (None: never evict;
+    # controller/clearing_eviction.py), at most this many in flight at once.
+    clearing_evict_after_s: float | None = None
+    clearing_evict_max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
 
 class Controller:
@@ -79,12 +84,23 @@ class Controller:
         )
         self.clearing: Clearing | None = None
         if config.clearing_share > 0:
+            evictions = None
+            if config.clearing_evict_after_s is not None:
+                pods = ApiPods(work_api)
+                evictions = Evictions(
+                    pods,
+                    pods,
+                    EventRecorder(work_api, config.identity),
+                    after_s=config.clearing_evict_after_s,
+                    max_in_flight=config.clearing_evict_max_in_flight,
+                )
             self.clearing = Clearing(
                 TaintRules(work_api),
                 EventRecorder(work_api, config.identity),
                 delay_s=config.pending_delay_s,
                 share=config.clearing_share,
                 max_s=config.clearing_max_s,
+                evictions=evictions,
             )
         self.work = ActiveWork(
             self.state,

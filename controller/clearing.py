@@ -9,7 +9,9 @@ Each pass (leader only, ``controller.active``):
    while fewer than ``share`` of the cluster's GPUs are steered: picks the GPU that would take
    the claim once its holders end (``driver.allocation.clearing``) and taints that GPU's other
    devices NoSchedule under ``flexgpu.dev/clearing`` (``controller.taint_rules``), so new
-   claims go elsewhere while the holders finish.
+   claims go elsewhere while the holders finish;
+3. with eviction on (``controller.clearing_eviction``), between the two: evicts the pods that
+   opted in from GPUs steered longer than its bound, a few at a time.
 
 The waiting claim needs no toleration: the devices it would take are left untainted. Rules
 outlive the process; a new leader lists them at its first pass and takes them over, so a
@@ -27,6 +29,7 @@ from typing import Final, Protocol
 
 from prometheus_client import Counter, Gauge
 
+from flexgpu.controller.clearing_eviction import Evictions
 from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.evaluation import Memo, evaluate
 from flexgpu.controller.events import EventTarget
@@ -41,6 +44,7 @@ from flexgpu.driver.allocation.clearing import (
     steering_limit,
 )
 from flexgpu.driver.allocation.state import DeviceId
+from flexgpu.driver.durations import human_duration
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +140,19 @@ class Clearing:
         delay_s: float,
         share: float = DEFAULT_SHARE,
         max_s: float = DEFAULT_MAX_S,
+        evictions: Evictions | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         steering_limit(1, share)  # validates share
         if max_s <= 0:
             raise ValueError(f"clearing max duration {max_s}: must be more than 0 seconds")
+        if evictions is not None and evictions.after_s >= max_s:
+            # Steering would end before eviction is ever considered.
+            raise ValueError(
+                f"clearing eviction after {evictions.after_s:.0f}s: must be less than the "
+                f"clearing max duration ({max_s:.0f}s)"
+            )
+        self._evictions = evictions
         self._rules = rules
         self._sink = sink
         self._delay_s = delay_s
@@ -162,6 +174,8 @@ class Clearing:
         self._gave_up.clear()
         self._adopted = False
         self._last = None
+        if self._evictions is not None:
+            self._evictions.forget()
         STEERED_GPUS.set(0)
         STEERED_DEVICES.clear()
 
@@ -191,6 +205,8 @@ class Clearing:
             self._adopt(wall)
         pending = list(pending_claims(snapshot, wall, self._delay_s))
         self._end_finished(snapshot, pending)
+        if self._evictions is not None:
+            self._evictions.run(snapshot, list(self._active.values()))
         self._start_new(snapshot, pending, wall)
         self._export()
 
@@ -308,10 +324,16 @@ class Clearing:
             steering.rules.append(self._rules.create(what, device))
         CLEARING_STARTED.inc()
         holders = ", ".join(candidate.holders)
+        moved = "nobody is moved"
+        if self._evictions is not None:
+            moved = (
+                f"after {human_duration(self._evictions.after_s)} the pods that opted in "
+                "may be evicted"
+            )
         message = (
             f"flexgpu keeps new claims off GPU {gpu} so that it empties for claim {claim}, "
             f"which waits for pod {pod.namespace}/{pod.name}: its {len(candidate.holders)} "
-            f"holder(s) ({holders}) run on and nobody is moved"
+            f"holder(s) ({holders}) run on and {moved}"
         )
         log.info("%s", message)
         for target in targets:

@@ -28,11 +28,12 @@ from flexgpu.controller.admission_server import add_webhook_arguments, options_f
 from flexgpu.controller.app import Controller, ControllerConfig
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S
 from flexgpu.controller.clearing import DEFAULT_MAX_S
+from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT
 from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.owner import deployment_owner
 from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
-from flexgpu.driver.durations import parse_duration
+from flexgpu.driver.durations import human_duration, parse_duration
 from flexgpu.driver.log_format import FORMATS, LEVELS, configure_logging
 
 log = logging.getLogger("flexgpu.controller")
@@ -55,6 +56,30 @@ def _share(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(
             f"--clearing-share {text!r}: must be a number from 0 (off) to 1"
+        )
+    return value
+
+
+def _evict_after(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--clearing-evict-after: {err}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--clearing-evict-after {text!r}: must be a duration of more than 0, such as 10m"
+        )
+    return value
+
+
+def _in_flight(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--clearing-evict-max-in-flight {text!r}: must be a whole number of 1 or more"
         )
     return value
 
@@ -115,6 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_S,
         metavar="DURATION",
         help="stop keeping a GPU clear after this long, e.g. 1h (default 1h)",
+    )
+    parser.add_argument(
+        "--clearing-evict-after",
+        type=_evict_after,
+        metavar="DURATION",
+        help='evict the pods that opted in (flexgpu.dev/movable: "true", owned by a '
+        "ReplicaSet, StatefulSet or ReplicationController) from a GPU kept clear this long, "
+        "e.g. 10m; less than --clearing-max (default: never evict)",
+    )
+    parser.add_argument(
+        "--clearing-evict-max-in-flight",
+        type=_in_flight,
+        default=DEFAULT_MAX_IN_FLIGHT,
+        metavar="N",
+        help=f"at most this many such pods being evicted at once (default {DEFAULT_MAX_IN_FLIGHT})",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=8080, help="Prometheus endpoint port; 0 turns it off"
@@ -189,6 +229,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         binding_grace_s=args.binding_grace,
         clearing_share=args.clearing_share,
         clearing_max_s=args.clearing_max,
+        clearing_evict_after_s=args.clearing_evict_after,
+        clearing_evict_max_in_flight=args.clearing_evict_max_in_flight,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),
@@ -223,8 +265,21 @@ def build_registry(
     return registry
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    after, most = args.clearing_evict_after, args.clearing_max
+    if after is not None and after >= most:
+        # Steering would end before eviction is ever considered.
+        parser.error(
+            f"--clearing-evict-after {human_duration(after)}: must be less than --clearing-max "
+            f"({human_duration(most)})"
+        )
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
         api = kube.api_client(args.kubeconfig)

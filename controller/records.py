@@ -22,6 +22,7 @@ from flexgpu.driver.allocation import (
     parse_node,
     parse_slice,
 )
+from flexgpu.driver.allocation.consolidation import MOVABLE_ANNOTATION
 from flexgpu.driver.allocation.model import NodeSelector, Taint, Toleration, parse_node_selector
 from flexgpu.driver.claim_consumers import consumers
 from flexgpu.driver.names import DRIVER_NAME
@@ -85,6 +86,9 @@ class CachedClaim:
     # Not an API object: the claim the scheduler will make for a pod's extended resources
     # (controller.extended_resources), as (resource name, count).
     extended_resources: tuple[tuple[str, int], ...] = ()
+    # The pod the claim was generated for (a ResourceClaimTemplate's claim is controlled by
+    # its pod and deleted with it), as (name, uid); None for a claim made by name.
+    owner_pod: tuple[str, str] | None = None
 
     @property
     def allocated(self) -> bool:
@@ -137,6 +141,12 @@ class PodRecord:
     extended_claim_made: bool = False
     # spec.schedulingGroup.podGroupName: a gang member waits for its group, not only its GPUs.
     pod_group: str = ""
+    # metadata.annotations["flexgpu.dev/movable"] == "true": its owner lets GPU clearing
+    # evict it (driver.allocation.consolidation).
+    movable: bool = False
+    # The controlling ownerReference as "Kind.group" ("ReplicaSet.apps", "Job.batch",
+    # "ReplicationController" for the core group); "" for a pod no controller owns.
+    controller: str = ""
 
     @property
     def key(self) -> str:
@@ -207,6 +217,20 @@ def device_bindings(status: Any) -> tuple[DeviceBinding, ...]:
     return tuple(bindings)
 
 
+def controller_owner(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """The controlling ownerReference as ("Kind.group", name, uid); None when there is none."""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+            kind = str(ref.get("kind") or "")
+            return (
+                f"{kind}.{group}" if group else kind,
+                str(ref.get("name") or ""),
+                str(ref.get("uid") or ""),
+            )
+    return None
+
+
 def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
     model = parse_claim(obj)
     classes = {spec.device_class for request in model.requests for spec in request.alternatives()}
@@ -218,6 +242,7 @@ def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
         for req in (*term.match_fields, *term.match_expressions):
             nodes.extend(req.values)
     reserved = tuple(c.label for c in consumers(status))
+    owner = controller_owner(_meta(obj))
     return CachedClaim(
         model=model,
         created=parse_time(_meta(obj).get("creationTimestamp")),
@@ -228,6 +253,7 @@ def claim_record(obj: Mapping[str, Any]) -> CachedClaim:
             allocation.get("allocationTimestamp") if isinstance(allocation, Mapping) else None
         ),
         bindings=device_bindings(status),
+        owner_pod=(owner[1], owner[2]) if owner is not None and owner[0] == "Pod" else None,
     )
 
 
@@ -266,6 +292,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         return None
     meta = _meta(obj)
     status = obj.get("status") or {}
+    owner = controller_owner(meta)
     # Claims made from a template get a generated name, reported in the pod's status.
     generated = {
         str(s.get("name")): s.get("resourceClaimName")
@@ -295,6 +322,8 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         extended_resources=extended,
         extended_claim_made=bool(status.get("extendedResourceClaimStatus")),
         pod_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
+        movable=(meta.get("annotations") or {}).get(MOVABLE_ANNOTATION) == "true",
+        controller=owner[0] if owner is not None else "",
     )
 
 

@@ -504,6 +504,26 @@ def test_controller_may_write_only_its_own_clearing_taint_rules(
         admin.delete_cluster_custom_object(*rules, "someone-elses-rule")
 
 
+def test_controller_may_evict_no_pod_without_the_eviction_value(
+    cluster: ControlPlane, api: Any, installed: Path
+) -> None:
+    """The chart as installed here leaves controller.clearing.eviction off (the default): the
+    controller's token may not evict (no pods/eviction) nor delete pods. RBAC answers before
+    the pod is looked up, so a name that exists nowhere shows the refusal."""
+    kubeconfig = service_account_kubeconfig(
+        api, cluster.kubeconfig, NS, CONTROLLER_SA, cluster.workdir / "controller-evict.kubeconfig"
+    )
+    as_controller = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    eviction = client.V1Eviction(
+        api_version="policy/v1",
+        kind="Eviction",
+        metadata=client.V1ObjectMeta(name="any-pod", namespace="default"),
+    )
+    refusal = _denial(as_controller.create_namespaced_pod_eviction, "any-pod", "default", eviction)
+    assert "pods/eviction" in refusal or '"eviction"' in refusal, refusal
+    _denial(as_controller.delete_namespaced_pod, "any-pod", "default")
+
+
 def test_plugin_may_write_only_its_own_node_and_driver(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:

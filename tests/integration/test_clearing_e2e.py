@@ -7,6 +7,10 @@ Slices are published straight from the simulated backend (no plugin process: not
 run on the node), as in test_controller.py; the pods are never started. Run with the node's
 partitions with and without flexgpu's binding conditions (there the test reports each
 partition ready, as the plugin would, so the pods are bound).
+
+The controller runs with eviction on (after 3s): the first test's holders do not opt in and
+are never moved; the second shows what does move (a Deployment's pod that opted in) and what
+never does (a Job's pod, even with the annotation).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from flexgpu.driver.topology import load_topology
 from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
-from tests.conftest import target_minor, wait_for
+from tests.conftest import holds_for, target_minor, wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools.cluster import ControlPlane, create_simulated_node
 
@@ -97,9 +101,10 @@ def _device(api: Any, ns: str, claim: str) -> str:
     return str(status.allocation.devices.results[0].device)
 
 
-def _allocated(api: Any, ns: str, claim: str, ready: bool) -> str:
+def _allocated(api: Any, ns: str, claim: str, ready: bool, pod: str = "") -> str:
     """Waits for the claim's device; with binding conditions, reports the partition ready as
-    the node's plugin would once it made it, so the scheduler binds the pod (holders run)."""
+    the node's plugin would once it made it, so the scheduler binds the pod (holders run).
+    ``pod``: the claim's pod, when not named as the claim."""
     device = wait_for(lambda: _device(api, ns, claim), timeout_s=90, what=f"{claim} allocated")
     if ready:
         resource = client.ResourceV1Api(api)
@@ -118,9 +123,9 @@ def _allocated(api: Any, ns: str, claim: str, ready: bool) -> str:
         ]
         resource.patch_namespaced_resource_claim_status(claim, ns, {"status": {"devices": devices}})
         wait_for(
-            lambda: client.CoreV1Api(api).read_namespaced_pod(claim, ns).spec.node_name,
+            lambda: client.CoreV1Api(api).read_namespaced_pod(pod or claim, ns).spec.node_name,
             timeout_s=60,
-            what=f"pod {claim} bound",
+            what=f"pod {pod or claim} bound",
         )
     return str(device)
 
@@ -200,6 +205,9 @@ def controller(
             "--no-webhook",
             # Every GPU may be steered: this cluster has few.
             "--clearing-share=1",
+            # Pods that opted in may be evicted from a GPU steered this long, one at a time.
+            "--clearing-evict-after=3s",
+            "--clearing-evict-max-in-flight=1",
         ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -289,3 +297,201 @@ def test_a_gpu_is_cleared_for_a_waiting_whole_gpu_claim_without_moving_anyone(
     # Nobody was moved: GPU 1's holders kept their partitions throughout.
     assert _device(api, ns, "s1a").startswith("gpu-1-mig-1g10gb")
     assert _device(api, ns, "s1b").startswith("gpu-1-mig-1g10gb")
+
+
+# --- eviction: what moves and what never does -------------------------------------------------
+
+MOVABLE = {"flexgpu.dev/movable": "true"}
+
+
+def _template(api: Any, ns: str, name: str, *cel: str) -> None:
+    exactly: dict[str, Any] = {"deviceClassName": "mig.flexgpu.dev", "count": 1}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in cel]
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        },
+    )
+
+
+def _pod_spec(node: str, template: str, restart: str = "Always") -> dict[str, Any]:
+    return {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 0,
+        "restartPolicy": restart,
+        "containers": [{"name": "c", "image": "none", "resources": {"claims": [{"name": "g"}]}}],
+        "resourceClaims": [{"name": "g", "resourceClaimTemplateName": template}],
+    }
+
+
+def _generated_claim(api: Any, ns: str, pod: str) -> str:
+    status = client.CoreV1Api(api).read_namespaced_pod(pod, ns).status
+    for entry in (status.resource_claim_statuses if status else None) or []:
+        if entry.resource_claim_name:
+            return str(entry.resource_claim_name)
+    return ""
+
+
+def _serving_pods(api: Any, ns: str) -> list[Any]:
+    listed = client.CoreV1Api(api).list_namespaced_pod(ns, label_selector="app=serve").items
+    return [p for p in listed if p.metadata.deletion_timestamp is None]
+
+
+def test_a_deployments_pod_that_opted_in_moves_and_a_jobs_pod_never_does(
+    api: Any, node: tuple[str, str, bool], controller: Path, rules_version: str
+) -> None:
+    """GPU 0 holds a Deployment's pod and a Job's pod, both annotated movable; GPU 1 three
+    plain pods. A whole-GPU claim waits and GPU 0 is steered. Past the bound nobody is
+    evicted while the Job's pod holds GPU 0 (the claim is told why); once that pod has ended,
+    the Deployment's pod is evicted, its ReplicaSet makes it again, the taints send its new
+    claim to GPU 1, and the waiting claim gets GPU 0.
+
+    The test world runs the Deployment and ReplicaSet controllers but no Job controller: the
+    Job is a real (suspended) Job object and its pod is made by the test with the Job as its
+    controlling owner, as the Job controller would make it. Eviction reads only that
+    ownerReference."""
+    ns, name, ready = node
+    core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
+
+    # The Deployment's claim comes first and takes GPU 0's first free placement.
+    _template(api, ns, "serve", ONE_G)
+    apps.create_namespaced_deployment(
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serve"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": {
+                    "metadata": {"labels": {"app": "serve"}, "annotations": MOVABLE},
+                    "spec": _pod_spec(name, "serve"),
+                },
+            },
+        },
+    )
+    first = wait_for(lambda: _serving_pods(api, ns), timeout_s=60, what="the Deployment's pod")[0]
+    serve_claim = wait_for(
+        lambda: _generated_claim(api, ns, first.metadata.name), timeout_s=60, what="its claim"
+    )
+    serve_device = _allocated(api, ns, serve_claim, ready, pod=first.metadata.name)
+    assert serve_device.startswith("gpu-0-mig-1g10gb"), serve_device
+
+    # The Job's pod, opted in as well, on GPU 0.
+    _template(api, ns, "train", ONE_G, f"{A}.parentIndex == 0")
+    job_spec = _pod_spec(name, "train", restart="Never")
+    job: Any = batch.create_namespaced_job(
+        ns,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train"},
+            "spec": {"suspend": True, "template": {"spec": job_spec}},
+        },
+    )
+    core.create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "train-pod",
+                "annotations": MOVABLE,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": "train",
+                        "uid": job.metadata.uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": job_spec,
+        },
+    )
+    train_claim = wait_for(
+        lambda: _generated_claim(api, ns, "train-pod"), timeout_s=60, what="the Job pod's claim"
+    )
+    assert _allocated(api, ns, train_claim, ready, pod="train-pod").startswith("gpu-0-mig-1g10gb")
+
+    # Three plain holders on GPU 1: GPU 0 (two holders) is the one cleared.
+    for claim in ("p1", "p2", "p3"):
+        _claim(api, ns, claim, "mig.flexgpu.dev", ONE_G, f"{A}.parentIndex == 1")
+        _pod(api, ns, claim, name)
+    for claim in ("p1", "p2", "p3"):
+        assert _allocated(api, ns, claim, ready).startswith("gpu-1-mig-1g10gb")
+
+    _claim(api, ns, "big", "gpu.flexgpu.dev")
+    _pod(api, ns, "big", name)
+    try:
+        wait_for(
+            lambda: "GpuClearing" in _reasons(api, ns, "Pod", "big"),
+            timeout_s=60,
+            what="GpuClearing Event on the waiting pod",
+        )
+        # Past the bound: the claim is told that GPU 0 waits for the Job's pod...
+        wait_for(
+            lambda: "GpuClearingWaitsForPods" in _reasons(api, ns, "ResourceClaim", "big"),
+            timeout_s=60,
+            what="GpuClearingWaitsForPods Event on the waiting claim",
+        )
+    except BaseException:
+        print(controller.read_text())
+        raise
+    waits = [
+        e.message
+        for e in core.list_namespaced_event(ns).items
+        if e.reason == "GpuClearingWaitsForPods" and e.involved_object.name == "big"
+    ]
+    assert any("pod " + ns + "/train-pod belongs to a Job" in m for m in waits), waits
+    # ...and nobody is evicted while it holds GPU 0: two passes' worth past the bound.
+    holds_for(
+        lambda: (
+            [p.metadata.uid for p in _serving_pods(api, ns)] == [first.metadata.uid]
+            and core.read_namespaced_pod("train-pod", ns).metadata.deletion_timestamp is None
+        ),
+        seconds=12,
+        why="the controller passes at least every 10s once the snapshot changes",
+    )
+    assert "GpuClearingEviction" not in _reasons(api, ns, "Pod", "train-pod")
+
+    # The Job's pod ends; now only a pod that may move holds GPU 0, and it is evicted.
+    core.delete_namespaced_pod("train-pod", ns, grace_period_seconds=0)
+    try:
+        wait_for(
+            lambda: "GpuClearingEviction" in _reasons(api, ns, "Pod", first.metadata.name),
+            timeout_s=60,
+            what="GpuClearingEviction Event on the Deployment's pod",
+        )
+    except BaseException:
+        print(controller.read_text())
+        raise
+    assert "GpuClearingEviction" in _reasons(api, "default", "Node", name)
+    # Its ReplicaSet makes it again; its new claim goes to GPU 1, away from the taints.
+    second = wait_for(
+        lambda: [p for p in _serving_pods(api, ns) if p.metadata.uid != first.metadata.uid],
+        timeout_s=60,
+        what="the Deployment's new pod",
+    )[0]
+    new_claim = wait_for(
+        lambda: _generated_claim(api, ns, second.metadata.name), timeout_s=60, what="its claim"
+    )
+    moved = _allocated(api, ns, new_claim, ready, pod=second.metadata.name)
+    assert moved.startswith("gpu-1-mig-1g10gb"), moved
+    # The waiting claim takes GPU 0; the steering ends.
+    assert _allocated(api, ns, "big", ready) == "gpu-0"
+    wait_for(
+        lambda: "GpuClearingEnded" in _reasons(api, ns, "ResourceClaim", "big"),
+        timeout_s=30,
+        what="GpuClearingEnded Event on the claim",
+    )
+    # The plain holders on GPU 1 were never moved.
+    for claim in ("p1", "p2", "p3"):
+        assert _device(api, ns, claim).startswith("gpu-1-mig-1g10gb")
