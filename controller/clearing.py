@@ -73,6 +73,22 @@ CLEARING_ENDED: Final = Counter(
 )
 
 
+def clearing_inputs(snapshot: Snapshot, wall: datetime) -> ClearingInputs:
+    """What the choice of a GPU is made over, from the controller's snapshot at ``wall``."""
+    return ClearingInputs(
+        slices=snapshot.slice_list,
+        classes=snapshot.classes,
+        claims=snapshot.claim_models,
+        nodes=snapshot.node_models,
+        holder_ages={
+            c.model.key: (wall - c.allocated_at).total_seconds()
+            for c in snapshot.claims.values()
+            if c.allocated_at is not None
+        },
+        index=snapshot.slice_index,
+    )
+
+
 class RuleStore(Protocol):
     def version(self) -> str | None: ...
     def list(self) -> list[RuleInfo]: ...
@@ -271,18 +287,7 @@ class Clearing:
         if len(self._active) >= limit or not pending:
             return
         memo = Memo()
-        inputs = ClearingInputs(
-            slices=snapshot.slice_list,
-            classes=snapshot.classes,
-            claims=snapshot.claim_models,
-            nodes=snapshot.node_models,
-            holder_ages={
-                c.model.key: (wall - c.allocated_at).total_seconds()
-                for c in snapshot.claims.values()
-                if c.allocated_at is not None
-            },
-            index=snapshot.slice_index,
-        )
+        inputs = clearing_inputs(snapshot, wall)
         for item in pending:
             if len(self._active) >= limit:
                 return

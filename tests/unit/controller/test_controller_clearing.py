@@ -25,12 +25,12 @@ from controller_builders import (
     stamp,
 )
 
-from flexgpu.controller.clearing import ENDED, STARTED, Clearing
+from flexgpu.controller.clearing import ENDED, STARTED, Clearing, clearing_inputs
 from flexgpu.controller.cluster_state import ClusterState, Snapshot
 from flexgpu.controller.events import EventTarget
 from flexgpu.controller.main import build_parser, config_from_args
 from flexgpu.controller.taint_rules import ClearingFor, RuleInfo, rule_body
-from flexgpu.driver.allocation.clearing import ClearingInputs, candidates, steering_limit
+from flexgpu.driver.allocation.clearing import candidates, steering_limit
 from flexgpu.driver.allocation.state import DeviceId
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.resource_slice import slice_specs
@@ -90,18 +90,7 @@ def world(*holders: dict[str, Any], nodes: tuple[str, ...] = ("n1",), **extra: A
 
 
 def choice(snapshot: Snapshot, claim_key: str = "ns/big") -> list[Any]:
-    inputs = ClearingInputs(
-        slices=snapshot.slice_list,
-        classes=snapshot.classes,
-        claims=snapshot.claim_models,
-        nodes=snapshot.node_models,
-        holder_ages={
-            c.model.key: (NOW - c.allocated_at).total_seconds()
-            for c in snapshot.claims.values()
-            if c.allocated_at is not None
-        },
-    )
-    return candidates(snapshot.claims[claim_key].model, inputs)
+    return candidates(snapshot.claims[claim_key].model, clearing_inputs(snapshot, NOW))
 
 
 # --- the choice ------------------------------------------------------------------------------
