@@ -154,18 +154,43 @@ def platform_image(arch: str | None = None) -> oci.PlatformImage:
     """The layers and config of the image for linux/``arch`` (default: this machine's)."""
     arch = _check_arch(arch or debs.host_arch())
     tagged = arch.encode()
+    # Keyed on the files the layers are made of, not only on their names: a cached layer
+    # built from an older .deb or wheel (the tool cache outlives a point release or a wheel
+    # added to the index) is not reused for newer ones.
     base = cached_layer(
-        "python-" + _hash([tagged, *(d.encode() for d in PYTHON_DEBS)]),
+        "python-" + _hash([tagged, *(line.encode() for line in _deb_inputs(arch))]),
         lambda rootfs: _python_base(rootfs, arch),
     )
     deps = cached_layer(
-        "pydeps-" + _hash([tagged, python_env.dependency_key().encode()]),
+        "pydeps-" + _hash([tagged, *(line.encode() for line in _dependency_inputs(arch))]),
         lambda rootfs: _dependencies(rootfs, arch),
     )
     toolkit = _toolkit_layer(arch)
     app = cached_layer("flexgpu-" + _source_key(), _project)
     layers = [base, deps, *([toolkit] if toolkit else []), app]
     return oci.PlatformImage(arch, layers, _config())
+
+
+def _deb_inputs(arch: str) -> list[str]:
+    """The .deb files the base layer of ``arch`` is made of (busybox's applet list comes
+    from this machine's busybox of the same source version: that file too)."""
+    cache = cache_root() / "debs"
+    fetched = debs.fetch([BUSYBOX_DEB, *PYTHON_DEBS], cache, arch)
+    if arch != debs.host_arch():
+        fetched += debs.fetch([BUSYBOX_DEB], cache)
+    return [f"deb {deb.name}" for deb in fetched]
+
+
+def _dependency_inputs(arch: str) -> list[str]:
+    """The distributions the dependency layer of ``arch`` holds and, for another
+    architecture, the wheel files pip installs them from (downloaded first: what the index
+    offers now decides which file pip picks)."""
+    found = [f"python {line}" for line in python_env.dependency_key().splitlines()]
+    if arch != debs.host_arch():
+        wanted, cache = wheels.requirements(arch), _wheel_cache(arch)
+        wheels.download(arch, wanted, cache)
+        found += [f"wheel {name}" for name in wheels.wheel_files(arch, wanted, cache)]
+    return found
 
 
 def _source_key() -> str:
@@ -228,14 +253,9 @@ def inputs(archs: Sequence[str] | None = None) -> list[str]:
     archs = [_check_arch(a) for a in archs or [debs.host_arch()]]
     found: list[str] = []
     for arch in archs:
-        fetched = debs.fetch([BUSYBOX_DEB, *PYTHON_DEBS], cache_root() / "debs", arch)
-        found += [f"deb {deb.name}" for deb in fetched]
-    found += [f"python {line}" for line in python_env.dependency_key().splitlines()]
+        found += [line for line in _deb_inputs(arch) if line not in found]
     for arch in archs:
-        if arch != debs.host_arch():
-            wanted, cache = wheels.requirements(arch), _wheel_cache(arch)
-            wheels.download(arch, wanted, cache)
-            found += [f"wheel {name}" for name in wheels.wheel_files(arch, wanted, cache)]
+        found += [line for line in _dependency_inputs(arch) if line not in found]
     if TOOLKIT_SCRIPT.exists():
         found += [f"toolkit linux/{arch} {_toolkit_dir(arch).name}" for arch in archs]
     found.append(f"source {_source_key()} (version {_version()})")

@@ -17,13 +17,16 @@ def pods_by_name(api: Any, namespace: str) -> dict[str, Any]:
 
 
 def pod_events(api: Any, namespace: str, reason: str) -> dict[str, str]:
-    """Pod -> the message of an Event of ``reason`` recorded on it."""
+    """Pod -> the messages of every Event of ``reason`` recorded on it, oldest first, one per
+    line. Every one, not one picked by list order: a pod refused for one cause after another
+    (the driver not registered during a restart, then the tenant check) has an Event of the
+    same reason for each, and a check for the later cause must see it."""
     events = client.CoreV1Api(api).list_namespaced_event(namespace).items
-    return {
-        e.involved_object.name: e.message or ""
-        for e in events
-        if e.reason == reason and e.involved_object.kind == "Pod"
-    }
+    messages: dict[str, list[str]] = {}
+    for e in sorted(events, key=lambda e: str(e.last_timestamp or e.event_time or "")):
+        if e.reason == reason and e.involved_object.kind == "Pod":
+            messages.setdefault(e.involved_object.name, []).append(e.message or "")
+    return {name: "\n".join(lines) for name, lines in messages.items()}
 
 
 def claims_left(api: Any, namespaces: list[str]) -> list[str]:

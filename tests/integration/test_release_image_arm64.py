@@ -178,7 +178,27 @@ def test_the_index_is_reproducible_holds_the_tested_amd64_image_and_is_pushed(
     monkeypatch.setenv("FLEXGPU_CACHE", str(_fresh_cache(tmp_path / "fresh", shared)))
     again = build.flexgpu_index()
     assert again.archive.is_relative_to(tmp_path / "fresh")
+    # Layer by layer first: a difference names the architecture and layer that changed.
+    assert _layer_digests(again.archive) == _layer_digests(index.archive)
     assert manifest_digest(str(again.archive)) == digest
+
+
+def _layer_digests(index_archive: Path) -> dict[str, list[str]]:
+    """Architecture -> the digests of its image's layers, read from an index archive."""
+    with tarfile.open(index_archive) as tar:
+
+        def blob(digest: str) -> Any:
+            member = tar.extractfile(f"blobs/sha256/{digest.split(':')[1]}")
+            assert member is not None
+            return json.loads(member.read())
+
+        top = json.loads(tar.extractfile("index.json").read())["manifests"][0]  # type: ignore[union-attr]
+        return {
+            entry["platform"]["architecture"]: [
+                layer["digest"] for layer in blob(entry["digest"])["layers"]
+            ]
+            for entry in blob(top["digest"])["manifests"]
+        }
 
 
 def test_a_dependency_without_an_arm64_wheel_stops_the_build_named(tmp_path: Path) -> None:
