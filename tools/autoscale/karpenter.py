@@ -115,6 +115,8 @@ def install_crds(api: Any, crd_dir: Path, timeout_s: float = 60) -> list[str]:
             if error.status != 409:
                 raise
             current = extensions.read_custom_resource_definition(name)
+            # Replacing needs the stored object's version (the API server always sends it).
+            assert current.metadata is not None
             manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
             extensions.replace_custom_resource_definition(name, manifest)
     deadline = time.monotonic() + timeout_s

@@ -77,7 +77,7 @@ class NodeAgent:
                 except client.ApiException:
                     time.sleep(self.poll_s)
                     continue
-                present = {n.metadata.name for n in nodes}
+                present = {n.metadata.name for n in nodes if n.metadata}
                 for node in nodes:
                     self._maybe_start(node)
                 for name in list(self._nodes):
