@@ -15,12 +15,13 @@ from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
 from flexgpu.controller.claim_labels import ClaimLabeller
 from flexgpu.controller.clearing import DEFAULT_MAX_S, Clearing
 from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT, ApiPods, Evictions
-from flexgpu.controller.cluster_state import ClusterState
+from flexgpu.controller.cluster_state import ClusterState, Kind
 from flexgpu.controller.diagnostics import Diagnostics
+from flexgpu.controller.disruption_budgets import Budgets
 from flexgpu.controller.events import EventRecorder
 from flexgpu.controller.idle_events import IdleClaimNotifier, claim_reader
 from flexgpu.controller.leader import LeaseElector
-from flexgpu.controller.reflector import Reflector, start_reflectors
+from flexgpu.controller.reflector import Reflector, Store, start_reflectors
 from flexgpu.controller.taint_rules import TaintRules
 
 log = logging.getLogger(__name__)
@@ -83,14 +84,18 @@ class Controller:
             reemit_s=config.reemit_s,
         )
         self.clearing: Clearing | None = None
+        # Watched only where clearing may evict: a budget is consent to it.
+        self.budgets: Budgets | None = None
         if config.clearing_share > 0:
             evictions = None
             if config.clearing_evict_after_s is not None:
                 pods = ApiPods(work_api)
+                self.budgets = Budgets()
                 evictions = Evictions(
                     pods,
                     pods,
                     EventRecorder(work_api, config.identity),
+                    self.budgets,
                     after_s=config.clearing_evict_after_s,
                     max_in_flight=config.clearing_evict_max_in_flight,
                 )
@@ -125,7 +130,10 @@ class Controller:
     def start(self) -> None:
         if self.config.metrics_port is not None:
             metrics.serve(self.config.metrics_port, self.config.metrics_address)
-        self._reflectors = start_reflectors(self.state, lambda: kube.clone(self.api))
+        extra: dict[Kind, Store] = {}
+        if self.budgets is not None:
+            extra["budgets"] = self.budgets
+        self._reflectors = start_reflectors(self.state, lambda: kube.clone(self.api), extra)
         self.elector.start()
         self.labeller.start()
         self.work.start()

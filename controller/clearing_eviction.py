@@ -6,7 +6,9 @@ older than ``after_s``, oldest first: the GPU's holders now (from the claims' al
 each holder's pod (the pod its claim was generated for) and what may be done
 (``driver.allocation.consolidation``); then at most ``max_in_flight`` pods at a time are
 evicted through the Eviction API (policy/v1), so PodDisruptionBudgets are honoured: a 429
-means a budget allows no disruption now, and the pod is tried again later.
+means a budget allows no disruption now, and the pod is tried again later. A budget that
+selects a pod is also its owner's consent to its moving; the budgets come from a watch
+(``controller.disruption_budgets``), and nothing is decided before it has listed them.
 
 The cache holds only pods that wait for a node, so the holders' pods are read from the API
 server, only for GPUs past the bound (a few reads per pass). A pod is in flight from its
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -36,6 +38,7 @@ from flexgpu.driver.allocation.consolidation import (
     Holder,
     HolderPod,
     choose,
+    consent,
     plan_gpu,
 )
 from flexgpu.driver.allocation.state import AllocatedState, allocated_state
@@ -82,6 +85,16 @@ class SteeredGpu(Protocol):
 class PodReader(Protocol):
     def read(self, namespace: str, name: str) -> PodRecord | None:
         """The pod as the server has it now; None when there is none."""
+        ...
+
+
+class BudgetReader(Protocol):
+    """The PodDisruptionBudgets (``controller.disruption_budgets.Budgets``)."""
+
+    def synced(self) -> bool: ...
+
+    def selecting(self, namespace: str, labels: Mapping[str, str]) -> tuple[str, ...]:
+        """The names of the budgets of ``namespace`` that select a pod with ``labels``."""
         ...
 
 
@@ -147,7 +160,7 @@ def _reason(err: client.ApiException) -> str:
         return str(err.reason)
 
 
-def _holder(claim: CachedClaim, pods: PodReader) -> Holder:
+def _holder(claim: CachedClaim, pods: PodReader, budgets: BudgetReader) -> Holder:
     key = claim.model.key
     if claim.owner_pod is None:
         return Holder(key, None, generated=False)
@@ -165,6 +178,7 @@ def _holder(claim: CachedClaim, pods: PodReader) -> Holder:
             pod.controller,
             ending=pod.deleting or pod.phase in ("Succeeded", "Failed"),
             deleting=pod.deleting,
+            budgets=budgets.selecting(pod.namespace, pod.labels),
         ),
     )
 
@@ -182,6 +196,7 @@ class Evictions:
         pods: PodReader,
         evictor: PodEvictor,
         sink: EvictionSink,
+        budgets: BudgetReader,
         *,
         after_s: float,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
@@ -194,6 +209,7 @@ class Evictions:
         self._pods = pods
         self._evictor = evictor
         self._sink = sink
+        self._budgets = budgets
         self._after_s = after_s
         self._max_in_flight = max_in_flight
         self._clock = clock
@@ -227,6 +243,8 @@ class Evictions:
         ]
         if not (due or self._evicted) or now - self._read_at < READ_INTERVAL_S:
             return
+        if not self._budgets.synced():
+            return  # a pod a budget selects would be taken for one that did not consent
         self._read_at = now
         self._blocked = {u: t for u, t in self._blocked.items() if now - t < BLOCKED_RETRY_S}
         for uid, (namespace, name) in list(self._evicted.items()):
@@ -262,7 +280,11 @@ class Evictions:
         if not found:
             return None
         keys = sorted({h for d in found[0].devices for h in state.holders.get(d, ())})
-        holders = [_holder(snapshot.claims[k], self._pods) for k in keys if k in snapshot.claims]
+        holders = [
+            _holder(snapshot.claims[k], self._pods, self._budgets)
+            for k in keys
+            if k in snapshot.claims
+        ]
         return _Gpu(steering, node_name, plan_gpu(holders))
 
     def _tell_waits(self, gpu: _Gpu) -> None:
@@ -294,9 +316,9 @@ class Evictions:
             self._evicted[pod.uid] = (pod.namespace, pod.name)
             message = (
                 f"flexgpu evicted pod {pod.key} from GPU {steering.gpu} so that it empties for "
-                f"claim {steering.claim}, steered for {waited}: the pod opted in "
-                f'(flexgpu.dev/movable: "true") and its {pod.controller.partition(".")[0]} '
-                "makes it again; the GPU's new claims are kept elsewhere"
+                f"claim {steering.claim}, steered for {waited}: its owner consented "
+                f"({consent(pod)}) and its {pod.controller.partition('.')[0]} makes it again; "
+                "the GPU's new claims are kept elsewhere"
             )
             log.info("%s", message)
             for target in (pod_target, node_target, _claim_target(steering)):

@@ -23,7 +23,9 @@ from flexgpu.driver.allocation.pools import SliceIndex
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["slices", "classes", "claims", "nodes", "pods", "policies"]
+# What the controller watches. KINDS: what this cache holds; PodDisruptionBudgets ("budgets")
+# are kept apart, and only where GPU clearing may evict (controller.disruption_budgets).
+Kind = Literal["slices", "classes", "claims", "nodes", "pods", "policies", "budgets"]
 KINDS: Final[tuple[Kind, ...]] = ("slices", "classes", "claims", "nodes", "pods", "policies")
 # Kinds the diagnostics cannot work without; policies are optional (the CRD may be absent).
 REQUIRED: Final[tuple[Kind, ...]] = ("slices", "classes", "claims", "nodes", "pods")

@@ -141,9 +141,12 @@ class PodRecord:
     extended_claim_made: bool = False
     # spec.schedulingGroup.podGroupName: a gang member waits for its group, not only its GPUs.
     pod_group: str = ""
-    # metadata.annotations["flexgpu.dev/movable"] == "true": its owner lets GPU clearing
-    # evict it (driver.allocation.consolidation).
-    movable: bool = False
+    # metadata.annotations["flexgpu.dev/movable"] ("true": its owner lets GPU clearing evict
+    # it; "false": it does not, whatever budget selects it); None when absent
+    # (driver.allocation.consolidation).
+    movable: str | None = None
+    # metadata.labels: which PodDisruptionBudgets select it (controller.disruption_budgets).
+    labels: Mapping[str, str] = field(default_factory=dict)
     # The controlling ownerReference as "Kind.group" ("ReplicaSet.apps", "Job.batch",
     # "ReplicationController" for the core group); "" for a pod no controller owns.
     controller: str = ""
@@ -282,6 +285,10 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
     )
 
 
+def _movable(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
     """The pod, or None when it references no ResourceClaim and asks for no extended resource
     (those are not kept)."""
@@ -322,7 +329,8 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         extended_resources=extended,
         extended_claim_made=bool(status.get("extendedResourceClaimStatus")),
         pod_group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
-        movable=(meta.get("annotations") or {}).get(MOVABLE_ANNOTATION) == "true",
+        movable=_movable((meta.get("annotations") or {}).get(MOVABLE_ANNOTATION)),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
         controller=owner[0] if owner is not None else "",
     )
 

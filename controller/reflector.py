@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
@@ -33,6 +33,15 @@ MAX_BACKOFF_S: Final = 30.0
 HTTP_GONE: Final = 410
 
 ListFunction = Callable[..., Any]
+
+
+class Store(Protocol):
+    """Where a reflector puts what it lists and watches (``ClusterState``, or a store of one
+    kind of its own)."""
+
+    def replace(self, kind: Kind, objects: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def apply(self, kind: Kind, event: str, obj: Mapping[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -60,12 +69,13 @@ def list_function(kind: Kind, api: client.ApiClient) -> ListFunction:
             node_policy.VERSION,
             node_policy.PLURAL,
         ),
+        "budgets": client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces,
     }
     return functions[kind]
 
 
 class Reflector:
-    def __init__(self, source: Source, state: ClusterState) -> None:
+    def __init__(self, source: Source, state: Store) -> None:
         self.source = source
         self._state = state
         self._stop = threading.Event()
@@ -141,12 +151,18 @@ class Reflector:
 
 
 def start_reflectors(
-    state: ClusterState, client_factory: Callable[[], client.ApiClient]
+    state: ClusterState,
+    client_factory: Callable[[], client.ApiClient],
+    extra: Mapping[Kind, Store] | None = None,
 ) -> list[Reflector]:
     """One reflector per kind, each on a client of its own: a watch holds its connection for
-    minutes, and a shared pool would make the others wait for it."""
+    minutes, and a shared pool would make the others wait for it. ``extra``: kinds kept in
+    stores of their own (budgets, where GPU clearing may evict)."""
+    stores: list[tuple[Kind, Store]] = [(kind, state) for kind in KINDS]
+    stores += list((extra or {}).items())
     reflectors = [
-        Reflector(Source(kind, list_function(kind, client_factory())), state) for kind in KINDS
+        Reflector(Source(kind, list_function(kind, client_factory())), store)
+        for kind, store in stores
     ]
     for reflector in reflectors:
         reflector.start()

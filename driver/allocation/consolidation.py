@@ -4,8 +4,13 @@ Clearing (``driver.allocation.clearing``) only keeps new claims off a GPU; its h
 on. Where the admin turns eviction on, a GPU that has been steered for longer than a bound
 may be emptied faster by evicting its holders' pods, under three rules:
 
-- a pod moves only with its owner's consent: the annotation ``flexgpu.dev/movable: "true"``
-  on the pod (so on the pod template of the workload that makes it);
+- a pod moves only with its owner's consent, given one of two ways: the annotation
+  ``flexgpu.dev/movable: "true"`` on the pod (so on the pod template of the workload that
+  makes it), or a PodDisruptionBudget of its namespace that selects it (the budget is the
+  owner's statement of how many of its pods may be disrupted at once, and the Eviction API
+  holds every eviction to it). ``flexgpu.dev/movable: "false"`` refuses, whatever budget
+  selects the pod. A pod that more than one budget selects never moves: the Eviction API
+  refuses such pods;
 - and only when something makes it again elsewhere: its controlling owner is a ReplicaSet
   (so a Deployment), a StatefulSet or a ReplicationController. A Job's pod never moves (an
   evicted Job pod counts as a failure against the Job's backoff limit, and its work is lost);
@@ -14,6 +19,8 @@ may be emptied faster by evicting its holders' pods, under three rules:
   pod from a ResourceClaimTemplate (controlled by the pod, deleted with it). A claim made by
   name stays allocated when its pod goes, and the pod's replacement would take the same
   device again.
+
+Consent never overrides the other two rules: a Job's pod stays, annotated or budgeted.
 
 A GPU is emptied by eviction only when every holder may move (or is ending already): while
 one holder must end on its own, evicting the others would cost them a restart and still not
@@ -44,14 +51,27 @@ class HolderPod:
     namespace: str
     name: str
     uid: str
-    opted_in: bool  # carries flexgpu.dev/movable: "true"
+    # The value of its flexgpu.dev/movable annotation; None when it has none.
+    movable: str | None
     controller: str  # its controlling owner as "Kind.group"; "" for none
     ending: bool  # being deleted, or finished (Succeeded, Failed)
     deleting: bool = False  # being deleted: what counts as an eviction in flight
+    # The PodDisruptionBudgets of its namespace that select it, by name.
+    budgets: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def consent(pod: HolderPod) -> str | None:
+    """How the pod's owner consented to its moving, in words for an Event; None when it did
+    not."""
+    if pod.movable == "true":
+        return f'the pod carries {MOVABLE_ANNOTATION}: "true"'
+    if pod.movable is None and len(pod.budgets) == 1:
+        return f"PodDisruptionBudget {pod.namespace}/{pod.budgets[0]} selects the pod"
+    return None
 
 
 @dataclass(frozen=True)
@@ -75,10 +95,29 @@ def why_not_movable(holder: Holder) -> str | None:
         )
     if pod is None:
         return f"the pod claim {holder.claim} was generated for is gone"
-    if not pod.opted_in:
-        return f'pod {pod.key} does not carry {MOVABLE_ANNOTATION}: "true"'
     if pod.controller == JOB_OWNER:
         return f"pod {pod.key} belongs to a Job: a Job's pods are never evicted"
+    if pod.movable not in (None, "true", "false"):
+        return (
+            f'pod {pod.key} carries {MOVABLE_ANNOTATION}: "{pod.movable}": allowed are "true" '
+            '(it may be evicted) and "false" (it may not); anything else counts as no consent'
+        )
+    if pod.movable == "false":
+        return (
+            f'pod {pod.key} carries {MOVABLE_ANNOTATION}: "false": it refused, whatever '
+            "PodDisruptionBudget selects it"
+        )
+    if len(pod.budgets) > 1:
+        budgets = ", ".join(pod.budgets)
+        return (
+            f"pod {pod.key} is selected by more than one PodDisruptionBudget ({budgets}): the "
+            "Eviction API refuses such pods"
+        )
+    if consent(pod) is None:
+        return (
+            f'pod {pod.key} did not consent: it carries no {MOVABLE_ANNOTATION}: "true" and no '
+            "PodDisruptionBudget of its namespace selects it"
+        )
     if not pod.controller:
         return f"pod {pod.key} has no controller that makes it again"
     if pod.controller not in RECREATING_OWNERS:

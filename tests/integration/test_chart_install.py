@@ -508,7 +508,8 @@ def test_controller_may_evict_no_pod_without_the_eviction_value(
     cluster: ControlPlane, api: Any, installed: Path
 ) -> None:
     """The chart as installed here leaves controller.clearing.eviction off (the default): the
-    controller's token may not evict (no pods/eviction) nor delete pods. RBAC answers before
+    controller's token may not evict (no pods/eviction) nor delete pods, nor read
+    PodDisruptionBudgets (read as consent only where eviction is on). RBAC answers before
     the pod is looked up, so a name that exists nowhere shows the refusal."""
     kubeconfig = service_account_kubeconfig(
         api, cluster.kubeconfig, NS, CONTROLLER_SA, cluster.workdir / "controller-evict.kubeconfig"
@@ -522,6 +523,9 @@ def test_controller_may_evict_no_pod_without_the_eviction_value(
     refusal = _denial(as_controller.create_namespaced_pod_eviction, "any-pod", "default", eviction)
     assert "pods/eviction" in refusal or '"eviction"' in refusal, refusal
     _denial(as_controller.delete_namespaced_pod, "any-pod", "default")
+    budgets = client.PolicyV1Api(as_controller.api_client)
+    refusal = _denial(budgets.list_pod_disruption_budget_for_all_namespaces)
+    assert "poddisruptionbudgets" in refusal, refusal
 
 
 def test_plugin_may_write_only_its_own_node_and_driver(

@@ -1,5 +1,6 @@
 """The chart's GPU clearing values: eviction is off unless asked for, and only then does the
-controller get the flags and the right to evict (pods/eviction, never delete on pods)."""
+controller get the flags, the right to evict (pods/eviction, never delete on pods) and to read
+PodDisruptionBudgets (its consent), never to write them."""
 
 from __future__ import annotations
 
@@ -32,8 +33,19 @@ def _pod_rights(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     }
 
 
+def _budget_rights(docs: list[dict[str, Any]]) -> set[str]:
+    rules = find(docs, "ClusterRole", "controller")["rules"]
+    return {
+        verb
+        for rule in rules
+        if "policy" in rule["apiGroups"] and "poddisruptionbudgets" in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
 def test_eviction_is_off_by_default_with_no_flags_and_no_right_to_evict(helm: Path) -> None:
     docs = render(helm)
+    assert _budget_rights(docs) == set()
     assert not [a for a in _args(docs) if a.startswith("--clearing-evict")]
     assert _pod_rights(docs) == {("pods", "get"), ("pods", "list"), ("pods", "watch")}
     config = config_from_args(parse_args(_args(docs)))
@@ -57,12 +69,14 @@ def test_eviction_on_passes_its_values_and_grants_only_create_on_pods_eviction(
         ("pods", "watch"),
         ("pods/eviction", "create"),
     }
+    assert _budget_rights(docs) == {"get", "list", "watch"}
     # Without clearing there is nothing to evict for: neither flags nor the right.
     off = render(
         helm, "controller.clearing.enabled=false", "controller.clearing.eviction.enabled=true"
     )
     assert not [a for a in _args(off) if a.startswith("--clearing")]
     assert ("pods/eviction", "create") not in _pod_rights(off)
+    assert _budget_rights(off) == set()
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,10 @@ WANTED_CONTROLLERS = (
     # Deployments in manifests users bring (NVIDIA's quickstart ones, say) get their pods.
     "deployment-controller",
     "replicaset-controller",
+    # Jobs get their pods, and PodDisruptionBudgets their status (which the Eviction API
+    # reads): GPU clearing's eviction is tested against both.
+    "job-controller",
+    "disruption-controller",
     # Lifts the finalizer admission puts on every PodGroup once no pod references it; without
     # it a deleted PodGroup (and the claims it owns) stays for ever. Idle without the gates.
     "podgroup-protection-controller",

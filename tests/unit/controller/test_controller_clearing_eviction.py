@@ -1,6 +1,7 @@
 """Eviction for GPU clearing: which holders' pods may move (``driver.allocation.consolidation``)
 and when the leader evicts them (``controller.clearing_eviction``): only pods that opted in,
 owned by a controller that makes them again, whose claim goes with them; only after the bound;
+(consent through a PodDisruptionBudget: test_controller_clearing_consent.py);
 never for a claim that was placed or is gone; at most so many in flight; a
 PodDisruptionBudget's 429 is waited out."""
 
@@ -23,6 +24,7 @@ from flexgpu.controller.clearing_eviction import (
     Evictions,
 )
 from flexgpu.controller.cluster_state import ClusterState, Kind
+from flexgpu.controller.disruption_budgets import Budgets
 from flexgpu.controller.main import build_parser, config_from_args, parse_args
 from flexgpu.controller.records import PodRecord, pod_record
 from flexgpu.driver.allocation.consolidation import (
@@ -52,9 +54,11 @@ def holder(
     generated: bool = True,
     deleting: bool = False,
     phase: str = "Running",
+    labels: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A claim holding ``device`` on n1 and its pod, bound to n1: the claim generated for the
-    pod (``generated``), the pod owned by ``owner`` and annotated movable or not."""
+    pod (``generated``), the pod owned by ``owner``, annotated movable (True: "true"; a
+    string: that value) or not (False), with ``labels``."""
     body = held(name, "n1", device)
     running = pod(f"{name}-pod", node_name="n1", templates={"g": name})
     running["status"]["phase"] = phase
@@ -69,6 +73,8 @@ def holder(
             }
         ]
     meta = running["metadata"]
+    if labels:
+        meta["labels"] = labels
     if movable:
         meta["annotations"] = {MOVABLE_ANNOTATION: "true" if movable is True else movable}
     if owner is not None:
@@ -130,12 +136,28 @@ class Cluster(ClusterState):
         return self.bound.get(f"{namespace}/{name}")
 
 
+def budgets_of(*listed: dict[str, Any]) -> Budgets:
+    """The budgets as the watch lists them."""
+    budgets = Budgets()
+    budgets.replace("budgets", listed)
+    return budgets
+
+
 def setup(
-    max_in_flight: int = 1, outcome: str = "evicted"
+    max_in_flight: int = 1,
+    outcome: str = "evicted",
+    budgets: Budgets | None = None,
+    sink: Sink | None = None,
 ) -> tuple[Clearing, Evictor, Sink, Clock, Cluster]:
-    sink, clock, evictor, state = Sink(), Clock(), Evictor(outcome), Cluster()
+    sink, clock, evictor, state = sink or Sink(), Clock(), Evictor(outcome), Cluster()
     evictions = Evictions(
-        state, evictor, sink, after_s=AFTER_S, max_in_flight=max_in_flight, clock=clock
+        state,
+        evictor,
+        sink,
+        budgets or budgets_of(),
+        after_s=AFTER_S,
+        max_in_flight=max_in_flight,
+        clock=clock,
     )
     clearing = Clearing(
         Rules(), sink, delay_s=30, share=1.0, max_s=3600, evictions=evictions, clock=clock
@@ -154,36 +176,42 @@ def counted(outcome: str) -> float:
 def test_a_pod_that_opted_in_and_is_made_again_may_move(owner: str) -> None:
     _, running = holder("a", "gpu-0-mig-1g10gb-0", owner=owner)
     kind = f"{owner}.apps" if owner != "ReplicationController" else owner
-    pod_ = HolderPod("ns", "a-pod", "uid-a-pod", True, kind, False)
+    pod_ = HolderPod("ns", "a-pod", "uid-a-pod", "true", kind, False)
     assert running["metadata"]["ownerReferences"][0]["kind"] == owner
     assert why_not_movable(Holder("ns/a", pod_)) is None
 
 
 @pytest.mark.parametrize(
-    ("opted_in", "controller", "generated", "words"),
+    ("movable", "controller", "generated", "words"),
     [
-        (True, "Job.batch", True, "belongs to a Job: a Job's pods are never evicted"),
-        (True, "", True, "has no controller that makes it again"),
-        (True, "DaemonSet.apps", True, "owned by a DaemonSet.apps, not known to make it again"),
-        (False, "ReplicaSet.apps", True, 'does not carry flexgpu.dev/movable: "true"'),
-        (True, "ReplicaSet.apps", False, "is not generated for one pod"),
+        ("true", "Job.batch", True, "belongs to a Job: a Job's pods are never evicted"),
+        ("true", "", True, "has no controller that makes it again"),
+        ("true", "DaemonSet.apps", True, "owned by a DaemonSet.apps, not known to make it again"),
+        (
+            None,
+            "ReplicaSet.apps",
+            True,
+            'did not consent: it carries no flexgpu.dev/movable: "true" and no '
+            "PodDisruptionBudget of its namespace selects it",
+        ),
+        ("true", "ReplicaSet.apps", False, "is not generated for one pod"),
     ],
     ids=["job", "bare-pod", "daemonset", "not-opted-in", "claim-by-name"],
 )
 def test_what_never_moves_says_why(
-    opted_in: bool, controller: str, generated: bool, words: str
+    movable: str | None, controller: str, generated: bool, words: str
 ) -> None:
-    pod_ = HolderPod("ns", "a-pod", "uid-a-pod", opted_in, controller, False)
+    pod_ = HolderPod("ns", "a-pod", "uid-a-pod", movable, controller, False)
     reason = why_not_movable(Holder("ns/a", pod_ if generated else None, generated))
     assert reason is not None and words in reason
 
 
 def test_one_holder_that_must_end_keeps_every_other_in_place() -> None:
-    movable = HolderPod("ns", "a-pod", "u1", True, "ReplicaSet.apps", False)
-    job = HolderPod("ns", "j-pod", "u2", True, "Job.batch", False)
+    movable = HolderPod("ns", "a-pod", "u1", "true", "ReplicaSet.apps", False)
+    job = HolderPod("ns", "j-pod", "u2", "true", "Job.batch", False)
     plan = plan_gpu([Holder("ns/a", movable), Holder("ns/j", job)])
     assert plan.evict == () and [c for c, _ in plan.waits_for] == ["ns/j"]
-    ended = HolderPod("ns", "j-pod", "u2", True, "Job.batch", True)
+    ended = HolderPod("ns", "j-pod", "u2", "true", "Job.batch", True)
     plan = plan_gpu([Holder("ns/a", movable), Holder("ns/j", ended)])
     assert plan.evict == (movable,) and plan.ending == (ended,)
     # A pod with two claims on the GPU is evicted once.
@@ -362,7 +390,7 @@ def test_eviction_itself_skips_a_steering_whose_claim_is_allocated() -> None:
     clearing.run_pass(load(state, **objects(pair)), NOW)
     (steering,) = clearing.active.values()
     evictor = Evictor()
-    evictions = Evictions(state, evictor, Sink(), after_s=AFTER_S, clock=clock)
+    evictions = Evictions(state, evictor, Sink(), budgets_of(), after_s=AFTER_S, clock=clock)
     clock.now += AFTER_S + 1
     placed = objects(pair)
     placed["claims"][0] = held("big", "n1", "gpu-0")
@@ -413,6 +441,6 @@ def test_eviction_after_the_steering_has_ended_is_refused(
     assert "--clearing-evict-after 2h: must be less than --clearing-max (1h)" in (
         capsys.readouterr().err
     )
-    evictions = Evictions(Cluster(), Evictor(), Sink(), after_s=3600)
+    evictions = Evictions(Cluster(), Evictor(), Sink(), budgets_of(), after_s=3600)
     with pytest.raises(ValueError, match=r"eviction after 3600s: must be less than .*3600s"):
         Clearing(Rules(), Sink(), delay_s=30, max_s=3600, evictions=evictions)
