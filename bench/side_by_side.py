@@ -1,23 +1,29 @@
 """SIMULATION, not a measurement of a cluster: the same day of GPU claims
 (``bench.autoscale_trace``) replayed through the autoscaler model of ``bench.autoscale_replay``
-for five setups of the same HGX H100 node group (``bench.side_by_side_setups``):
+for six setups of the same HGX H100 node group (``bench.side_by_side_setups``):
 
     python -m bench.side_by_side [--seed 7] [--days 1] [--boot-minutes 6]
-        [--idle-minutes 10] [--max-nodes 40] [--fixed-nodes N] [--packing]
+        [--idle-minutes 10] [--max-nodes 40] [--fixed-nodes N] [--evict-after 10]
+        [--restart-minutes 5] [--packing]
 
 (a) NVIDIA's device plugin, (b) NVIDIA's DRA driver, (c) flexgpu today, (c2) flexgpu with
-(b)'s policy (every GPU on-demand MIG), (d) flexgpu with defragmentation steering (printed as
-not run, with the reason, until the replay drives it).
+(b)'s policy (every GPU on-demand MIG), (d) and (d2): (c)'s and (c2)'s groups with node
+steering and consolidation (``bench.steering_replay``: new claims kept off the nodes closest
+to empty, opted-in inference pods moved off a node steered ``--evict-after`` minutes, each
+losing ``--restart-minutes``; 0 moves nobody). (d) against (c) and (d2) against (c2) are
+steering's part, (c2) against (c) the policy's.
 Every placement is decided by ``driver.allocation``, the offline copy of kube-scheduler's
 allocator held to it by a differential test; nodes come and go as the model's autoscaler
 launches and removes them (or, with ``--fixed-nodes``, a group of that many nodes serves all
 day, so the setups differ in what they place and how long claims wait).
 
 Reported per setup: GPU-hours provisioned (nodes x 8 x hours, billed from launch) and used
-(each claim's GPU-equivalents x its run time), used/provisioned, large claims (4-GPU and
-1-GPU training, 3g.40gb inference) and small ones (1g.10gb, 20 GiB share) placed by the end,
-pending-to-running waits in minutes as p50/p95/max (nearest-rank percentiles over the claims
-placed), and evictions (none in the model; said so); then flexgpu's ratios against (a) and (b).
+(each claim's GPU-equivalents x its run time, a moved claim's restart included),
+used/provisioned, large claims (4-GPU and 1-GPU training, 3g.40gb inference) and small ones
+(1g.10gb, 20 GiB share) placed by the end, pending-to-running waits in minutes as p50/p95/max
+(nearest-rank percentiles over the claims placed, each claim's first start), and evictions
+(counted for (d) and (d2); none in the other setups, said so); then flexgpu's ratios against
+(a) and (b), and steering's and the policy's parts.
 
 ``--packing`` also runs ``bench.packing_churn`` afterwards (real kube-scheduler, hollow
 nodes: flexgpu's publication against NVIDIA's DRA publication, minutes). Nothing is asserted.
