@@ -107,6 +107,14 @@ class Claim:
     started: int | None = None
     node: str | None = None
     devices: tuple[DeviceChoice, ...] = ()
+    # Minutes added to its run by moves: an evicted claim starts again elsewhere.
+    extra_minutes: int = 0
+
+    @property
+    def ends_at(self) -> int | None:
+        if self.started is None:
+            return None
+        return self.started + self.arrival.minutes + self.extra_minutes
 
 
 def add_choices(state: AllocatedState, choices: Sequence[DeviceChoice]) -> None:
@@ -173,6 +181,20 @@ def state_of(claims: Sequence[Claim]) -> AllocatedState:
     return state
 
 
+class Steering(Protocol):
+    """Keeps new claims off some nodes, as device taints would (``bench.steering_replay``)."""
+
+    def steered(self) -> frozenset[str]: ...
+
+    def release(self, fits_on: Sequence[str], nodes: Sequence[SimNode], minute: int) -> str | None:
+        """The steered node a claim that fits on no other node may take (released now)."""
+        ...
+
+    def step(self, cluster: Cluster, running: dict[int, Claim], minute: int) -> None:
+        """After the minute's placements and launches: choose what to steer, move what may."""
+        ...
+
+
 def replay(
     trace: Sequence[Arrival],
     cluster: Cluster,
@@ -183,9 +205,11 @@ def replay(
     idle_minutes: int,
     max_nodes: int,
     until: int = 0,
+    steering: Steering | None = None,
 ) -> RunResult:
     """Minute by minute until every claim has run (or can never run) and, autoscaled, every
-    node is gone; at least ``until`` minutes, so two runs can cover the same span."""
+    node is gone; at least ``until`` minutes, so two runs can cover the same span. With
+    ``steering``, steered nodes take a new claim only when it fits nowhere else."""
     claims = [Claim(i, a) for i, a in enumerate(trace)]
     for _ in range(fixed_nodes):
         cluster.launch(0, 0)
@@ -204,8 +228,8 @@ def replay(
         if not work_left and minute >= until and not (autoscale and cluster.nodes):
             break
         changed = False
-        for claim in [c for c in running.values() if c.started is not None]:
-            if claim.started is not None and claim.started + claim.arrival.minutes <= minute:
+        for claim in list(running.values()):
+            if (claim.ends_at or 0) <= minute:
                 del running[claim.index]
                 node = cluster.nodes[claim.node or ""]
                 node.claims.discard(claim.index)
@@ -218,7 +242,7 @@ def replay(
             changed = True
         changed |= any(n.ready_at == minute for n in cluster.nodes.values())
         if changed and pending:
-            pending = schedule(cluster, pending, running, minute)
+            pending = schedule(cluster, pending, running, minute, steering)
         if autoscale and changed and pending:
             launch_for(
                 cluster,
@@ -228,6 +252,8 @@ def replay(
                 boot_minutes=boot_minutes,
                 max_nodes=max_nodes,
             )
+        if steering is not None:
+            steering.step(cluster, running, minute)
         if autoscale:
             for node in list(cluster.nodes.values()):
                 ready = node.ready_at <= minute
@@ -252,30 +278,54 @@ def replay(
 
 
 def schedule(
-    cluster: Cluster, pending: list[Claim], running: dict[int, Claim], minute: int
+    cluster: Cluster,
+    pending: list[Claim],
+    running: dict[int, Claim],
+    minute: int,
+    steering: Steering | None = None,
 ) -> list[Claim]:
-    """Places what fits on ready nodes, in arrival order; returns what still waits."""
+    """Places what fits on ready nodes, in arrival order; returns what still waits. Steered
+    nodes are left out unless a claim fits on no other node: then the steering releases one
+    and the claim goes there, so steering never keeps a claim waiting that fits now."""
     state = state_of(list(running.values()))
     ready = [n for n in cluster.nodes.values() if n.ready_at <= minute]
     waiting: list[Claim] = []
     full: set[str] = set()  # kinds that found no room in this pass: the nodes only fill up
     for claim in pending:
         kind = claim.arrival.kind
-        placed = False
+        placed = None
         if kind not in full:
-            for node in ready:
-                devices = cluster.fit(kind, node, state)
-                if devices is not None:
-                    add_choices(state, devices)
-                    claim.started, claim.node, claim.devices = minute, node.name, devices
-                    node.claims.add(claim.index)
-                    running[claim.index] = claim
-                    placed = True
-                    break
-        if not placed:
+            steered = steering.steered() if steering is not None else frozenset()
+            placed = _first_fit(cluster, kind, [n for n in ready if n.name not in steered], state)
+            if placed is None and steering is not None and steered:
+                fits = {
+                    n.name: d
+                    for n in ready
+                    if n.name in steered and (d := cluster.fit(kind, n, state))
+                }
+                released = steering.release(list(fits), ready, minute)
+                if released is not None:
+                    placed = (cluster.nodes[released], fits[released])
+        if placed is None:
             full.add(kind)
             waiting.append(claim)
+            continue
+        node, devices = placed
+        add_choices(state, devices)
+        claim.started, claim.node, claim.devices = minute, node.name, devices
+        node.claims.add(claim.index)
+        running[claim.index] = claim
     return waiting
+
+
+def _first_fit(
+    cluster: Cluster, kind: str, nodes: Sequence[SimNode], state: AllocatedState
+) -> tuple[SimNode, tuple[DeviceChoice, ...]] | None:
+    for node in nodes:
+        devices = cluster.fit(kind, node, state)
+        if devices is not None:
+            return node, devices
+    return None
 
 
 def launch_for(

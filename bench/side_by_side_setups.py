@@ -18,19 +18,23 @@ and the day's claims (``bench.autoscale_trace``) as that setup's users write the
     node group).
 (c2) flexgpu today with (b)'s policy: every GPU on-demand MIG, the 20 GiB claims as 1g.20gb
     partitions; beside (b) it isolates what flexgpu's publication changes.
-(d) flexgpu with defragmentation steering (GPU clearing): a seam only; see ``steering``.
+(d) flexgpu today's group (c) with node steering and consolidation (``bench.steering_replay``:
+    new claims kept off the nodes closest to empty, ``driver.allocation.node_clearing``, and
+    opted-in inference pods moved off a node steered too long); (d2) the same on (c2)'s
+    all-MIG group. (d) against (c) is what steering does alone; (d2) against (c2) likewise,
+    and (c2) against (c) is the policy's part.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from bench.autoscale_replay import GROUP_POLICY, TOPOLOGY, device_classes
 from bench.autoscale_trace import BY_NAME, ClaimKind
 from bench.scale_publications import NodeInventory, inventory, nvidia_specs, scratch
+from bench.steering_replay import SteeringOptions
 from flexgpu.driver.allocation import DeviceClass, ResourceClaim, parse_claim, parse_device_class
 from flexgpu.driver.gpu_model import GpuInfo
 from flexgpu.driver.mig_devices import mig_attributes
@@ -46,8 +50,6 @@ ALL_BALANCED_H100_80GB: Final = {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
 REPLICA_CLASS: Final = "gpu-shared.device-plugin.bench"
 SHARE_KIND: Final = "infer-share-20gi"
 NVIDIA_SHARE_PROFILE: Final = "1g.20gb"
-# The module of flexgpu's GPU clearing (pure choice of the GPU to empty for a waiting claim).
-STEERING_MODULE: Final = "flexgpu.driver.allocation.clearing"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Setup:
     classes: dict[str, DeviceClass] = field(default_factory=dict)
     claims: dict[str, ResourceClaim] = field(default_factory=dict)
     not_run: str = ""  # why it is not run; empty when it is
+    steering: SteeringOptions | None = None  # None: nothing steered, nobody moved
 
 
 def _as_template(specs: list[dict[str, Any]]) -> SpecTemplate:
@@ -181,14 +184,21 @@ def flexgpu_all_mig() -> Setup:
     )
 
 
-def steering() -> Setup:
-    """(d): run only once the replay drives flexgpu's GPU clearing; never a made-up figure."""
-    if importlib.util.find_spec(STEERING_MODULE) is None:
-        reason = f"{STEERING_MODULE} (GPU clearing) is not part of this tree"
-    else:
-        reason = f"{STEERING_MODULE} is present, but the replay does not drive it yet"
-    return Setup("d", "flexgpu + steering", None, not_run=reason)
+def steering(base: Setup, options: SteeringOptions | None = None) -> Setup:
+    """``base``'s group with node steering (and eviction, as ``options`` say)."""
+    key = "d" if base.key == "c" else f"d{base.key[1:]}"
+    return replace(
+        base, key=key, label=f"({base.key}) + steering", steering=options or SteeringOptions()
+    )
 
 
-def setups() -> list[Setup]:
-    return [device_plugin(), nvidia_dra(), flexgpu_today(), flexgpu_all_mig(), steering()]
+def setups(options: SteeringOptions | None = None) -> list[Setup]:
+    today, all_mig = flexgpu_today(), flexgpu_all_mig()
+    return [
+        device_plugin(),
+        nvidia_dra(),
+        today,
+        all_mig,
+        steering(today, options),
+        steering(all_mig, options),
+    ]

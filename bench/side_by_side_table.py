@@ -23,6 +23,7 @@ class Figures:
     small_total: int
     small_waits: tuple[float, ...]
     large_waits: tuple[float, ...]
+    evictions: int | None = None  # None: the setup moves nobody
 
     @property
     def used_share(self) -> float:
@@ -39,8 +40,8 @@ class Column:
     not_run: str = ""
 
 
-# No setup of the model evicts: nodes are removed only when empty, nothing preempts, and no
-# layout is re-cut under running pods. The row says so instead of printing a count.
+# A setup without steering evicts nobody: nodes are removed only when empty, nothing preempts,
+# and no layout is re-cut under running pods. The row says so instead of printing a count.
 NO_EVICTIONS = "none modelled"
 WIDTH = 26  # the longest label, "(a) NVIDIA device plugin", and two spaces
 
@@ -61,7 +62,7 @@ def _cells(figures: Figures) -> list[str]:
         f"{figures.small_placed} of {figures.small_total}",
         _waits(figures.small_waits),
         _waits(figures.large_waits),
-        NO_EVICTIONS,
+        NO_EVICTIONS if figures.evictions is None else str(figures.evictions),
     ]
 
 

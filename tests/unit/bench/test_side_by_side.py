@@ -1,22 +1,27 @@
 """The side-by-side benchmark's pieces: the table never shows a figure for a setup that was not
-run, ratios are computed between run setups only, and each setup's node is what its docs say
-(the device plugin's fixed layout, NVIDIA's node-wide dynamic MIG) as the allocator sees it."""
+run, ratios are computed between run setups only, each setup's node is what its docs say
+(the device plugin's fixed layout, NVIDIA's node-wide dynamic MIG) as the allocator sees it,
+and the steering setups run on their base group and count what they move."""
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
 from bench.autoscale_replay import Cluster, SimNode, add_choices, state_of
+from bench.side_by_side import run_setup
 from bench.side_by_side_setups import (
-    STEERING_MODULE,
     Setup,
     device_plugin,
     flexgpu_all_mig,
     flexgpu_today,
     nvidia_dra,
+    setups,
     steering,
 )
 from bench.side_by_side_table import Column, Figures, ratios, table
+from bench.steering_replay import SteeringOptions
 
 
 def figures(provisioned: float, used: float = 100.0, large: int = 5) -> Figures:
@@ -112,7 +117,29 @@ def test_flexgpu_nodes_as_documented() -> None:
     assert _fill(cluster, node, "infer-mig-1g") == 56
 
 
-def test_steering_is_not_run_without_a_made_up_figure() -> None:
-    setup = steering()
-    assert setup.template is None
-    assert STEERING_MODULE in setup.not_run
+def test_steering_setups_are_their_base_group_with_steering() -> None:
+    keys = [(s.key, s.steering is not None) for s in setups()]
+    assert keys == [
+        ("a", False),
+        ("b", False),
+        ("c", False),
+        ("c2", False),
+        ("d", True),
+        ("d2", True),
+    ]
+    base = flexgpu_all_mig()
+    d2 = steering(base, SteeringOptions(evict_after_minutes=None))
+    assert (d2.key, d2.template, d2.claims) == ("d2", base.template, base.claims)
+    assert d2.steering is not None and d2.steering.evict_after_minutes is None
+
+
+def test_the_steering_setup_runs_the_day_and_counts_evictions() -> None:
+    args = argparse.Namespace(
+        seed=7, days=1, fixed_nodes=0, boot_minutes=6, idle_minutes=10, max_nodes=40
+    )
+    column = run_setup(steering(flexgpu_all_mig()), args)
+    assert column.figures is not None and column.figures.evictions is not None
+    f = column.figures
+    assert (f.large_placed, f.small_placed) == (f.large_total, f.small_total)
+    evictions = next(line for line in table([column]) if line.startswith("evictions"))
+    assert evictions.split()[-1] == str(f.evictions)
