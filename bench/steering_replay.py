@@ -212,7 +212,7 @@ def _holder(claim: Claim) -> Holder:
         namespace=NAMESPACE,
         name=str(claim.index),
         uid=str(claim.index),
-        opted_in=movable,
+        movable="true" if movable else None,
         controller=DEPLOYMENT_OWNER if movable else JOB_OWNER,
         ending=False,
     )
