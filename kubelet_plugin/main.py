@@ -16,9 +16,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flexgpu.driver.log_format import configure_logging
+from flexgpu.kubelet_plugin import node_parts
 from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline, Stage
 from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
 from flexgpu.kubelet_plugin.config import ConfigError, PluginConfig
@@ -27,14 +28,9 @@ from flexgpu.kubelet_plugin.kubeletplugin import Server
 from flexgpu.kubelet_plugin.malloc_arenas import limit_malloc_arenas
 
 if TYPE_CHECKING:
-    from flexgpu.driver.backend import GpuBackend
-    from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
     from flexgpu.kubelet_plugin.api.device_plugin_guard import DevicePluginGuard
-    from flexgpu.kubelet_plugin.api.kube_api import KubeApi
-    from flexgpu.kubelet_plugin.claims.checkpoint import CheckpointStore
     from flexgpu.kubelet_plugin.claims.checkpoint_records import ClaimRecord
     from flexgpu.kubelet_plugin.claims.driver_change import DriverChange
-    from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
     from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
 
 log = logging.getLogger("flexgpu.kubelet_plugin")
@@ -42,36 +38,6 @@ log = logging.getLogger("flexgpu.kubelet_plugin")
 
 class StartupFailed(RuntimeError):
     """The plugin cannot serve this node (no GPUs, no credentials)."""
-
-
-def make_backend(config: PluginConfig) -> GpuBackend:
-    if config.gpu_backend == "simulated":
-        from flexgpu.driver.sim_backend import SimulatedBackend
-        from flexgpu.kubelet_plugin.fault_injection import arm_backend_failures
-
-        assert config.topology is not None  # enforced by PluginConfig
-        sim = SimulatedBackend.from_topology(
-            config.topology, config.node_name, state_path=config.data_dir / "simulated-gpus.json"
-        )
-        # Fault tests: the simulated GPUs fail the next calls of the named operations.
-        arm_backend_failures(sim.faults)
-        return sim
-    from flexgpu.driver.nvml_backend import NvmlBackend
-
-    if config.driver_root is not None:
-        from flexgpu.kubelet_plugin.devices.driver_edits import load_nvml
-
-        load_nvml(config.driver_root)
-    return NvmlBackend()
-
-
-def make_api(config: PluginConfig) -> KubeApi:
-    from flexgpu.kubelet_plugin.api.kube_api import KubeApi
-
-    qps, burst = config.kube_api_qps, config.kube_api_burst
-    if config.kubeconfig is not None:
-        return KubeApi.from_kubeconfig(config.kubeconfig, qps=qps, burst=burst)
-    return KubeApi.in_cluster(qps=qps, burst=burst)
 
 
 class NodeReadiness:
@@ -150,7 +116,7 @@ def start_node(
 
     try:
         metric_settings = settings_from_env(os.environ)
-        backend = make_backend(config)
+        backend = node_parts.make_backend(config)
     except MetricsSettingError as err:
         raise StartupFailed(str(err)) from None
     except GpuBackendError as err:
@@ -165,7 +131,7 @@ def start_node(
 
         backend = ObservedBackend(backend, config.node_name)
     try:
-        api = make_api(config)
+        api = node_parts.make_api(config)
     except KubeConfigError as err:
         backend.close()
         raise StartupFailed(str(err)) from None
@@ -175,14 +141,14 @@ def start_node(
         backend,
         config.shared_gpu_indices(count),
         config.dynamic_mig_gpu_indices(count),
-        health_taints=health_taints(config, api),
-        binding_conditions=binding_conditions(config, api),
+        health_taints=node_parts.health_taints(config, api),
+        binding_conditions=node_parts.binding_conditions(config, api),
         publish_tenants=config.shared_gpu_tenants == "namespace",
     )
     # Read before the edits are generated: a change in between is seen, never missed.
     installed = None if config.driver_root is None else read_fingerprint(config.driver_root)
     try:
-        driver_edits = _driver_edits(config, devices)
+        driver_edits = node_parts.node_driver_edits(config, devices)
     except RuntimeError as err:
         api.close()
         backend.close()
@@ -206,13 +172,13 @@ def start_node(
         metadata_dir=config.data_dir / METADATA_FOLDER,
     )
     preparer.shared_gpu_tenants = config.shared_gpu_tenants
-    mps_pods = _mps_pods(config, api, backend, driver_edits, events)
+    mps_pods = node_parts.mps_daemon_pods(config, api, backend, driver_edits, events)
     if mps_pods is not None:
         preparer.mps = mps_pods
     with lock:
         reconcile_at_start(preparer, store, claims, events)
     # With a driver root: prepares wait while specs are brought to a new driver.
-    regenerate = functools.partial(_driver_edits, config, devices)
+    regenerate = functools.partial(node_parts.node_driver_edits, config, devices)
     change = DriverChange.at_start(
         config.driver_root, installed, preparer, regenerate, events=events
     )
@@ -221,7 +187,7 @@ def start_node(
 
     # Built now (no I/O until started) so that prepares served from the gate on can hand it
     # their tenant changes; it writes once started below.
-    publisher = _make_publisher(config, api)
+    publisher = node_parts.make_publisher(config, api)
 
     def republish() -> None:
         publisher.set_devices(devices.slice_devices(), devices.counter_sets())
@@ -288,7 +254,7 @@ def start_node(
         binding.start()
     if mps_pods is not None:
         mps_pods.watch(
-            in_use=lambda: _mps_gpus(store),
+            in_use=lambda: node_parts.mps_gpus(store),
             locked=lambda index: lock.resources({gpu_key(index)}),
         )
     stop_metrics: Callable[[], None] | None = None
@@ -335,116 +301,6 @@ def start_node(
     return stop
 
 
-def health_taints(config: PluginConfig, api: KubeApi) -> bool:
-    """Whether GPU faults are published as device taints: ``auto`` asks the server, since
-    taints are on by default from Kubernetes 1.36 and an API server without them drops them,
-    which would leave a faulty GPU looking healthy; there the GPU is withdrawn instead."""
-    if config.health_taints != "auto":
-        return config.health_taints == "on"
-    try:
-        minor = int("".join(c for c in str(api.get("/version").get("minor", "")) if c.isdigit()))
-    except Exception as err:  # unknown server: withdrawing is right on every release
-        log.warning("cannot read the server version (%s); faulty GPUs are withdrawn", err)
-        return False
-    return minor >= 36
-
-
-def binding_conditions(config: PluginConfig, api: KubeApi) -> bool:
-    """Whether on-demand MIG partitions carry binding conditions. ``auto``: Kubernetes 1.36+
-    (beta, on by default) and the server keeps the fields (a dry-run probe: the gate may be
-    off); before 1.36, and on ``off``, partitions are created in prepare as before."""
-    if config.binding_conditions != "auto":
-        return config.binding_conditions == "on"
-    try:
-        minor = int("".join(c for c in str(api.get("/version").get("minor", "")) if c.isdigit()))
-    except Exception as err:  # unknown server: prepare creates partitions, as on every release
-        log.warning("cannot read the server version (%s); no binding conditions", err)
-        return False
-    if minor < 36:
-        return False
-    from flexgpu.kubelet_plugin.agents.binding_watch import server_keeps_binding_conditions
-
-    on = server_keeps_binding_conditions(api, config.node_name)
-    log.info("binding conditions for on-demand MIG: %s", "on" if on else "off (not served)")
-    return on
-
-
-def _mps_pods(
-    config: PluginConfig,
-    api: KubeApi,
-    backend: GpuBackend,
-    edits: dict[str, Any],
-    events: Callable[[str, str], None],
-) -> MpsDaemonPods | None:
-    """MPS control daemons as pods of their own (--mps-namespace), or None: the backend's."""
-    if config.mps_namespace is None or config.driver_root is None or config.mps_image is None:
-        return None
-    from flexgpu.kubelet_plugin.agents.mps_pod_spec import DEFAULT_RESOURCES
-    from flexgpu.kubelet_plugin.agents.mps_pods import MpsDaemonPods
-    from flexgpu.kubelet_plugin.devices.driver_edits import library_paths
-
-    libraries = library_paths(config.driver_root, edits)
-    return MpsDaemonPods(
-        api,
-        backend,
-        node_name=config.node_name,
-        namespace=config.mps_namespace,
-        image=config.mps_image,
-        mps_root=config.mps_root,
-        driver_root=config.driver_root,
-        host_driver_root=config.host_driver_root,
-        libraries=libraries,
-        events=events,
-        owner_pod=config.pod_name,
-        priority_class=config.mps_priority_class,
-        resources=(
-            config.mps_resources.as_pod_resources()
-            if config.mps_resources is not None
-            else DEFAULT_RESOURCES
-        ),
-    )
-
-
-def _mps_gpus(store: CheckpointStore) -> set[int]:
-    """GPUs whose MPS daemon a prepared share uses."""
-    return {
-        r.created.mps_share.gpu_index
-        for r in store.checkpoint().claims.values()
-        if r.created.mps_share is not None and r.created.mps_share.gpu_index is not None
-    }
-
-
-def _driver_edits(config: PluginConfig, devices: NodeDevices) -> dict[str, Any]:
-    """The driver's common CDI edits over the driver root, and device nodes found there;
-    without a driver root, device nodes only (from /dev)."""
-    from flexgpu.kubelet_plugin.devices import driver_edits
-    from flexgpu.kubelet_plugin.devices.device_nodes import DeviceNodes
-
-    if config.driver_root is None:
-        if config.gpu_backend == "nvml":
-            log.warning(
-                "no --driver-root (FLEXGPU_DRIVER_ROOT): CDI specs carry device nodes only, "
-                "no driver libraries or programs"
-            )
-        return {}
-    host_root = config.host_driver_root or config.driver_root
-    edits = driver_edits.node_edits(
-        driver_root=config.driver_root,
-        host_driver_root=host_root,
-        data_dir=config.data_dir,
-        own_hook=config.nvidia_cdi_hook,
-        generator=config.cdi_generator,
-    )
-    devices.nodes = DeviceNodes(config.driver_root, host_root, with_control_nodes=False)
-    return edits
-
-
-def _make_publisher(config: PluginConfig, api: KubeApi) -> SlicePublisher:
-    from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
-
-    return SlicePublisher(api, config.node_name)
-
-
 def _health_endpoint(config: PluginConfig, readiness: NodeReadiness) -> Callable[[], None]:
     """/livez asks the plugin's own sockets what the kubelet would; /readyz asks readiness."""
     if config.health_port is None:
@@ -471,7 +327,7 @@ def _no_device_plugin(config: PluginConfig, readiness: NodeReadiness) -> bool:
     from flexgpu.kubelet_plugin.api.node_events import NodeEventRecorder
 
     try:
-        api = make_api(config)
+        api = node_parts.make_api(config)
     except Exception as err:  # start_node reports a bad kubeconfig with its own error
         log.warning("device plugin check skipped: %s", err)
         return True

@@ -212,7 +212,7 @@ def test_an_argument_that_is_not_a_json_list_is_refused_with_its_value(tools: Pa
 def _plugin_edits(tmp_path: Path, driver: Path, **settings: Any) -> dict[str, Any]:
     from types import SimpleNamespace
 
-    from flexgpu.kubelet_plugin import main
+    from flexgpu.kubelet_plugin import node_parts
     from flexgpu.kubelet_plugin.config import make_config
 
     config = make_config(
@@ -226,7 +226,7 @@ def _plugin_edits(tmp_path: Path, driver: Path, **settings: Any) -> dict[str, An
         driver_root=driver,
         **settings,
     )
-    edits: dict[str, Any] = main._driver_edits(config, SimpleNamespace())  # type: ignore[arg-type]
+    edits: dict[str, Any] = node_parts.node_driver_edits(config, SimpleNamespace())  # type: ignore[arg-type]
     return edits
 
 

@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from fake_kube_api import FakeKubeApi
-    from flexgpu.kubelet_plugin import main
+    from flexgpu.kubelet_plugin import main, node_parts
     from flexgpu.kubelet_plugin.config import make_config
     from flexgpu.kubelet_plugin.claims.pipeline import ClaimPipeline
     from flexgpu.kubelet_plugin.claims.startup_gate import StartupGate
@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     )
     api = FakeKubeApi()
     api.close = lambda: None  # the fake holds no connection
-    main.make_api = lambda config: api
+    node_parts.make_api = lambda config: api
     gate = StartupGate()
     pipeline = ClaimPipeline([gate])
     stop = main.start_node(config, gate, pipeline)

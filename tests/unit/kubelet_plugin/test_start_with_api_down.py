@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from fake_kube_api import FakeKubeApi
-    from flexgpu.kubelet_plugin import main
+    from flexgpu.kubelet_plugin import main, node_parts
     from flexgpu.kubelet_plugin.claims.claim_source import claim_path
     from flexgpu.kubelet_plugin.config import make_config
     from flexgpu.kubelet_plugin.api.kube_api import KubeApi
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
         mps_namespace="flexgpu", mps_image="img",
     )
     (root / "driver").mkdir(exist_ok=True)
-    main._driver_edits = lambda config, devices: {{}}  # no driver libraries on this machine
+    node_parts.node_driver_edits = lambda config, devices: {{}}  # no driver libraries here
     claim = ClaimRef("ns", "c", "u1")
 
     # 1: API server up (in memory): the claim is prepared.
@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent(
             "request": "gpu", "driver": "gpu.flexgpu.dev", "pool": "node-a", "device": "gpu-0",
         }}]}}}}}},
     }})
-    main.make_api = lambda config: fake
+    node_parts.make_api = lambda config: fake
     gate = StartupGate(wait_s=30)
     pipeline = ClaimPipeline([gate])
     stop = main.start_node(config, gate, pipeline)
@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent(
 
     # 2: restarted with the API server away (nothing listens on the port).
     api = KubeApi("http://127.0.0.1:{port}")
-    main.make_api = lambda config: api
+    node_parts.make_api = lambda config: api
     gate = StartupGate(wait_s=30)
     pipeline = ClaimPipeline([gate])
     started = time.monotonic()
