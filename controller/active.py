@@ -1,6 +1,6 @@
 """The leader's work, one pass per tick: diagnostics for pending claims, Events for pods held
-by flexgpu's binding conditions, pool metrics and the controller's part of GpuNodePolicy
-status.
+by flexgpu's binding conditions, pool metrics, the controller's part of GpuNodePolicy
+status, and where turned on GPU clearing and node steering.
 
 Every replica keeps the cache warm (the watches run everywhere), so a replica that becomes
 leader acts at its next tick instead of after a full re-list. A pass starts only while the
@@ -22,6 +22,7 @@ from flexgpu.controller.binding_waits import BindingWaits
 from flexgpu.controller.clearing import Clearing
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
+from flexgpu.controller.node_steering import NodeSteering
 from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.loop import Loop
 
@@ -40,12 +41,14 @@ class ActiveWork:
         *,
         binding_waits: BindingWaits | None = None,
         clearing: Clearing | None = None,
+        node_steering: NodeSteering | None = None,
         tick_s: float = TICK_S,
     ) -> None:
         self._state = state
         self._diagnostics = diagnostics
         self._binding_waits = binding_waits
         self._clearing = clearing
+        self._node_steering = node_steering
         self._api = api
         self._is_leader = is_leader
         self._pending_clock = metrics.PendingClock()
@@ -68,6 +71,8 @@ class ActiveWork:
             self._binding_waits.forget()
         if self._clearing is not None:
             self._clearing.forget()
+        if self._node_steering is not None:
+            self._node_steering.forget()
         self._pending_clock = metrics.PendingClock()
         metrics.POOL.update(None)
 
@@ -98,4 +103,10 @@ class ActiveWork:
                 policy_status.apply_patches(self._api, patches)
         if self._clearing is not None and self._is_leader():
             self._clearing.run_pass(snapshot, wall)
+        if self._node_steering is not None and self._is_leader():
+            # After clearing: a node where a GPU is being cleared is not steered.
+            cleared: set[str] = set()
+            if self._clearing is not None:
+                cleared = {s.gpu.partition("/")[0] for s in self._clearing.active.values()}
+            self._node_steering.run_pass(snapshot, wall, cleared)
         self.passes += 1

@@ -21,8 +21,10 @@ from flexgpu.controller.disruption_budgets import Budgets
 from flexgpu.controller.events import EventRecorder
 from flexgpu.controller.idle_events import IdleClaimNotifier, claim_reader
 from flexgpu.controller.leader import LeaseElector
+from flexgpu.controller.node_steering import NodeSteering
 from flexgpu.controller.reflector import Reflector, Store, start_reflectors
 from flexgpu.controller.taint_rules import TaintRules
+from flexgpu.driver.allocation.node_clearing import DEFAULT_MAX_HELD_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,12 @@ class ControllerConfig:
     # controller/clearing_eviction.py), at most this many in flight at once.
     clearing_evict_after_s: float | None = None
     clearing_evict_max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    # Node steering (controller/node_steering.py): at most this share of the cluster's GPUs
+    # on nodes kept free of new claims (0: off), nodes holding at most max_held_share of
+    # their GPUs, each at most max_s.
+    node_steering_share: float = 0.0
+    node_steering_max_held_share: float = DEFAULT_MAX_HELD_SHARE
+    node_steering_max_s: float = DEFAULT_MAX_S
 
 
 class Controller:
@@ -107,6 +115,15 @@ class Controller:
                 max_s=config.clearing_max_s,
                 evictions=evictions,
             )
+        self.node_steering: NodeSteering | None = None
+        if config.node_steering_share > 0:
+            self.node_steering = NodeSteering(
+                TaintRules(work_api),
+                EventRecorder(work_api, config.identity),
+                share=config.node_steering_share,
+                max_held_share=config.node_steering_max_held_share,
+                max_s=config.node_steering_max_s,
+            )
         self.work = ActiveWork(
             self.state,
             self.diagnostics,
@@ -114,6 +131,7 @@ class Controller:
             lambda: self.elector.is_leader,
             binding_waits=self.binding_waits,
             clearing=self.clearing,
+            node_steering=self.node_steering,
         )
         self._reflectors: list[Reflector] = []
         self.idle: IdleClaimNotifier | None = None

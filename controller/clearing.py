@@ -125,7 +125,7 @@ def _gpu_text(candidate: Candidate) -> str:
     return f"{gpu.node}/{gpu.pool}/{gpu.uuid}"
 
 
-def _since_wall(text: str, wall: datetime, now: float) -> float:
+def since_wall(text: str, wall: datetime, now: float) -> float:
     """A rule's start time on this process's clock (a rule without one starts now)."""
     try:
         started = datetime.fromisoformat(text)
@@ -201,7 +201,7 @@ class Clearing:
             steering = self._active.get(info.claim_uid)
             if steering is None:
                 steering = Steering(
-                    info.claim_uid, info.claim, info.gpu, _since_wall(info.since, wall, now)
+                    info.claim_uid, info.claim, info.gpu, since_wall(info.since, wall, now)
                 )
                 self._active[info.claim_uid] = steering
             steering.rules.append(info.name)

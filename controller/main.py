@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kopf
@@ -33,6 +33,7 @@ from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.owner import deployment_owner
 from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
+from flexgpu.driver.allocation.node_clearing import DEFAULT_MAX_HELD_SHARE
 from flexgpu.driver.durations import human_duration, parse_duration
 from flexgpu.driver.log_format import FORMATS, LEVELS, configure_logging
 
@@ -48,16 +49,32 @@ def _default_identity() -> str:
     return f"{base}_{uuid.uuid4().hex[:8]}"
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(
-            f"--clearing-share {text!r}: must be a number from 0 (off) to 1"
-        )
-    return value
+def _fraction(flag: str, allowed: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value <= 1.0:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be a number from {allowed}")
+        return value
+
+    return parse
+
+
+def _positive_duration(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = parse_duration(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r}: must be a duration of more than 0, such as 1h"
+            )
+        return value
+
+    return parse
 
 
 def _evict_after(text: str) -> float:
@@ -88,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flexgpu-controller",
         description="flexgpu cluster controller: diagnostics for GPU claims that cannot be "
-        "allocated, pool metrics, GpuNodePolicy status, admission webhook",
+        "allocated, pool metrics, GpuNodePolicy status, GPU clearing, node steering, "
+        "admission webhook",
     )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials)")
     parser.add_argument(
@@ -128,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--clearing-share",
-        type=_share,
+        type=_fraction("--clearing-share", "0 (off) to 1"),
         default=0.0,
         metavar="FRACTION",
         help="keep new claims off at most this share of the cluster's GPUs so they empty for "
@@ -155,6 +173,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_IN_FLIGHT,
         metavar="N",
         help=f"at most this many such pods being evicted at once (default {DEFAULT_MAX_IN_FLIGHT})",
+    )
+    parser.add_argument(
+        "--node-steering-share",
+        type=_fraction("--node-steering-share", "0 (off) to 1"),
+        default=0.0,
+        metavar="FRACTION",
+        help="keep new claims off the nodes closest to empty, at most this share of the "
+        "cluster's GPUs, so an autoscaler can remove them, e.g. 0.5; for autoscaled groups "
+        "only (default 0: off)",
+    )
+    parser.add_argument(
+        "--node-steering-max-held-share",
+        type=_fraction("--node-steering-max-held-share", "0 (only empty nodes) to 1"),
+        default=DEFAULT_MAX_HELD_SHARE,
+        metavar="FRACTION",
+        help="steer only nodes whose claims hold at most this share of their GPUs "
+        f"(default {DEFAULT_MAX_HELD_SHARE})",
+    )
+    parser.add_argument(
+        "--node-steering-max",
+        type=_positive_duration("--node-steering-max"),
+        default=DEFAULT_MAX_S,
+        metavar="DURATION",
+        help="stop steering a node after this long, and not again for as long (default 1h)",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=8080, help="Prometheus endpoint port; 0 turns it off"
@@ -231,6 +273,9 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         clearing_max_s=args.clearing_max,
         clearing_evict_after_s=args.clearing_evict_after,
         clearing_evict_max_in_flight=args.clearing_evict_max_in_flight,
+        node_steering_share=args.node_steering_share,
+        node_steering_max_held_share=args.node_steering_max_held_share,
+        node_steering_max_s=args.node_steering_max,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),

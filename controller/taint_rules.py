@@ -1,8 +1,13 @@
-"""flexgpu's own DeviceTaintRules: the taints that keep new claims off a GPU being cleared.
+"""flexgpu's own DeviceTaintRules: the taints that keep new claims off a GPU being cleared
+(``controller.clearing``) or off a node being let empty (``controller.node_steering``).
 
-One rule per device (a rule's ``deviceSelector`` names one driver/pool/device), labelled so
-the controller finds its rules again after a restart or a change of leader, and annotated
-with the claim it clears the GPU for. The API version is the first one the API server
+GPU clearing: one rule per device (a rule's ``deviceSelector`` names one driver/pool/device:
+the device the waiting claim will take stays untainted), annotated with that claim. Node
+steering: one rule per pool of flexgpu's driver on the node (the selector names driver and
+pool, no device), so partitions published later are covered too and one delete ends it; its
+taint key is ``flexgpu.dev/node-steering`` and it carries ``STEERING_LABEL``, so the two kinds
+are told apart when listed. Every rule is labelled so the controller finds its rules again
+after a restart or a change of leader. The API version is the first one the API server
 serves: ``resource.k8s.io/v1`` from Kubernetes 1.37 (``DRADeviceTaintRules`` GA, on),
 ``v1beta2`` on 1.36 and ``v1alpha3`` on 1.34/1.35 where an admin enabled them (the gate and
 ``--runtime-config``); none served means steering is off, said once in the log.
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,6 +38,10 @@ CLAIM_ANNOTATION: Final = "flexgpu.dev/clearing-for"  # namespace/name of the wa
 UID_ANNOTATION: Final = "flexgpu.dev/clearing-claim-uid"
 GPU_ANNOTATION: Final = "flexgpu.dev/clearing-gpu"  # node/pool/gpu uuid
 SINCE_ANNOTATION: Final = "flexgpu.dev/clearing-since"  # RFC 3339 time steering started
+STEERING_TAINT_KEY: Final = "flexgpu.dev/node-steering"
+STEERING_LABEL: Final = "flexgpu.dev/node-steering"  # value: MANAGED_VALUE
+STEERING_NODE_ANNOTATION: Final = "flexgpu.dev/node-steering-node"
+STEERING_SINCE_ANNOTATION: Final = "flexgpu.dev/node-steering-since"  # RFC 3339
 HTTP_NOT_FOUND: Final = 404
 HTTP_CONFLICT: Final = 409
 
@@ -64,6 +73,47 @@ class RuleInfo:
     claim: str  # namespace/name
     gpu: str  # node/pool/uuid
     since: str
+
+
+@dataclass(frozen=True)
+class SteeringFor:
+    """What every rule of one node's steering carries."""
+
+    node: str
+    since: str  # RFC 3339
+
+
+@dataclass(frozen=True)
+class SteeringRule:
+    """One node steering rule as listed."""
+
+    name: str
+    node: str
+    since: str
+
+
+def steering_rule_name(driver: str, pool: str) -> str:
+    return f"flexgpu-node-steering-{_digest(driver + chr(0) + pool, 20)}"
+
+
+def steering_rule_body(version: str, what: SteeringFor, driver: str, pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": steering_rule_name(driver, pool),
+            "labels": {MANAGED_LABEL: MANAGED_VALUE, STEERING_LABEL: MANAGED_VALUE},
+            "annotations": {
+                STEERING_NODE_ANNOTATION: what.node,
+                STEERING_SINCE_ANNOTATION: what.since,
+            },
+        },
+        "spec": {
+            # No device: every device of the pool, including ones published later.
+            "deviceSelector": {"driver": driver, "pool": pool},
+            "taint": {"key": STEERING_TAINT_KEY, "effect": "NoSchedule"},
+        },
+    }
 
 
 def rule_body(version: str, what: ClearingFor, device: DeviceId) -> dict[str, Any]:
@@ -106,8 +156,21 @@ def _info(obj: Mapping[str, Any]) -> RuleInfo | None:
     )
 
 
+def _steering_info(obj: Mapping[str, Any]) -> SteeringRule | None:
+    meta = obj.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    node = notes.get(STEERING_NODE_ANNOTATION)
+    if not node:
+        return None
+    return SteeringRule(
+        name=str(meta.get("name", "")),
+        node=str(node),
+        since=str(notes.get(STEERING_SINCE_ANNOTATION, "")),
+    )
+
+
 class TaintRules:
-    """Creates, lists and deletes flexgpu's clearing rules through the API server."""
+    """Creates, lists and deletes flexgpu's rules (both kinds) through the API server."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._objects = client.CustomObjectsApi(api)
@@ -129,27 +192,47 @@ class TaintRules:
             self._probed = True
             if self._version is None:
                 log.warning(
-                    "the API server serves no DeviceTaintRules (%s); GPU clearing is off",
+                    "the API server serves no DeviceTaintRules (%s); GPU clearing and node "
+                    "steering are off",
                     ", ".join(f"{GROUP}/{v}" for v in VERSIONS),
                 )
         return self._version
 
-    def list(self) -> list[RuleInfo]:
+    def _list(self, selector: str) -> list[Mapping[str, Any]]:
         version = self.version()
         if version is None:
             return []
         listed: Any = self._objects.list_cluster_custom_object(
-            GROUP, version, PLURAL, label_selector=f"{MANAGED_LABEL}={MANAGED_VALUE}"
+            GROUP, version, PLURAL, label_selector=selector
         )
-        infos = (_info(item) for item in listed.get("items", []))
+        return list(listed.get("items", []))
+
+    def list_steering(self) -> list[SteeringRule]:
+        items = self._list(f"{MANAGED_LABEL}={MANAGED_VALUE},{STEERING_LABEL}={MANAGED_VALUE}")
+        infos = (_steering_info(item) for item in items)
+        return [info for info in infos if info is not None]
+
+    def list(self) -> list[RuleInfo]:
+        """GPU clearing's rules (rules from before node steering existed have no
+        STEERING_LABEL, hence the negative selector)."""
+        items = self._list(f"{MANAGED_LABEL}={MANAGED_VALUE},!{STEERING_LABEL}")
+        infos = (_info(item) for item in items)
         return [info for info in infos if info is not None]
 
     def create(self, what: ClearingFor, device: DeviceId) -> str:
-        """Creates the rule (an existing one of the same name is ours already); its name."""
+        """Creates a clearing rule (an existing one of the same name is ours already); its
+        name."""
+        return self._create(lambda version: rule_body(version, what, device))
+
+    def steer(self, what: SteeringFor, driver: str, pool: str) -> str:
+        """Creates a node steering rule for one pool; its name."""
+        return self._create(lambda version: steering_rule_body(version, what, driver, pool))
+
+    def _create(self, make: Callable[[str], dict[str, Any]]) -> str:
         version = self.version()
         if version is None:
             raise RuntimeError("no DeviceTaintRule API is served")
-        body = rule_body(version, what, device)
+        body = make(version)
         try:
             self._objects.create_cluster_custom_object(GROUP, version, PLURAL, body)
         except client.ApiException as err:

@@ -1,0 +1,214 @@
+"""Node steering against the real scheduler: of two simulated nodes with four whole GPUs
+each, the fuller one holds three and the emptier one; the controller steers the emptier
+(one DeviceTaintRule for its pool), a new claim lands on the fuller node, and once that node
+is full the other nodes have no room for what the steered one holds: the rule is removed.
+
+Slices are published straight from the simulated backend, as in test_clearing_e2e.py; the
+pods are never started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from flexgpu.controller.taint_rules import (
+    GROUP,
+    PLURAL,
+    STEERING_LABEL,
+    STEERING_TAINT_KEY,
+    TaintRules,
+)
+from flexgpu.driver.names import DRIVER_NAME
+from flexgpu.driver.sim_backend import SimulatedBackend
+from flexgpu.driver.topology import load_topology
+from flexgpu.kubelet_plugin.api.kube_api import KubeApi
+from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
+from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
+from tests.conftest import wait_for
+from tests.integration.gpu_workloads import ensure_device_classes
+from tools.cluster import ControlPlane, create_simulated_node
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+FOUR_H100 = {
+    "name": "steering-four-h100",
+    "description": "4x H100, whole GPUs",
+    "gpus": [{"model": "H100-SXM5-80GB"} for _ in range(4)],
+}
+
+
+def _claim(api: Any, ns: str, name: str, count: int) -> None:
+    exactly = {"deviceClassName": "gpu.flexgpu.dev", "count": count}
+    client.ResourceV1Api(api).create_namespaced_resource_claim(
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        },
+    )
+
+
+def _pod(api: Any, ns: str, name: str, selector: dict[str, str]) -> None:
+    client.CoreV1Api(api).create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": selector,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {"name": "c", "image": "none", "resources": {"claims": [{"name": "g"}]}}
+                ],
+                "resourceClaims": [{"name": "g", "resourceClaimName": name}],
+            },
+        },
+    )
+
+
+def _pool(api: Any, ns: str, claim: str) -> str:
+    status = client.ResourceV1Api(api).read_namespaced_resource_claim(claim, ns).status
+    if status is None or status.allocation is None:
+        return ""
+    return str(status.allocation.devices.results[0].pool)
+
+
+def _steered(api: Any, version: str) -> list[str]:
+    listed: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
+        GROUP, version, PLURAL, label_selector=f"{STEERING_LABEL}=true"
+    )
+    return [str(r["spec"]["deviceSelector"].get("pool")) for r in listed["items"]]
+
+
+@pytest.fixture(scope="module")
+def rules_version(api: Any) -> str:
+    version = TaintRules(api).version()
+    if version is None:
+        pytest.skip("the API server serves no DeviceTaintRules")
+    return version
+
+
+@pytest.fixture
+def nodes(
+    api: Any, cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str, str, dict[str, str]]]:
+    """(namespace, fuller node, emptier node, a selector for both): two nodes of four
+    whole H100s."""
+    ensure_device_classes(api)
+    tmp = tmp_path_factory.mktemp("steering")
+    run = uuid.uuid4().hex[:5]
+    ns, names = f"nst-{run}", (f"nst-{run}-full", f"nst-{run}-empty")
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": ns}})
+    publishers = []
+    topology = tmp / "four.yaml"
+    topology.write_text(yaml.safe_dump(FOUR_H100))
+    for name in names:
+        create_simulated_node(api, name)
+        core.patch_node(name, {"metadata": {"labels": {"steering-run": run}}})
+        backend = SimulatedBackend(
+            load_topology(str(topology)), name, state_path=tmp / f"{name}.json"
+        )
+        devices = NodeDevices(backend)
+        publisher = SlicePublisher(KubeApi.from_kubeconfig(cluster.kubeconfig), name)
+        publisher.set_devices(devices.slice_devices(), devices.counter_sets())
+        publisher.reconcile_once()
+        publishers.append(publisher)
+    yield ns, names[0], names[1], {"steering-run": run}
+    core.delete_namespace(ns)
+    for publisher, name in zip(publishers, names, strict=True):
+        publisher.delete_all()
+        core.delete_node(name)
+
+
+@pytest.fixture
+def controller(
+    cluster: ControlPlane,
+    api: Any,
+    rules_version: str,
+    nodes: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Path]:
+    log = tmp_path_factory.mktemp("steering-log") / "controller.log"
+    out = log.open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flexgpu.controller.main",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--namespace=default",
+            f"--lease-name=nst-{uuid.uuid4().hex[:5]}",
+            "--pending-delay=2",
+            "--metrics-port=0",
+            "--no-webhook",
+            "--node-steering-share=1",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    yield log
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out.close()
+    objects = client.CustomObjectsApi(api)
+    listed: Any = objects.list_cluster_custom_object(
+        GROUP, rules_version, PLURAL, label_selector=f"{STEERING_LABEL}=true"
+    )
+    for rule in listed["items"]:
+        objects.delete_cluster_custom_object(GROUP, rules_version, PLURAL, rule["metadata"]["name"])
+
+
+def test_a_new_claim_lands_on_the_fuller_node_while_the_emptier_is_steered(
+    api: Any, nodes: tuple[str, str, str, dict[str, str]], controller: Path, rules_version: str
+) -> None:
+    ns, full, empty, both = nodes
+    for claim, count, node in (("busy", 3, full), ("small", 1, empty)):
+        _claim(api, ns, claim, count)
+        _pod(api, ns, claim, {"kubernetes.io/hostname": node})
+        wait_for(lambda c=claim: _pool(api, ns, c), timeout_s=90, what=f"{claim} allocated")
+    steered = wait_for(lambda: _steered(api, rules_version), timeout_s=60, what="a node steered")
+    assert steered == [empty], controller.read_text()
+    listed: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
+        GROUP, rules_version, PLURAL, label_selector=f"{STEERING_LABEL}=true"
+    )
+    [rule] = listed["items"]
+    assert rule["spec"]["deviceSelector"] == {"driver": DRIVER_NAME, "pool": empty}
+    assert rule["spec"]["taint"]["key"] == STEERING_TAINT_KEY
+    # Either node would do for the scheduler; the steered one is kept off.
+    _claim(api, ns, "new", 1)
+    _pod(api, ns, "new", both)
+    assert wait_for(lambda: _pool(api, ns, "new"), timeout_s=90, what="new allocated") == full
+    # The fuller node is full now: nowhere for the steered node's claim to go, so its
+    # steering ends.
+    wait_for(
+        lambda: _steered(api, rules_version) == [],
+        timeout_s=60,
+        what="the steering rule removed",
+    )
+    events = client.CoreV1Api(api).list_event_for_all_namespaces(
+        field_selector=f"involvedObject.name={empty}"
+    )
+    reasons = {e.reason for e in events.items}
+    assert {"GpuNodeSteering", "GpuNodeSteeringEnded"} <= reasons, controller.read_text()

@@ -1,0 +1,118 @@
+"""The chart's node steering values: off by default; on, the controller gets its flags and
+the right to write DeviceTaintRules even with GPU clearing off, and the admission policy
+lets it taint only under the keys of the features turned on."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flexgpu.controller.main import config_from_args, parse_args
+from tests.unit.test_chart import CHART, find, helm, render
+
+__all__ = ["helm"]  # the fixture, shared with test_chart.py
+
+POLICY = "own-device-taint-rules"
+
+
+def _args(docs: list[dict[str, Any]]) -> list[str]:
+    spec = find(docs, "Deployment")["spec"]["template"]["spec"]
+    return list(spec["containers"][0]["args"])
+
+
+def _taint_rule_verbs(docs: list[dict[str, Any]]) -> set[str]:
+    rules = find(docs, "ClusterRole", "controller")["rules"]
+    return {
+        verb
+        for rule in rules
+        if "resource.k8s.io" in rule["apiGroups"] and "devicetaintrules" in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def _policy_keys_check(docs: list[dict[str, Any]]) -> str | None:
+    policies = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy" and POLICY in d["metadata"]["name"]
+    ]
+    if not policies:
+        return None
+    return str(policies[0]["spec"]["validations"][1]["expression"])
+
+
+def test_off_by_default_no_flags_and_the_controller_config_says_off(helm: Path) -> None:
+    docs = render(helm)
+    assert not [a for a in _args(docs) if a.startswith("--node-steering")]
+    assert config_from_args(parse_args(_args(docs))).node_steering_share == 0.0
+    check = _policy_keys_check(docs)
+    assert check is not None and "flexgpu.dev/node-steering" not in check
+
+
+def test_on_alone_passes_its_values_and_grants_only_what_the_rules_need(helm: Path) -> None:
+    docs = render(
+        helm,
+        "controller.clearing.enabled=false",
+        "controller.nodeSteering.enabled=true",
+        # Whole numbers: helm's --set reads 0.25 as a string, which the schema refuses.
+        "controller.nodeSteering.share=1",
+        "controller.nodeSteering.maxHeldShare=0",
+        "controller.nodeSteering.maxDuration=2h",
+    )
+    config = config_from_args(parse_args(_args(docs)))
+    assert (
+        config.clearing_share,
+        config.node_steering_share,
+        config.node_steering_max_held_share,
+        config.node_steering_max_s,
+    ) == (0.0, 1.0, 0.0, 7200.0)
+    assert _taint_rule_verbs(docs) == {"get", "list", "create", "delete"}
+    check = _policy_keys_check(docs)
+    assert check is not None
+    assert 'object.spec.taint.key in ["flexgpu.dev/node-steering"]' in check
+
+
+def test_both_on_allow_both_keys_and_both_off_grant_nothing(helm: Path) -> None:
+    both = _policy_keys_check(render(helm, "controller.nodeSteering.enabled=true"))
+    assert both is not None
+    assert '["flexgpu.dev/clearing", "flexgpu.dev/node-steering"]' in both
+    off = render(helm, "controller.clearing.enabled=false")
+    assert _taint_rule_verbs(off) == set()
+    assert _policy_keys_check(off) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("controller.nodeSteering.share=0", "/controller/nodeSteering/share"),
+        ("controller.nodeSteering.share=2", "/controller/nodeSteering/share"),
+        ("controller.nodeSteering.maxHeldShare=2", "/controller/nodeSteering/maxHeldShare"),
+        ("controller.nodeSteering.maxDuration=soon", "/controller/nodeSteering/maxDuration"),
+        (
+            "controller.nodeSteering.maxDuration=0s",
+            "controller.nodeSteering.maxDuration 0s: must be more than 0, such as 1h",
+        ),
+        ("controller.nodeSteering.often=1", "additional properties 'often' not allowed"),
+    ],
+)
+def test_bad_values_fail_naming_the_field(helm: Path, value: str, message: str) -> None:
+    result = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "t",
+            str(CHART),
+            "--set",
+            "controller.nodeSteering.enabled=true",
+            "--set",
+            value,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr
