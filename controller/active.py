@@ -23,6 +23,7 @@ from flexgpu.controller.clearing import Clearing
 from flexgpu.controller.cluster_state import ClusterState
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.node_steering import NodeSteering
+from flexgpu.controller.taint_rule_sweep import LeftoverRules
 from flexgpu.driver.backoff import Backoff
 from flexgpu.driver.loop import Loop
 
@@ -42,6 +43,7 @@ class ActiveWork:
         binding_waits: BindingWaits | None = None,
         clearing: Clearing | None = None,
         node_steering: NodeSteering | None = None,
+        leftover_rules: LeftoverRules | None = None,
         tick_s: float = TICK_S,
     ) -> None:
         self._state = state
@@ -49,6 +51,7 @@ class ActiveWork:
         self._binding_waits = binding_waits
         self._clearing = clearing
         self._node_steering = node_steering
+        self._leftover_rules = leftover_rules
         self._api = api
         self._is_leader = is_leader
         self._pending_clock = metrics.PendingClock()
@@ -73,6 +76,8 @@ class ActiveWork:
             self._clearing.forget()
         if self._node_steering is not None:
             self._node_steering.forget()
+        if self._leftover_rules is not None:
+            self._leftover_rules.forget()
         self._pending_clock = metrics.PendingClock()
         metrics.POOL.update(None)
 
@@ -101,6 +106,8 @@ class ActiveWork:
             patches = policy_status.desired_patches(snapshot.policies, snapshot.nodes, wall)
             if patches:
                 policy_status.apply_patches(self._api, patches)
+        if self._leftover_rules is not None and self._is_leader():
+            self._leftover_rules.run_pass()
         if self._clearing is not None and self._is_leader():
             self._clearing.run_pass(snapshot, wall)
         if self._node_steering is not None and self._is_leader():

@@ -23,6 +23,7 @@ from flexgpu.controller.idle_events import IdleClaimNotifier, claim_reader
 from flexgpu.controller.leader import LeaseElector
 from flexgpu.controller.node_steering import NodeSteering
 from flexgpu.controller.reflector import Reflector, Store, start_reflectors
+from flexgpu.controller.taint_rule_sweep import LeftoverRules
 from flexgpu.controller.taint_rules import TaintRules
 from flexgpu.driver.allocation.node_clearing import DEFAULT_MAX_HELD_SHARE
 
@@ -124,6 +125,12 @@ class Controller:
                 max_held_share=config.node_steering_max_held_share,
                 max_s=config.node_steering_max_s,
             )
+        # Rules of a feature turned off would otherwise steer their devices for ever.
+        self.leftover_rules = LeftoverRules(
+            TaintRules(work_api),
+            clearing_on=self.clearing is not None,
+            steering_on=self.node_steering is not None,
+        )
         self.work = ActiveWork(
             self.state,
             self.diagnostics,
@@ -132,6 +139,7 @@ class Controller:
             binding_waits=self.binding_waits,
             clearing=self.clearing,
             node_steering=self.node_steering,
+            leftover_rules=self.leftover_rules,
         )
         self._reflectors: list[Reflector] = []
         self.idle: IdleClaimNotifier | None = None

@@ -75,13 +75,16 @@ def test_on_alone_passes_its_values_and_grants_only_what_the_rules_need(helm: Pa
     assert 'object.spec.taint.key in ["flexgpu.dev/node-steering"]' in check
 
 
-def test_both_on_allow_both_keys_and_both_off_grant_nothing(helm: Path) -> None:
+def test_both_on_allow_both_keys_and_both_off_only_delete_what_they_left(helm: Path) -> None:
+    """Both off: no rule may be created, but the controller may still list and delete its
+    own (the policy still binds), so rules left by a feature turned off go away."""
     both = _policy_keys_check(render(helm, "controller.nodeSteering.enabled=true"))
     assert both is not None
     assert '["flexgpu.dev/clearing", "flexgpu.dev/node-steering"]' in both
     off = render(helm, "controller.clearing.enabled=false")
-    assert _taint_rule_verbs(off) == set()
-    assert _policy_keys_check(off) is None
+    assert _taint_rule_verbs(off) == {"get", "list", "delete"}
+    check = _policy_keys_check(off)
+    assert check is not None and "object.spec.taint.key in []" in check
 
 
 @pytest.mark.parametrize(
