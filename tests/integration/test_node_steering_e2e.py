@@ -9,6 +9,7 @@ pods are never started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,7 +28,9 @@ from flexgpu.controller.taint_rules import (
     PLURAL,
     STEERING_LABEL,
     STEERING_TAINT_KEY,
+    SteeringFor,
     TaintRules,
+    steering_rule_body,
 )
 from flexgpu.driver.names import DRIVER_NAME
 from flexgpu.driver.sim_backend import SimulatedBackend
@@ -136,15 +139,9 @@ def nodes(
         core.delete_node(name)
 
 
-@pytest.fixture
-def controller(
-    cluster: ControlPlane,
-    api: Any,
-    rules_version: str,
-    nodes: Any,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Path]:
-    log = tmp_path_factory.mktemp("steering-log") / "controller.log"
+@contextlib.contextmanager
+def _running_controller(cluster: ControlPlane, log: Path, *flags: str) -> Iterator[Path]:
+    """The controller as a process of its own, with ``flags``; its log at ``log``."""
     out = log.open("w")
     proc = subprocess.Popen(
         [
@@ -157,21 +154,36 @@ def controller(
             "--pending-delay=2",
             "--metrics-port=0",
             "--no-webhook",
-            "--node-steering-share=1",
+            *flags,
         ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=out,
         stderr=subprocess.STDOUT,
     )
-    yield log
-    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    out.close()
+        yield log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
+@pytest.fixture
+def controller(
+    cluster: ControlPlane,
+    api: Any,
+    rules_version: str,
+    nodes: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Path]:
+    log = tmp_path_factory.mktemp("steering-log") / "controller.log"
+    with _running_controller(cluster, log, "--node-steering-share=1"):
+        yield log
     objects = client.CustomObjectsApi(api)
     listed: Any = objects.list_cluster_custom_object(
         GROUP, rules_version, PLURAL, label_selector=f"{STEERING_LABEL}=true"
@@ -212,3 +224,51 @@ def test_a_new_claim_lands_on_the_fuller_node_while_the_emptier_is_steered(
     )
     reasons = {e.reason for e in events.items}
     assert {"GpuNodeSteering", "GpuNodeSteeringEnded"} <= reasons, controller.read_text()
+
+
+def test_rules_left_by_steering_turned_off_are_deleted_and_no_one_elses(
+    cluster: ControlPlane, api: Any, rules_version: str, tmp_path: Path
+) -> None:
+    """Steering turned off (the controller restarted without it): the leader deletes the
+    rules it left, which would otherwise keep their nodes steered for ever; a rule of
+    someone else's, though it names flexgpu's devices, stays."""
+    objects: Any = client.CustomObjectsApi(api)
+    run = uuid.uuid4().hex[:5]
+    left = steering_rule_body(
+        rules_version, SteeringFor(f"nst-{run}-gone", "2026-12-07T10:00:00Z"), DRIVER_NAME, run
+    )
+    foreign = {
+        "apiVersion": f"{GROUP}/{rules_version}",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": f"maintenance-{run}"},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER_NAME, "pool": run},
+            "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+        },
+    }
+    for body in (left, foreign):
+        objects.create_cluster_custom_object(GROUP, rules_version, PLURAL, body)
+    try:
+        with _running_controller(cluster, tmp_path / "controller.log") as log:
+            wait_for(
+                lambda: (
+                    left["metadata"]["name"]
+                    not in {
+                        r["metadata"]["name"]
+                        for r in objects.list_cluster_custom_object(GROUP, rules_version, PLURAL)[
+                            "items"
+                        ]
+                    }
+                ),
+                timeout_s=60,
+                what="the rule of steering turned off deleted",
+                explain=log.read_text,
+            )
+            assert "which is turned off" in log.read_text()
+        assert objects.get_cluster_custom_object(
+            GROUP, rules_version, PLURAL, foreign["metadata"]["name"]
+        )
+    finally:
+        objects.delete_cluster_custom_object(
+            GROUP, rules_version, PLURAL, foreign["metadata"]["name"]
+        )
