@@ -4,7 +4,8 @@ the leader's work, the metrics endpoint. ``controller.main`` runs this inside ko
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -63,6 +64,8 @@ class ControllerConfig:
     node_steering_share: float = 0.0
     node_steering_max_held_share: float = DEFAULT_MAX_HELD_SHARE
     node_steering_max_s: float = DEFAULT_MAX_S
+    # Only nodes carrying all these labels are steered and count as the group (empty: all).
+    node_steering_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 class Controller:
@@ -124,6 +127,7 @@ class Controller:
                 share=config.node_steering_share,
                 max_held_share=config.node_steering_max_held_share,
                 max_s=config.node_steering_max_s,
+                node_labels=config.node_steering_nodes,
             )
         # Rules of a feature turned off would otherwise steer their devices for ever.
         self.leftover_rules = LeftoverRules(

@@ -62,6 +62,20 @@ def _fraction(flag: str, allowed: str) -> Callable[[str], float]:
     return parse
 
 
+def _node_labels(text: str) -> dict[str, str]:
+    """``key=value[,key=value]``: the labels a node must all carry."""
+    labels: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, sep, value = part.partition("=")
+        if not part or not sep or not key.strip() or "=" in value:
+            raise argparse.ArgumentTypeError(
+                f"--node-steering-nodes {text!r}: {part!r} is not key=value; allowed is "
+                "key=value[,key=value] (the labels a node must all carry)"
+            )
+        labels[key.strip()] = value.strip()
+    return labels
+
+
 def _positive_duration(flag: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -192,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_MAX_HELD_SHARE})",
     )
     parser.add_argument(
+        "--node-steering-nodes",
+        type=_node_labels,
+        default={},
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="steer only nodes with all these labels, the autoscaled group (default: every "
+        "node with flexgpu GPUs); the group's room is counted on these nodes alone",
+    )
+    parser.add_argument(
         "--node-steering-max",
         type=_positive_duration("--node-steering-max"),
         default=DEFAULT_MAX_S,
@@ -276,6 +298,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         node_steering_share=args.node_steering_share,
         node_steering_max_held_share=args.node_steering_max_held_share,
         node_steering_max_s=args.node_steering_max,
+        node_steering_nodes=args.node_steering_nodes,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),

@@ -114,6 +114,7 @@ class NodeSteering:
         share: float = DEFAULT_SHARE,
         max_held_share: float = DEFAULT_MAX_HELD_SHARE,
         max_s: float = DEFAULT_MAX_S,
+        node_labels: Mapping[str, str] | None = None,
         release_delay_s: float = RELEASE_DELAY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -123,6 +124,7 @@ class NodeSteering:
         self._share = share
         self._max_held_share = max_held_share
         self._max_s = max_s
+        self._node_labels = dict(node_labels or {})
         self._release_delay_s = release_delay_s
         self._clock = clock
         self._active: dict[str, SteeredNode] = {}
@@ -194,7 +196,14 @@ class NodeSteering:
     def _group(self, snapshot: Snapshot, wall: datetime) -> list[GroupNode]:
         # A cordoned node is being drained or removed already: not steered, and its free
         # devices are no room for anyone.
-        nodes = [r.model for r in snapshot.nodes.values() if not r.unschedulable]
+        # Only the group the admin named (an autoscaled one): a fixed group's nodes are
+        # neither steered nor counted as room for the steered nodes' work.
+        nodes = [
+            r.model
+            for r in snapshot.nodes.values()
+            if not r.unschedulable
+            and all(r.model.labels.get(k) == v for k, v in self._node_labels.items())
+        ]
         ages = {
             c.model.key: (wall - c.allocated_at).total_seconds()
             for c in snapshot.claims.values()

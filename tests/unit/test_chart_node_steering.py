@@ -99,6 +99,11 @@ def test_both_on_allow_both_keys_and_both_off_only_delete_what_they_left(helm: P
             "controller.nodeSteering.maxDuration 0s: must be more than 0, such as 1h",
         ),
         ("controller.nodeSteering.often=1", "additional properties 'often' not allowed"),
+        # A comma would split the flag's list: refused as the label value it cannot be.
+        (
+            "controller.nodeSteering.nodeSelector.pool=a\\,b",
+            "/controller/nodeSteering/nodeSelector/pool",
+        ),
     ],
 )
 def test_bad_values_fail_naming_the_field(helm: Path, value: str, message: str) -> None:
@@ -119,3 +124,17 @@ def test_bad_values_fail_naming_the_field(helm: Path, value: str, message: str) 
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_the_node_selector_names_the_steered_group(helm: Path) -> None:
+    docs = render(
+        helm,
+        "controller.nodeSteering.enabled=true",
+        "controller.nodeSteering.nodeSelector.pool=gpu",
+        "controller.nodeSteering.nodeSelector.karpenter\\.sh/nodepool=flex",
+    )
+    config = config_from_args(parse_args(_args(docs)))
+    assert config.node_steering_nodes == {"karpenter.sh/nodepool": "flex", "pool": "gpu"}
+    assert not [
+        a for a in _args(render(helm, "controller.nodeSteering.enabled=true")) if "nodes=" in a
+    ]

@@ -153,6 +153,39 @@ def test_bad_flags_name_flag_value_and_what_is_allowed(
     assert message in capsys.readouterr().err
 
 
+def test_node_labels_flag_names_the_group_and_bad_ones_are_refused_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args(["--node-steering-nodes=karpenter.sh/nodepool=gpu, a=b"])
+    assert config_from_args(args).node_steering_nodes == {"karpenter.sh/nodepool": "gpu", "a": "b"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--node-steering-nodes=pool"])
+    err = capsys.readouterr().err
+    assert "--node-steering-nodes 'pool': 'pool' is not key=value" in err
+    assert "allowed is key=value[,key=value]" in err
+
+
+def test_only_the_named_group_is_steered_and_counted_as_room() -> None:
+    """n2 (nearly empty) is in the autoscaled group, n1 (with room) is a fixed node: n2 is
+    not steered, since the group has nowhere else for its claim; n3, a second node of the
+    group with room, makes n2 steerable again."""
+    group = {"pool": "autoscaled"}
+
+    def labelled(*names: str) -> list[dict[str, Any]]:
+        return [node(n, labels=group if n != "n1" else None) for n in names]
+
+    rules, state = Rules(), ClusterState()
+    steer = NodeSteering(rules, Sink(), share=0.5, node_labels=group, clock=Clock())
+    two = cluster(BUSY, SMALL)
+    two["nodes"] = labelled("n1", "n2")
+    steer.run_pass(load(state, **two), NOW)
+    assert rules.rules == {}
+    three = cluster(BUSY, SMALL, gpus("half", "n3", 4), nodes=("n1", "n2", "n3"))
+    three["nodes"] = labelled("n1", "n2", "n3")
+    steer.run_pass(load(state, **three), NOW)
+    assert rules.nodes() == {"n2"}
+
+
 def test_the_rule_selects_every_device_of_the_nodes_pool_under_its_own_key() -> None:
     body = steering_rule_body("v1", SteeringFor("n2", "2026-01-01T12:00:00Z"), DRIVER_NAME, "n2")
     assert body["spec"]["deviceSelector"] == {"driver": DRIVER_NAME, "pool": "n2"}
