@@ -57,9 +57,9 @@ def test_on_alone_passes_its_values_and_grants_only_what_the_rules_need(helm: Pa
         helm,
         "controller.clearing.enabled=false",
         "controller.nodeSteering.enabled=true",
-        # Whole numbers: helm's --set reads 0.25 as a string, which the schema refuses.
-        "controller.nodeSteering.share=1",
-        "controller.nodeSteering.maxHeldShare=0",
+        # helm's --set gives fractions as strings: the schema takes them as numbers.
+        "controller.nodeSteering.share=0.25",
+        "controller.nodeSteering.maxHeldShare=0.3",
         "controller.nodeSteering.maxDuration=2h",
     )
     config = config_from_args(parse_args(_args(docs)))
@@ -68,7 +68,7 @@ def test_on_alone_passes_its_values_and_grants_only_what_the_rules_need(helm: Pa
         config.node_steering_share,
         config.node_steering_max_held_share,
         config.node_steering_max_s,
-    ) == (0.0, 1.0, 0.0, 7200.0)
+    ) == (0.0, 0.25, 0.3, 7200.0)
     assert _taint_rule_verbs(docs) == {"get", "list", "create", "delete"}
     check = _policy_keys_check(docs)
     assert check is not None
@@ -92,6 +92,9 @@ def test_both_on_allow_both_keys_and_both_off_only_delete_what_they_left(helm: P
     [
         ("controller.nodeSteering.share=0", "/controller/nodeSteering/share"),
         ("controller.nodeSteering.share=2", "/controller/nodeSteering/share"),
+        ("controller.nodeSteering.share=1.5", "/controller/nodeSteering/share"),
+        ("controller.nodeSteering.share=0.0", "/controller/nodeSteering/share"),
+        ("controller.clearing.maxShare=half", "/controller/clearing/maxShare"),
         ("controller.nodeSteering.maxHeldShare=2", "/controller/nodeSteering/maxHeldShare"),
         ("controller.nodeSteering.maxDuration=soon", "/controller/nodeSteering/maxDuration"),
         (
