@@ -20,6 +20,7 @@ import shutil
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from release import debs, oci, python_env, wheels
 from release.layers import (
@@ -162,7 +163,11 @@ def platform_image(arch: str | None = None) -> oci.PlatformImage:
         lambda rootfs: _python_base(rootfs, arch),
     )
     deps = cached_layer(
-        "pydeps-" + _hash([tagged, *(line.encode() for line in _dependency_inputs(arch))]),
+        "pydeps-"
+        + _hash(
+            [tagged, *_recipes(python_env, wheels)]
+            + [line.encode() for line in _dependency_inputs(arch)]
+        ),
         lambda rootfs: _dependencies(rootfs, arch),
     )
     toolkit = _toolkit_layer(arch)
@@ -193,10 +198,17 @@ def _dependency_inputs(arch: str) -> list[str]:
     return found
 
 
+def _recipes(*modules: ModuleType) -> list[bytes]:
+    """The source of the modules that lay a layer out besides this one and release/layers.py
+    (which every key holds): a change there must not reuse layers laid out before it."""
+    return [Path(str(m.__file__)).read_bytes() for m in modules]
+
+
 def _source_key() -> str:
     sources = [REPO / "pyproject.toml"]
     return _hash(
-        [p.read_bytes() for p in sources]
+        _recipes(python_env)
+        + [p.read_bytes() for p in sources]
         + [b for pkg in python_env.OWN_PACKAGES for b in tree_bytes(REPO / pkg)]
     )
 

@@ -72,7 +72,20 @@ def copy_dependencies(dest: Path) -> list[str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
         copied.append(f"{dist.metadata['Name']}=={dist.version}")
+    records_inside(dest)
     return copied
+
+
+def records_inside(site: Path) -> None:
+    """Each distribution's RECORD in ``site`` lists only files inside it. The lines for
+    files outside (``../``: console scripts, whose shebang names the interpreter of the
+    environment that installed them, so their hashes differ with its path) describe files
+    the image does not ship, and would make its digest depend on where it was built."""
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        lines = record.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith("../")]
+        if kept != lines:
+            record.write_text("".join(kept))
 
 
 def copy_project(repo: Path, dest: Path) -> None:

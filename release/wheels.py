@@ -98,6 +98,7 @@ def install(arch: str, site: Path, cache: Path) -> list[str]:
         site.mkdir(parents=True, exist_ok=True)
         for entry in sorted(target.iterdir()):
             shutil.move(str(entry), site / entry.name)
+    python_env.records_inside(site)
     return wanted
 
 

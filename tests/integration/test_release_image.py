@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tarfile
 from pathlib import Path
 
@@ -91,3 +92,24 @@ def test_the_image_holds_what_both_daemons_run() -> None:
     assert f'VERSION: Final = "{cfg["Labels"]["org.opencontainers.image.version"]}"' in version
     assert config["created"] == "1970-01-01T00:00:00Z"
     assert os.path.basename(str(image.archive)).startswith("flexgpu-")
+
+
+def test_the_image_names_no_path_of_the_machine_that_built_it() -> None:
+    """Where the checkout and its environment lie must not show in the image, or its digest
+    would depend on them (the layers are cached under keys of their inputs, which do not
+    hold those paths). The dependencies' RECORD files listed console scripts, whose
+    shebang names the building environment's interpreter."""
+    image = build.flexgpu_image()
+    paths = {os.fsencode(p) for p in (sys.prefix, str(build.REPO))}
+    found: list[str] = []
+    with tarfile.open(image.archive) as outer:
+        for layer in (
+            m for m in outer.getmembers() if m.name.startswith("blobs/") and m.size > 4096
+        ):
+            with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
+                for member in inner.getmembers():
+                    if not member.isfile():
+                        continue
+                    data = inner.extractfile(member).read()  # type: ignore[union-attr]
+                    found += [f"{member.name}: {p!r}" for p in paths if p in data]
+    assert not found, found[:10]
