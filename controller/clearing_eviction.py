@@ -399,11 +399,11 @@ class _Places:
         }
         # Every GPU being cleared (the one the pods leave included) and every GPU of a
         # steered node: flexgpu's taints keep new claims off them.
-        nodes = set(steered_nodes)
+        nodes, cleared = set(steered_nodes), {s.gpu for s in steerings}
         self._held_off: tuple[DeviceId, ...] = tuple(
             d
             for text, g in self._gpus.items()
-            if g.node in nodes or text in {s.gpu for s in steerings}
+            if g.node in nodes or text in cleared
             for d in g.devices
         )
         self._generated: dict[str, list[CachedClaim]] = {}
