@@ -1,17 +1,18 @@
 """Whether the pods GPU clearing would evict have somewhere else to run now.
 
-Evicting a holder's pod helps only if its replacement is scheduled at once: a replacement
-that waits has lost its work and still holds nobody's GPU free for longer. So before the
-holders of a GPU are evicted (``driver.allocation.consolidation``), each moving pod's claims
-are placed, as fresh unallocated claims with the same requests and constraints (a
-ResourceClaimTemplate makes the replacement's claims the same), with the explanation and the
-allocator that judge pending claims:
+Evicting a holder's pod is worth its restart only if its replacement runs at once: one that
+waits has stopped serving, and the GPU it freed lets one claim in while another now waits.
+So before the holders of a GPU are evicted (``driver.allocation.consolidation``), each
+moving pod's claims are placed, as fresh unallocated claims with the same requests and
+constraints (a ResourceClaimTemplate makes the replacement's claims the same), with the
+explanation and the allocator that judge pending claims:
 
 - the moving pods' own allocations are freed (their claims are deleted with them);
 - the devices flexgpu keeps new claims off (``held_off``: the GPU being cleared, every other
   GPU being cleared, the nodes being steered) are left out of the slices, as if unpublished.
-  Counting them as allocated instead would charge their shared counters once per placement,
-  and an overdrawn counter set fails every device of its pool;
+  Counting them as allocated instead would charge the shared counters of every placement of
+  a GPU partitioned on demand at once, overdrawing its counter set, and an overdrawn set
+  fails every device of its pool;
 - the pods are placed one after another on a copy of the allocated state, so two holders do
   not both count on the last free device. A pod's claims go on one node together, the first
   node (in the order given) on which all of them can be allocated.
