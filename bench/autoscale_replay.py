@@ -48,7 +48,7 @@ from flexgpu.driver.allocation import (
     parse_device_class,
     parse_slice,
 )
-from flexgpu.driver.allocation.capacity import add_amounts
+from flexgpu.driver.allocation.relocation import add_choices
 from flexgpu.driver.allocation.selectors import SelectorCache
 from flexgpu.driver.node_template import TemplatePolicy, is_placeholder
 from flexgpu.driver.node_template import render_node_template as render
@@ -115,20 +115,6 @@ class Claim:
         if self.started is None:
             return None
         return self.started + self.arrival.minutes + self.extra_minutes
-
-
-def add_choices(state: AllocatedState, choices: Sequence[DeviceChoice]) -> None:
-    """As ``allocation.state.allocated_state`` accounts an allocation result."""
-    for choice in choices:
-        if choice.admin_access:
-            continue
-        device = (choice.driver, choice.pool, choice.device)
-        if choice.shared:
-            state.shared.add(device)
-            if choice.consumed_capacity is not None:
-                add_amounts(state.consumed.setdefault(device, {}), dict(choice.consumed_capacity))
-        else:
-            state.exclusive.add(device)
 
 
 @dataclass

@@ -33,7 +33,6 @@ from bench.autoscale_replay import (
     Claim,
     Cluster,
     SimNode,
-    add_choices,
     state_of,
 )
 from bench.autoscale_trace import BY_NAME
@@ -53,6 +52,7 @@ from flexgpu.driver.allocation.node_clearing import (
     choose_nodes,
     release_for,
 )
+from flexgpu.driver.allocation.relocation import add_choices
 
 # Served by Deployments that opted in (see the module docstring); the rest are Jobs.
 MOVABLE_KINDS: Final = frozenset({"infer-mig-1g", "infer-mig-3g", "infer-share-20gi"})

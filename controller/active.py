@@ -109,7 +109,10 @@ class ActiveWork:
         if self._leftover_rules is not None and self._is_leader():
             self._leftover_rules.run_pass()
         if self._clearing is not None and self._is_leader():
-            self._clearing.run_pass(snapshot, wall)
+            steered: set[str] = set()
+            if self._node_steering is not None:
+                steered = set(self._node_steering.active)
+            self._clearing.run_pass(snapshot, wall, steered)
         if self._node_steering is not None and self._is_leader():
             # After clearing: a node where a GPU is being cleared is not steered.
             cleared: set[str] = set()

@@ -11,7 +11,8 @@ Each pass (leader only, ``controller.active``):
    devices NoSchedule under ``flexgpu.dev/clearing`` (``controller.taint_rules``), so new
    claims go elsewhere while the holders finish;
 3. with eviction on (``controller.clearing_eviction``), between the two: evicts the pods that
-   opted in from GPUs steered longer than its bound, a few at a time.
+   opted in from GPUs steered longer than its bound, a few at a time, when each has room
+   elsewhere now (off the GPUs being cleared and the nodes being steered).
 
 The waiting claim needs no toleration: the devices it would take are left untainted. Rules
 outlive the process; a new leader lists them at its first pass and takes them over, so a
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Protocol
@@ -207,7 +208,11 @@ class Clearing:
             steering.rules.append(info.name)
         self._adopted = True
 
-    def run_pass(self, snapshot: Snapshot, wall: datetime) -> None:
+    def run_pass(
+        self, snapshot: Snapshot, wall: datetime, steered_nodes: Iterable[str] = ()
+    ) -> None:
+        """``steered_nodes``: the nodes node steering keeps new claims off, where eviction
+        does not count on room for a moved pod."""
         if self._rules.version() is None:
             return
         now = self._clock()
@@ -222,7 +227,7 @@ class Clearing:
         pending = list(pending_claims(snapshot, wall, self._delay_s))
         self._end_finished(snapshot, pending)
         if self._evictions is not None:
-            self._evictions.run(snapshot, list(self._active.values()))
+            self._evictions.run(snapshot, list(self._active.values()), steered_nodes)
         self._start_new(snapshot, pending, wall)
         self._export()
 

@@ -10,6 +10,15 @@ means a budget allows no disruption now, and the pod is tried again later. A bud
 selects a pod is also its owner's consent to its moving; the budgets come from a watch
 (``controller.disruption_budgets``), and nothing is decided before it has listed them.
 
+A GPU's holders are evicted only when every moving pod's claims fit elsewhere now
+(``driver.allocation.relocation``): outside the GPUs being cleared and the nodes being
+steered, one pod after another. The snapshot's devices carry only the taints their slices
+publish (DeviceTaintRules are not watched), so flexgpu's own steered devices are held off
+explicitly. Where one has nowhere to go, nobody on that GPU is evicted and the waits Event
+names its claim. Any answer of the Eviction API other than the handled ones (a 500 for a pod
+two budgets select, a 403) counts as a refusal of that pod: an Event on the pod and the
+claim, the pod asked again after ``BLOCKED_RETRY_S``, and the pass goes on.
+
 The cache holds only pods that wait for a node, so the holders' pods are read from the API
 server, only for GPUs past the bound (a few reads per pass). A pod is in flight from its
 eviction until a read finds it gone. Pods holding such a GPU that are being deleted count
@@ -31,8 +40,9 @@ from prometheus_client import Counter, Gauge
 
 from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.events import EventTarget
+from flexgpu.controller.pod_nodes import node_fit
 from flexgpu.controller.records import CachedClaim, PodRecord, pod_record
-from flexgpu.driver.allocation.clearing import gpus_on_node
+from flexgpu.driver.allocation.clearing import Gpu, gpus_on_node
 from flexgpu.driver.allocation.consolidation import (
     GpuPlan,
     Holder,
@@ -41,16 +51,20 @@ from flexgpu.driver.allocation.consolidation import (
     consent,
     plan_gpu,
 )
-from flexgpu.driver.allocation.state import AllocatedState, allocated_state
+from flexgpu.driver.allocation.relocation import MovingPod, Stranded, stranded
+from flexgpu.driver.allocation.selectors import SelectorCache
+from flexgpu.driver.allocation.state import AllocatedState, DeviceId, allocated_state
 from flexgpu.driver.durations import human_duration
 
 log = logging.getLogger(__name__)
 
 EVICTED: Final = "GpuClearingEviction"
 BLOCKED: Final = "GpuClearingEvictionBlocked"
+REFUSED: Final = "GpuClearingEvictionRefused"
 WAITS: Final = "GpuClearingWaitsForPods"
 DEFAULT_MAX_IN_FLIGHT: Final = 1
-# A pod a PodDisruptionBudget kept is asked for again after this long, not every pass.
+# A pod a PodDisruptionBudget kept (or the server refused) is asked for again after this
+# long, not every pass.
 BLOCKED_RETRY_S: Final = 30.0
 # Pods are read at most this often: a busy cluster changes the snapshot every second, and a
 # GPU steered for minutes loses nothing by a few seconds more.
@@ -63,7 +77,7 @@ EVICTIONS: Final = Counter(
     "flexgpu_clearing_evictions",
     "Eviction API calls GPU clearing made for pods that opted in, by outcome: evicted "
     "(accepted), blocked (HTTP 429: a PodDisruptionBudget allows no disruption now), gone "
-    "(the pod was deleted or replaced before the call)",
+    "(the pod was deleted or replaced before the call), refused (any other error status)",
     ["outcome"],
 )
 IN_FLIGHT: Final = Gauge(
@@ -100,7 +114,8 @@ class BudgetReader(Protocol):
 
 class PodEvictor(Protocol):
     def evict(self, namespace: str, name: str, uid: str) -> tuple[str, str]:
-        """(outcome, detail): outcome is evicted, blocked or gone; detail the server's words."""
+        """(outcome, detail): outcome is evicted, blocked, gone or refused; detail the
+        server's words."""
         ...
 
 
@@ -149,7 +164,9 @@ class ApiPods:
                 return "blocked", _reason(err)
             if err.status in (HTTP_NOT_FOUND, HTTP_CONFLICT):
                 return "gone", _reason(err)
-            raise
+            # Anything else (a 500 for a pod two budgets select, a 403) is this pod's
+            # answer, not the pass's: raising would end every pass while the pod exists.
+            return "refused", f"HTTP {err.status}: {_reason(err)}"
         return "evicted", ""
 
 
@@ -160,15 +177,17 @@ def _reason(err: client.ApiException) -> str:
         return str(err.reason)
 
 
-def _holder(claim: CachedClaim, pods: PodReader, budgets: BudgetReader) -> Holder:
+def _holder(
+    claim: CachedClaim, pods: PodReader, budgets: BudgetReader
+) -> tuple[Holder, PodRecord | None]:
     key = claim.model.key
     if claim.owner_pod is None:
-        return Holder(key, None, generated=False)
+        return Holder(key, None, generated=False), None
     name, uid = claim.owner_pod
     pod = pods.read(claim.model.namespace, name)
     if pod is None or pod.uid != uid:  # gone (a pod of the same name is another one)
-        return Holder(key, None)
-    return Holder(
+        return Holder(key, None), None
+    holder = Holder(
         key,
         HolderPod(
             pod.namespace,
@@ -181,6 +200,7 @@ def _holder(claim: CachedClaim, pods: PodReader, budgets: BudgetReader) -> Holde
             budgets=budgets.selecting(pod.namespace, pod.labels),
         ),
     )
+    return holder, pod
 
 
 @dataclass(frozen=True)
@@ -188,6 +208,7 @@ class _Gpu:
     steering: SteeredGpu
     node: str
     plan: GpuPlan
+    stranded: Stranded | None = None  # a pod that would have nowhere to go: none evicted
 
 
 class Evictions:
@@ -229,7 +250,15 @@ class Evictions:
         self._read_at = -READ_INTERVAL_S
         IN_FLIGHT.set(0)
 
-    def run(self, snapshot: Snapshot, steerings: Iterable[SteeredGpu]) -> None:
+    def run(
+        self,
+        snapshot: Snapshot,
+        steerings: Iterable[SteeredGpu],
+        steered_nodes: Iterable[str] = (),
+    ) -> None:
+        """``steerings``: every GPU being cleared; ``steered_nodes``: the nodes node steering
+        keeps new claims off. A moved pod is counted on neither."""
+        steerings = list(steerings)
         now = self._clock()
         by_uid = {c.model.uid: c for c in snapshot.claims.values()}
         due = [
@@ -254,7 +283,8 @@ class Evictions:
         gpus: list[_Gpu] = []
         if due:
             state = allocated_state(snapshot.claim_models)
-            gpus = [g for s in due if (g := self._plan(snapshot, state, s)) is not None]
+            places = _Places(snapshot, steerings, steered_nodes)
+            gpus = [g for s in due if (g := self._plan(snapshot, state, places, s)) is not None]
         # Being deleted counts as in flight; a finished pod whose claim is still held does not.
         ending = {p.uid for g in gpus for p in g.plan.ending if p.deleting}
         in_flight = len(ending | set(self._evicted))
@@ -266,38 +296,47 @@ class Evictions:
             self._evict(gpu, pod, now)
         IN_FLIGHT.set(len(ending | set(self._evicted)))
 
-    def _plan(self, snapshot: Snapshot, state: AllocatedState, steering: SteeredGpu) -> _Gpu | None:
-        node_name, _, rest = steering.gpu.partition("/")
-        pool, _, uuid = rest.partition("/")
-        record = snapshot.nodes.get(node_name)
-        if record is None:
+    def _plan(
+        self, snapshot: Snapshot, state: AllocatedState, places: _Places, steering: SteeredGpu
+    ) -> _Gpu | None:
+        gpu = places.gpu(steering.gpu)
+        if gpu is None:
             return None
-        found = [
-            g
-            for g in gpus_on_node(record.model, snapshot.slice_index)
-            if g.pool == pool and g.uuid == uuid
-        ]
-        if not found:
-            return None
-        keys = sorted({h for d in found[0].devices for h in state.holders.get(d, ())})
-        holders = [
+        keys = sorted({h for d in gpu.devices for h in state.holders.get(d, ())})
+        read = [
             _holder(snapshot.claims[k], self._pods, self._budgets)
             for k in keys
             if k in snapshot.claims
         ]
-        return _Gpu(steering, node_name, plan_gpu(holders))
+        plan = plan_gpu([h for h, _ in read])
+        if plan.evict:
+            records = {p.uid: p for _, p in read if p is not None}
+            moving = [places.moving(records[p.uid]) for p in plan.evict]
+            nowhere = places.stranded(moving)
+            if nowhere is not None:  # all or nothing: moving the others would not empty it
+                return _Gpu(
+                    steering, gpu.node, _without(plan, {p.uid for p in plan.evict}), nowhere
+                )
+        return _Gpu(steering, gpu.node, plan)
 
     def _tell_waits(self, gpu: _Gpu) -> None:
-        """Says once, on the waiting claim, which holders keep the GPU and why."""
-        if not gpu.plan.waits_for:
-            return
+        """Says once, on the waiting claim, which holders keep the GPU and why, or which
+        holder's claim would have nowhere to go."""
         steering = gpu.steering
-        reasons = "; ".join(why for _, why in gpu.plan.waits_for)
+        if gpu.plan.waits_for:
+            reasons = "; ".join(why for _, why in gpu.plan.waits_for)
+            why = f"it waits for these holders to end: {reasons}"
+        elif gpu.stranded is not None:
+            why = (
+                f"pod {gpu.stranded.pod} would have nowhere to go now ({gpu.stranded.why}); it "
+                "asks again as the cluster changes"
+            )
+        else:
+            return
         # No running time in the words: the same holders are said once, not once a pass.
         message = (
             f"flexgpu evicts nobody from GPU {steering.gpu} for claim {steering.claim}, steered "
-            f"longer than {human_duration(self._after_s)}: it waits for these holders to end: "
-            f"{reasons}"
+            f"longer than {human_duration(self._after_s)}: {why}"
         )
         if (steering.claim_uid, message) in self._told:
             return
@@ -332,8 +371,67 @@ class Evictions:
             )
             log.info("%s", message)
             self._sink.emit(pod_target, BLOCKED, message, repeat=True, event_type="Normal")
+        elif outcome == "refused":
+            self._blocked[pod.uid] = now
+            message = (
+                f"flexgpu could not evict pod {pod.key} from GPU {steering.gpu} for claim "
+                f"{steering.claim}: the API server refused ({detail}); it asks again in "
+                f"{BLOCKED_RETRY_S:.0f}s"
+            )
+            log.warning("%s", message)
+            for target in (pod_target, _claim_target(steering)):
+                self._sink.emit(target, REFUSED, message, repeat=True)
         else:
             log.info("pod %s left before its eviction: %s", pod.key, detail)
+
+
+class _Places:
+    """Where the holders of a GPU could go, over one pass's snapshot."""
+
+    def __init__(
+        self, snapshot: Snapshot, steerings: Iterable[SteeredGpu], steered_nodes: Iterable[str]
+    ) -> None:
+        self._snapshot = snapshot
+        self._gpus = {
+            f"{g.node}/{g.pool}/{g.uuid}": g
+            for record in snapshot.nodes.values()
+            for g in gpus_on_node(record.model, snapshot.slice_index)
+        }
+        # Every GPU being cleared (the one the pods leave included) and every GPU of a
+        # steered node: flexgpu's taints keep new claims off them.
+        nodes, cleared = set(steered_nodes), {s.gpu for s in steerings}
+        self._held_off: tuple[DeviceId, ...] = tuple(
+            d
+            for text, g in self._gpus.items()
+            if g.node in nodes or text in cleared
+            for d in g.devices
+        )
+        self._generated: dict[str, list[CachedClaim]] = {}
+        for claim in snapshot.claims.values():
+            if claim.owner_pod is not None and claim.allocated:
+                self._generated.setdefault(claim.owner_pod[1], []).append(claim)
+        self._selectors = SelectorCache()
+
+    def gpu(self, text: str) -> Gpu | None:
+        """The GPU named node/pool/uuid, as the slices show it now."""
+        return self._gpus.get(text)
+
+    def moving(self, pod: PodRecord) -> MovingPod:
+        claims = sorted(self._generated.get(pod.uid, ()), key=lambda c: c.model.key)
+        usable = node_fit(pod, self._snapshot.nodes.values()).usable
+        return MovingPod(pod.key, tuple(c.model for c in claims), usable)
+
+    def stranded(self, moving: list[MovingPod]) -> Stranded | None:
+        snapshot = self._snapshot
+        return stranded(
+            moving,
+            slices=snapshot.slice_list,
+            classes=snapshot.classes,
+            claims=snapshot.claim_models,
+            nodes=snapshot.node_models,
+            held_off=self._held_off,
+            selectors=self._selectors,
+        )
 
 
 def _without(plan: GpuPlan, skip: set[str]) -> GpuPlan:

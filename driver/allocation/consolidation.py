@@ -24,10 +24,11 @@ Consent never overrides the other two rules: a Job's pod stays, annotated or bud
 
 A GPU is emptied by eviction only when every holder may move (or is ending already): while
 one holder must end on its own, evicting the others would cost them a restart and still not
-let the waiting claim in. Evictions go through the Eviction API, so PodDisruptionBudgets are
-honoured; the controller (``controller.clearing_eviction``) makes the calls and bounds how
-many are in flight, and reads the holders' pods; this module only decides, from what it is
-given.
+let the waiting claim in. Nor is it emptied while a moving pod's claims would fit nowhere
+else now (``driver.allocation.relocation``): its replacement would only wait. Evictions go
+through the Eviction API, so PodDisruptionBudgets are honoured; the controller
+(``controller.clearing_eviction``) makes the calls and bounds how many are in flight, and
+reads the holders' pods; this module only decides, from what it is given.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ controller evicts from a GPU steered for 3s, one pod at a time.
 What moves: a Deployment's pod whose owner consented, by the annotation
 ``flexgpu.dev/movable: "true"`` or by a PodDisruptionBudget that selects it. What never
 does: a Job's pod, annotated or not; while it holds the GPU, nobody else there is evicted
-either, and the waiting claim is told why.
+either, and the waiting claim is told why. A pod whose claim fits only on the GPU being
+cleared is not evicted either: its replacement would have nowhere to go.
 
 The pods never run (the node is simulated, no kubelet): bound and Pending, they are evicted
 without the budget's room being counted (the Eviction API's own rule for pods that are not
@@ -78,9 +79,12 @@ def _live_pods(api: Any, ns: str, selector: str) -> list[Any]:
     return [p for p in listed if p.metadata.deletion_timestamp is None]
 
 
-def _deployment(api: Any, ns: str, node: str, annotations: dict[str, str]) -> tuple[Any, str]:
-    """Deployment "serve" (one replica) with its claim on GPU 0: (its pod, the device)."""
-    _template(api, ns, "serve", ONE_G)
+def _deployment(
+    api: Any, ns: str, node: str, annotations: dict[str, str], *cel: str
+) -> tuple[Any, str]:
+    """Deployment "serve" (one replica) with its claim on GPU 0, asking for a 1g partition
+    that also passes ``cel``: (its pod, the claim)."""
+    _template(api, ns, "serve", ONE_G, *cel)
     template: dict[str, Any] = {"labels": {"app": "serve"}}
     if annotations:
         template["annotations"] = annotations
@@ -260,3 +264,42 @@ def test_a_deployments_pod_a_budget_selects_moves_without_the_annotation(
     _clear_gpu0_past_a_job(api, ns, name, ready, controller, first, claim)
     words = _eviction_words(api, ns, first.metadata.name)
     assert any(f"PodDisruptionBudget {ns}/serve selects the pod" in w for w in words), words
+
+
+@pytest.mark.parametrize("node", [False], indirect=True, ids=["binding-conditions-off"])
+def test_a_pod_whose_claim_fits_only_on_the_gpu_being_cleared_is_not_evicted(
+    api: Any, node: tuple[str, str, bool], controller: Any, rules_version: str
+) -> None:
+    """The Deployment's template asks for a partition of GPU 0 itself: its replacement could
+    go nowhere while GPU 0 is kept clear, so it stays and the waiting claim is told so."""
+    ns, name, ready = node
+    first, claim = _deployment(api, ns, name, MOVABLE, f"{A}.parentIndex == 0")
+    assert _allocated(api, ns, claim, ready, pod=first.metadata.name).startswith("gpu-0-")
+    for plain in ("p1", "p2", "p3"):
+        _claim(api, ns, plain, "mig.flexgpu.dev", ONE_G, f"{A}.parentIndex == 1")
+        _pod(api, ns, plain, name)
+    _claim(api, ns, "big", "gpu.flexgpu.dev")
+    _pod(api, ns, "big", name)
+    core = client.CoreV1Api(api)
+
+    def nowhere() -> list[str]:
+        return [
+            str(e.message)
+            for e in core.list_namespaced_event(ns).items
+            if e.reason == "GpuClearingWaitsForPods"
+            and e.involved_object.name == "big"
+            and "would have nowhere to go" in str(e.message)
+        ]
+
+    try:
+        said = wait_for(nowhere, timeout_s=90, what="GpuClearingWaitsForPods: nowhere to go")
+    except BaseException:
+        print(controller.read_text())
+        raise
+    assert f"claim {ns}/{claim} fits on no device" in said[0], said
+    holds_for(
+        lambda: [p.metadata.uid for p in _live_pods(api, ns, "app=serve")] == [first.metadata.uid],
+        seconds=12,
+        why="the controller passes at least every 10s once the snapshot changes",
+    )
+    assert "GpuClearingEviction" not in _reasons(api, ns, "Pod", first.metadata.name)

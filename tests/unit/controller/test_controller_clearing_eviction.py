@@ -36,6 +36,7 @@ from flexgpu.driver.allocation.consolidation import (
 )
 
 AFTER_S = 300.0
+MIG = "mig.flexgpu.dev"
 OWNERS = {
     "ReplicaSet": "apps/v1",
     "StatefulSet": "apps/v1",
@@ -56,10 +57,12 @@ def holder(
     phase: str = "Running",
     labels: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A claim holding ``device`` on n1 and its pod, bound to n1: the claim generated for the
-    pod (``generated``), the pod owned by ``owner``, annotated movable (True: "true"; a
-    string: that value) or not (False), with ``labels``."""
+    """A claim for one MIG partition holding ``device`` on n1 and its pod, bound to n1: the
+    claim generated for the pod (``generated``), the pod owned by ``owner``, annotated movable
+    (True: "true"; a string: that value) or not (False), with ``labels``. GPU 1 has room for
+    such a claim, so a moved pod has somewhere to go."""
     body = held(name, "n1", device)
+    body["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = MIG
     running = pod(f"{name}-pod", node_name="n1", templates={"g": name})
     running["status"]["phase"] = phase
     if generated:
