@@ -27,7 +27,15 @@ GPUS = 8
 SLICES = 8
 # Memory slices each request kind takes, and the slices its placements may start at (NVIDIA's
 # MIG placement table for the H100, from its MIG user guide).
-SIZES = {"1g10gb": 1, "1g20gb": 2, "2g20gb": 2, "3g40gb": 4, "4g40gb": 4, "7g80gb": 8}
+SIZES = {
+    "1g10gb": 1,
+    "1g10gb-me": 1,
+    "1g20gb": 2,
+    "2g20gb": 2,
+    "3g40gb": 4,
+    "4g40gb": 4,
+    "7g80gb": 8,
+}
 STARTS = {
     "1g.10gb": range(7),
     "1g.20gb": range(0, 8, 2),
