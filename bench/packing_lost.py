@@ -6,7 +6,8 @@ For every large request that no step placed, one line per step it waited: each G
 slices (``.`` free, ``#`` held, ``C`` a GPU being cleared for this request, ``c`` one cleared
 for another), the free slices in total against what it needs, and whether its placement was
 free somewhere (then only the scheduler's retry back-off kept it waiting). Then whether GPU
-clearing chose a GPU for it and whether that GPU emptied before the trace ended. Requests in
+clearing chose a GPU for it, whether that GPU emptied before the trace ended, and which later
+claim of the same kind took it. Requests in
 the replay never give up: a request not placed by the last step is lost to the trace's end.
 """
 
@@ -124,13 +125,25 @@ def explain(lines: Sequence[dict[str, Any]], publication: str) -> list[str]:
         last = steps[-1]
         if not chosen:
             out.append("  clearing: no GPU chosen for it")
+        kinds = {f"r{i}": (k, a) for i, k, a, _ in header["requests"]}
         for g in sorted(chosen):
             empty = [v.step + 1 for v in steps if v.step >= arrives and not v.used[g]]
             out.append(
                 f"  clearing chose GPU {g}; "
-                + (f"empty at step {empty[0]}" if empty else "never empty before the end")
+                + (f"empty at step {empty[0]}" if empty else "never empty at a settled step")
                 + f" (holders at the end: {sorted(c for c, gs in last.holders.items() if g in gs)})"
             )
+            # A GPU that empties between two settled steps can be taken at once by another
+            # claim asking the same device as the waiting one (that device is not tainted).
+            for before, now in zip(steps[arrives:], steps[arrives + 1 :], strict=False):
+                if before.cleared.get(g) != name:
+                    continue
+                for claim in sorted(set(now.holders) - set(before.holders)):
+                    if g in now.holders[claim] and kinds[claim][0] == kind:
+                        out.append(
+                            f"  step {now.step + 1}: {claim} ({kind}, arrived step "
+                            f"{kinds[claim][1] + 1}) took GPU {g}"
+                        )
     return out
 
 
