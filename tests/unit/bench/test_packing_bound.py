@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bench.packing_bound import first_fit, packable, publication_order, run
 from bench.packing_churn import Request
-from bench.packing_lost import fits, held_slices
+from bench.packing_lost import explain, fits, held_slices
 
 
 def test_partitions_pack_only_where_placements_allow() -> None:
@@ -44,3 +44,20 @@ def test_first_fit_follows_the_slice_order() -> None:
     lifetimes[0] = 1
     placed = run(requests, 2, first_fit(order, lifetimes), False)
     assert placed[8] == 1
+
+
+def test_a_lost_request_shows_who_took_the_gpu_cleared_for_it() -> None:
+    rule = ["flexgpu-0", "gpu-0-mig-1g10gb-6", "pack-flexgpu/r0"]
+    lines = [
+        {"steps": 2, "requests": [[0, "whole", 0, 5], [1, "7g.80gb", 0, 1], [2, "whole", 1, 5]]},
+        {"step": 0, "allocations": {"flexgpu": {"r1": ["gpu-0-mig-7g80gb-0"]}}, "clearing": [rule]},
+        {"step": 1, "allocations": {"flexgpu": {"r2": ["gpu-0"]}}, "clearing": [rule]},
+    ]
+    out = explain(lines, "flexgpu")
+    assert out[0] == "r0 whole arrived step 1 (lifetime 5):"
+    # GPU 0 held and cleared for r0; the other seven empty (only back-off kept r0 off them).
+    assert out[1].startswith("  step  1: ########C ........ ")
+    assert out[1].endswith("placement free on GPU [1, 2, 3, 4, 5, 6, 7]")
+    assert any(line.startswith("  clearing chose GPU 0") for line in out)
+    assert out[-1] == "  step 2: r2 (whole, arrived step 2) took GPU 0"
+    assert not any(line.startswith("r2 ") for line in out)  # placed: not lost
