@@ -4,7 +4,7 @@ scheduler against flexgpu's publication and the NVIDIA-style one side by side (o
 publications named by ``--publications``, from ``bench.scale_publications.PUBLICATIONS``):
 
     python -m bench.packing_churn [--nodes 1] [--steps 40] [--seed 7] [--arrivals-per-gpu 0.3]
-        [--publications flexgpu,nvidia-style] [--clearing SHARE]
+        [--publications flexgpu,nvidia-style] [--clearing SHARE] [--record FILE]
 
 Each publication gets its own ``--nodes`` hollow HGX H100 nodes with all 8 GPUs in dynamic MIG
 (``bench.scale_publications``); every request of the trace is made once for each group
@@ -29,10 +29,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from bench.packing_record import Recorder
 from bench.scale_cluster import (
     claim_body,
     create_nodes,
@@ -153,7 +155,13 @@ def settle(api: Any, publications: Sequence[str]) -> set[tuple[str, int]]:
     return seen
 
 
-def replay(api: Any, requests: list[Request], steps: int, publications: Sequence[str]) -> None:
+def replay(
+    api: Any,
+    requests: list[Request],
+    steps: int,
+    publications: Sequence[str],
+    recorder: Recorder | None = None,
+) -> None:
     by_id = {r.ident: r for r in requests}
     for step in range(steps):
         leaving = [
@@ -166,6 +174,8 @@ def replay(api: Any, requests: list[Request], steps: int, publications: Sequence
         arrive(api, [r for r in requests if r.arrives == step], publications)
         for publication, ident in settle(api, publications):
             by_id[ident].placed.setdefault(publication, step)
+        if recorder is not None:
+            recorder.step(api, step, {p: namespace_of(p) for p in publications})
         waiting = {
             p: sum(1 for r in requests if r.arrives <= step and p not in r.placed)
             for p in publications
@@ -247,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arrivals-per-gpu", type=float, default=0.3)
     parser.add_argument("--publications", type=lambda s: s.split(","), default=list(PUBLICATIONS))
     parser.add_argument("--clearing", type=float, default=0.0, metavar="SHARE")
+    parser.add_argument(
+        "--record", type=Path, default=None, help="one JSON line per step (bench.packing_record)"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.publications) - set(KNOWN)
     if unknown:
@@ -270,9 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             publish(api, publication, nodes)
             make_namespace(api, namespace_of(publication))
         controller = start_controller(plane, args.clearing) if args.clearing else None
+        recorder = Recorder(args.record)
+        recorder.header(requests, args.steps)
         try:
-            replay(api, requests, args.steps, args.publications)
+            replay(api, requests, args.steps, args.publications, recorder)
         finally:
+            recorder.close()
             report(requests, args)
             if controller is not None:
                 print(f"GPU clearings started: {clearings(api, args.publications)}")
