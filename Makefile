@@ -10,7 +10,9 @@ K8S ?= $(FLEXGPU_K8S)
 export FLEXGPU_K8S := $(K8S)
 # The Go toolchain tools/go-toolchain.sh (run by system-deps) fetches when the machine's go is
 # missing or older than the go.mod files need: first on PATH for every build (absent: no effect).
-export PATH := $(or $(FLEXGPU_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flexgpu)/go/bin:$(PATH)
+# The tool cache, as tools/buildcache.sh finds it.
+CACHE := $(or $(FLEXGPU_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flexgpu)
+export PATH := $(CACHE)/go/bin:$(PATH)
 # -rs prints every skip with its reason (a test of a feature the release lacks included).
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
 
@@ -43,24 +45,24 @@ $(STAMP): pyproject.toml
 # Builds (or finds cached) etcd, kube-apiserver, kube-scheduler, kube-controller-manager
 # and the kubelet harness. Cold: many minutes on 2 cores; warm: instant.
 control-plane:
-	@echo "==> control plane binaries (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> control plane binaries (cached under $(CACHE))"
 	@bash tools/k8s/build.sh $(K8S) >/dev/null
 
 # libnvidia-ml.so.1 over NVIDIA's mock NVML servers, for the NVML backend's tests (seconds, cached).
 nvml-mock:
-	@echo "==> NVML mock library (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> NVML mock library (cached under $(CACHE))"
 	@bash tools/nvml-mock/build.sh >/dev/null
 
 # NVIDIA's DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu, cgo) for the differential
 # tests against it (docs/nvidia-differential.md). Cold: 10-15 min on 2 cores; warm: instant.
 nvidia-driver:
-	@echo "==> NVIDIA's DRA kubelet plugin (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> NVIDIA's DRA kubelet plugin (cached under $(CACHE))"
 	@bash tools/nvidia-driver/build.sh >/dev/null
 
 # The Go programs the image ships (hooks/): nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common and
 # flexgpu-cdi-hooks. Cold: under a minute with the Go build cache warm.
 nvidia-ctk:
-	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common, flexgpu-cdi-hooks (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> nvidia-ctk, nvidia-cdi-hook, flexgpu-cdi-common, flexgpu-cdi-hooks (cached under $(CACHE))"
 	@bash hooks/build.sh >/dev/null
 
 # The real test node: upstream kubelet, containerd, runc and CNI plugins (tools/node/build.sh;
@@ -72,7 +74,7 @@ node: venv control-plane
 	@if [ -n "$(K8S)" ] && [ "$(K8S)" != "1.37" ]; then \
 	  echo "==> real node skipped: its kubelet is v1.37, newer than Kubernetes $(K8S)"; \
 	else \
-	  echo "==> real node binaries and images (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"; \
+	  echo "==> real node binaries and images (cached under $(CACHE))"; \
 	  bash tools/node/build.sh >/dev/null && bash tools/registry/build.sh >/dev/null \
 	    && $(PY) -m tools.images.build >/dev/null; \
 	fi
@@ -118,7 +120,7 @@ test-core: setup test-deps
 # `make test`, not by setup (the demo does not need it): cold, it is the longest Go build after
 # the control plane (docs/autoscaling.md).
 karpenter:
-	@echo "==> Karpenter with the kwok provider (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> Karpenter with the kwok provider (cached under $(CACHE))"
 	@bash tools/karpenter/build.sh karpenter-kwok >/dev/null
 
 # The autoscaling end-to-end test: Karpenter launches flex GPU nodes for pending claims and
@@ -145,7 +147,7 @@ cluster-down: venv
 # nvidia_prepare and nvidia_pod_start beside NVIDIA's DRA kubelet plugin (make nvidia-driver,
 # part of setup).
 bench: setup
-	@echo "==> reference DRA driver (cached under $${FLEXGPU_CACHE:-$$HOME/.cache/flexgpu})"
+	@echo "==> reference DRA driver (cached under $(CACHE))"
 	@bash tools/example-driver/build.sh >/dev/null
 	@$(PY) -m bench.prepare_latency
 	@$(PY) -m bench.nvidia_prepare
