@@ -76,7 +76,7 @@ def _node_labels(text: str) -> dict[str, str]:
     return labels
 
 
-def _positive_duration(flag: str) -> Callable[[str], float]:
+def _positive_duration(flag: str, example: str = "1h") -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = parse_duration(text)
@@ -84,23 +84,11 @@ def _positive_duration(flag: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(
-                f"{flag} {text!r}: must be a duration of more than 0, such as 1h"
+                f"{flag} {text!r}: must be a duration of more than 0, such as {example}"
             )
         return value
 
     return parse
-
-
-def _evict_after(text: str) -> float:
-    try:
-        value = parse_duration(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"--clearing-evict-after: {err}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"--clearing-evict-after {text!r}: must be a duration of more than 0, such as 10m"
-        )
-    return value
 
 
 def _in_flight(text: str) -> int:
@@ -175,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--clearing-evict-after",
-        type=_evict_after,
+        type=_positive_duration("--clearing-evict-after", "10m"),
         metavar="DURATION",
         help='evict the pods that opted in (flexgpu.dev/movable: "true", owned by a '
         "ReplicaSet, StatefulSet or ReplicationController) from a GPU kept clear this long, "
