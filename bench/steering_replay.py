@@ -144,6 +144,10 @@ class NodeSteering:
                     BY_NAME[claim.arrival.kind].gpus,
                     float((minute - allocated) * 60),
                     remaining,
+                    movable=(
+                        self.options.evict_after_minutes is not None
+                        and claim.arrival.kind in MOVABLE_KINDS
+                    ),
                 )
             )
         return GroupNode(node.name, GPUS_PER_NODE, tuple(holders))

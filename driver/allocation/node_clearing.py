@@ -17,7 +17,10 @@ only decides, from what it is given:
   has somewhere to go. The rule is in GPU-equivalents, blind to how partitions fit; what it
   misses is caught by the release below;
 - **order**: nodes steered already first (a taint that comes and goes costs API writes and
-  Events and empties nothing), then by ``NodeCandidate.score``: fewest holders, then the
+  Events and empties nothing), then by ``NodeCandidate.score``: fewest pinned holders (where
+  eviction is on, a holder whose pod may move is not pinned: a node of such holders can be
+  emptied within eviction's bound, one holding a Job only when the Job ends; with eviction
+  off every holder is pinned and this key changes nothing), then fewest holders, then the
   soonest end (the last holder's expected end where every holder's is known; otherwise the
   youngest holder's age, older first: of work of similar length, what has run longest has
   least left), then the least held, then the name;
@@ -49,6 +52,8 @@ class NodeHolder:
     gpus: float  # GPU-equivalents it holds (a 1g.10gb partition of an 8-slice GPU: 1/8)
     age_s: float  # since it was allocated
     remaining_s: float | None = None  # expected time left, where something says so
+    # Its pod may be evicted to empty the node (``consolidation``'s rule), where eviction is on.
+    movable: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,12 +87,25 @@ class NodeCandidate:
         return max((r for r in remaining if r is not None), default=0.0)
 
     @property
-    def score(self) -> tuple[int, float, float, float, str]:
-        """Lower is better: fewest holders, soonest expected end, oldest youngest holder,
-        least held, then the name so that equal nodes are chosen the same way every pass."""
+    def pinned(self) -> int:
+        """Holders that only their own end takes off the node (nobody may move them)."""
+        return sum(1 for h in self.node.holders if not h.movable)
+
+    @property
+    def score(self) -> tuple[int, int, float, float, float, str]:
+        """Lower is better: fewest pinned holders, fewest holders, soonest expected end,
+        oldest youngest holder, least held, then the name so that equal nodes are chosen the
+        same way every pass."""
         node = self.node
         youngest = min((h.age_s for h in node.holders), default=math.inf)
-        return (len(node.holders), self.ends_in_s, -youngest, round(node.held, 6), node.name)
+        return (
+            self.pinned,
+            len(node.holders),
+            self.ends_in_s,
+            -youngest,
+            round(node.held, 6),
+            node.name,
+        )
 
 
 def may_steer(node: GroupNode, max_held_share: float = DEFAULT_MAX_HELD_SHARE) -> bool:

@@ -41,6 +41,23 @@ def test_a_known_end_wins_over_age_alone() -> None:
     assert chosen == ["soon"]
 
 
+def test_a_node_whose_holders_may_all_move_comes_before_one_that_holds_a_job() -> None:
+    # Eviction empties the first within its bound; the second empties only when its job ends.
+    movable = GroupNode(
+        "movable",
+        8,
+        tuple(NodeHolder(f"ns/m{i}", 0.125, 60, movable=True) for i in range(3)),
+    )
+    pinned = GroupNode("pinned", 8, (NodeHolder("ns/job", 1, 7200, movable=False),))
+    chosen = choose_nodes([pinned, movable, node("rest", 1, 1)], total_gpus=24, share=0.34)
+    assert chosen == ["movable"]
+    # Where nobody may move (eviction off), fewest holders first as before.
+    still = GroupNode("still", 8, tuple(NodeHolder(f"ns/s{i}", 0.125, 60) for i in range(3)))
+    assert choose_nodes([still, pinned, node("rest", 1, 1)], total_gpus=24, share=0.34) == [
+        "pinned"
+    ]
+
+
 def test_bounded_by_a_share_of_the_clusters_gpus() -> None:
     nodes = [node("a"), node("b", 1), node("c", 1), node("d", 0.5)]
     # 32 GPUs, a quarter: one node of 8.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.autoscale_replay import Cluster, RunResult, replay
+from bench.autoscale_replay import Claim, Cluster, RunResult, replay
 from bench.autoscale_trace import Arrival
 from bench.side_by_side_setups import Setup, flexgpu_all_mig
 from bench.steering_replay import NodeSteering, SteeringOptions
@@ -75,3 +75,20 @@ def test_a_training_jobs_claim_is_never_moved(all_mig: Setup) -> None:
     result = run(all_mig, _holder_then_room("train-1gpu"), steering)
     assert steering.evictions == 0
     assert result.claims[2].node == "gpu-node-1" and result.claims[2].extra_minutes == 0
+
+
+@pytest.mark.parametrize("evict_after", [10, None])
+def test_the_controller_is_told_which_holders_may_move_only_where_eviction_is_on(
+    all_mig: Setup, evict_after: int | None
+) -> None:
+    # Ranking puts nodes of movable holders first; with eviction off nobody is movable.
+    seen: dict[str, bool] = {}
+
+    class Recording(NodeSteering):
+        def step(self, cluster: Cluster, running: dict[int, Claim], minute: int) -> None:
+            super().step(cluster, running, minute)
+            seen.update({h.claim: h.movable for n in self.group for h in n.holders})
+
+    steering = Recording(SteeringOptions(share=0.5, evict_after_minutes=evict_after))
+    run(all_mig, [Arrival(0, "infer-mig-1g", 30), Arrival(0, "train-1gpu", 30)], steering)
+    assert seen == {"replay/0": evict_after is not None, "replay/1": False}
