@@ -115,8 +115,9 @@ class ActiveWork:
             self._clearing.run_pass(snapshot, wall, steered)
         if self._node_steering is not None and self._is_leader():
             # After clearing: a node where a GPU is being cleared is not steered.
-            cleared: set[str] = set()
+            gpus: set[str] = set()
             if self._clearing is not None:
-                cleared = {s.gpu.partition("/")[0] for s in self._clearing.active.values()}
-            self._node_steering.run_pass(snapshot, wall, cleared)
+                gpus = {s.gpu for s in self._clearing.active.values()}
+            cleared = {gpu.partition("/")[0] for gpu in gpus}
+            self._node_steering.run_pass(snapshot, wall, cleared, gpus)
         self.passes += 1

@@ -15,14 +15,17 @@ from flexgpu.controller.active import ActiveWork
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S, BindingWaits
 from flexgpu.controller.claim_labels import ClaimLabeller
 from flexgpu.controller.clearing import DEFAULT_MAX_S, Clearing
-from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT, ApiPods, Evictions
+from flexgpu.controller.clearing_eviction import Evictions
 from flexgpu.controller.cluster_state import ClusterState, Kind
 from flexgpu.controller.diagnostics import Diagnostics
 from flexgpu.controller.disruption_budgets import Budgets
 from flexgpu.controller.events import EventRecorder
 from flexgpu.controller.idle_events import IdleClaimNotifier, claim_reader
 from flexgpu.controller.leader import LeaseElector
+from flexgpu.controller.node_eviction import NodeEvictions
 from flexgpu.controller.node_steering import NodeSteering
+from flexgpu.controller.place_eviction import DEFAULT_MAX_IN_FLIGHT
+from flexgpu.controller.pod_eviction import ApiPods
 from flexgpu.controller.reflector import Reflector, Store, start_reflectors
 from flexgpu.controller.taint_rule_sweep import LeftoverRules
 from flexgpu.controller.taint_rules import TaintRules
@@ -66,6 +69,10 @@ class ControllerConfig:
     node_steering_max_s: float = DEFAULT_MAX_S
     # Only nodes carrying all these labels are steered and count as the group (empty: all).
     node_steering_nodes: Mapping[str, str] = field(default_factory=dict)
+    # Evict the pods that opted in from a node steered this long (None: never evict;
+    # controller/node_eviction.py), at most this many in flight at once (a bound of its own).
+    node_steering_evict_after_s: float | None = None
+    node_steering_evict_max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
 
 class Controller:
@@ -96,13 +103,18 @@ class Controller:
             reemit_s=config.reemit_s,
         )
         self.clearing: Clearing | None = None
-        # Watched only where clearing may evict: a budget is consent to it.
+        # Watched only where clearing or node steering may evict: a budget is consent to it.
         self.budgets: Budgets | None = None
+        pods = ApiPods(work_api)
+        clearing_evicts = config.clearing_share > 0 and config.clearing_evict_after_s is not None
+        node_evicts = (
+            config.node_steering_share > 0 and config.node_steering_evict_after_s is not None
+        )
+        if clearing_evicts or node_evicts:
+            self.budgets = Budgets()
         if config.clearing_share > 0:
             evictions = None
-            if config.clearing_evict_after_s is not None:
-                pods = ApiPods(work_api)
-                self.budgets = Budgets()
+            if config.clearing_evict_after_s is not None and self.budgets is not None:
                 evictions = Evictions(
                     pods,
                     pods,
@@ -121,6 +133,16 @@ class Controller:
             )
         self.node_steering: NodeSteering | None = None
         if config.node_steering_share > 0:
+            node_evictions = None
+            if config.node_steering_evict_after_s is not None and self.budgets is not None:
+                node_evictions = NodeEvictions(
+                    pods,
+                    pods,
+                    EventRecorder(work_api, config.identity),
+                    self.budgets,
+                    after_s=config.node_steering_evict_after_s,
+                    max_in_flight=config.node_steering_evict_max_in_flight,
+                )
             self.node_steering = NodeSteering(
                 TaintRules(work_api),
                 EventRecorder(work_api, config.identity),
@@ -128,6 +150,7 @@ class Controller:
                 max_held_share=config.node_steering_max_held_share,
                 max_s=config.node_steering_max_s,
                 node_labels=config.node_steering_nodes,
+                evictions=node_evictions,
             )
         # Rules of a feature turned off would otherwise steer their devices for ever.
         self.leftover_rules = LeftoverRules(

@@ -28,10 +28,10 @@ from flexgpu.controller.admission_server import add_webhook_arguments, options_f
 from flexgpu.controller.app import Controller, ControllerConfig
 from flexgpu.controller.binding_waits import DEFAULT_GRACE_S
 from flexgpu.controller.clearing import DEFAULT_MAX_S
-from flexgpu.controller.clearing_eviction import DEFAULT_MAX_IN_FLIGHT
 from flexgpu.controller.diagnostics import DEFAULT_RECHECK_S, DEFAULT_REEMIT_S
 from flexgpu.controller.kopf_login import connection_info
 from flexgpu.controller.owner import deployment_owner
+from flexgpu.controller.place_eviction import DEFAULT_MAX_IN_FLIGHT
 from flexgpu.controller.webhook_server import WebhookOptions, configure_webhook
 from flexgpu.driver.allocation.node_clearing import DEFAULT_MAX_HELD_SHARE
 from flexgpu.driver.durations import human_duration, parse_duration
@@ -91,16 +91,19 @@ def _positive_duration(flag: str, example: str = "1h") -> Callable[[str], float]
     return parse
 
 
-def _in_flight(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"--clearing-evict-max-in-flight {text!r}: must be a whole number of 1 or more"
-        )
-    return value
+def _in_flight(flag: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r}: must be a whole number of 1 or more"
+            )
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--clearing-evict-max-in-flight",
-        type=_in_flight,
+        type=_in_flight("--clearing-evict-max-in-flight"),
         default=DEFAULT_MAX_IN_FLIGHT,
         metavar="N",
         help=f"at most this many such pods being evicted at once (default {DEFAULT_MAX_IN_FLIGHT})",
@@ -207,6 +210,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_S,
         metavar="DURATION",
         help="stop steering a node after this long, and not again for as long (default 1h)",
+    )
+    parser.add_argument(
+        "--node-steering-evict-after",
+        type=_positive_duration("--node-steering-evict-after", "10m"),
+        metavar="DURATION",
+        help='evict the pods that opted in (flexgpu.dev/movable: "true", owned by a '
+        "ReplicaSet, StatefulSet or ReplicationController) from a node steered this long, when "
+        "every holder of the node may move and fits elsewhere, e.g. 10m; less than "
+        "--node-steering-max (default: never evict)",
+    )
+    parser.add_argument(
+        "--node-steering-evict-max-in-flight",
+        type=_in_flight("--node-steering-evict-max-in-flight"),
+        default=DEFAULT_MAX_IN_FLIGHT,
+        metavar="N",
+        help="at most this many pods being evicted from steered nodes at once, apart from "
+        f"GPU clearing's (default {DEFAULT_MAX_IN_FLIGHT})",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=8080, help="Prometheus endpoint port; 0 turns it off"
@@ -287,6 +307,8 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         node_steering_max_held_share=args.node_steering_max_held_share,
         node_steering_max_s=args.node_steering_max,
         node_steering_nodes=args.node_steering_nodes,
+        node_steering_evict_after_s=args.node_steering_evict_after,
+        node_steering_evict_max_in_flight=args.node_steering_evict_max_in_flight,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         plugin_metrics=tuple(args.plugin_metrics),
@@ -324,13 +346,21 @@ def build_registry(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    after, most = args.clearing_evict_after, args.clearing_max
-    if after is not None and after >= most:
-        # Steering would end before eviction is ever considered.
-        parser.error(
-            f"--clearing-evict-after {human_duration(after)}: must be less than --clearing-max "
-            f"({human_duration(most)})"
-        )
+    for evict, after, bound, most in (
+        ("--clearing-evict-after", args.clearing_evict_after, "--clearing-max", args.clearing_max),
+        (
+            "--node-steering-evict-after",
+            args.node_steering_evict_after,
+            "--node-steering-max",
+            args.node_steering_max,
+        ),
+    ):
+        if after is not None and after >= most:
+            # Steering would end before eviction is ever considered.
+            parser.error(
+                f"{evict} {human_duration(after)}: must be less than {bound} "
+                f"({human_duration(most)})"
+            )
     return args
 
 

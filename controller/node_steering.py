@@ -1,5 +1,6 @@
 """Node steering: keeping new claims off the nodes of a group closest to empty, so that they
-empty as their holders end and an autoscaler can remove them. Nobody is moved.
+empty as their holders end and an autoscaler can remove them. Nobody is moved unless
+eviction is on (step 6).
 
 Each pass (leader only, ``controller.active``, after GPU clearing's):
 
@@ -17,7 +18,11 @@ Each pass (leader only, ``controller.active``, after GPU clearing's):
    holds while the claim waits, since the evaluator finds the same each pass;
 5. deletes the rules of nodes no longer chosen ("released", "not_chosen") and creates one
    DeviceTaintRule per flexgpu pool of each newly chosen node (NoSchedule under
-   ``flexgpu.dev/node-steering``, ``controller.taint_rules``).
+   ``flexgpu.dev/node-steering``, ``controller.taint_rules``);
+6. with eviction on (``controller.node_eviction``): evicts the pods that opted in from the
+   nodes steered longer than its bound, a few at a time, when every holder of the node may
+   move and each has room elsewhere now (off the steered nodes and the GPUs being cleared).
+   Only nodes steered after steps 2-5: a steering that ended evicts nothing more.
 
 Rules outlive the process; a new leader lists them at its first pass and takes them over.
 """
@@ -37,6 +42,7 @@ from flexgpu.controller.clearing import ClearingSink, since_wall
 from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.evaluation import Memo, evaluate
 from flexgpu.controller.events import EventTarget
+from flexgpu.controller.node_eviction import NodeEvictions
 from flexgpu.controller.pending import pending_claims
 from flexgpu.controller.taint_rules import SteeringFor, SteeringRule
 from flexgpu.driver.allocation.node_clearing import (
@@ -116,9 +122,17 @@ class NodeSteering:
         max_s: float = DEFAULT_MAX_S,
         node_labels: Mapping[str, str] | None = None,
         release_delay_s: float = RELEASE_DELAY_S,
+        evictions: NodeEvictions | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _validate(share, max_held_share, max_s)
+        if evictions is not None and evictions.after_s >= max_s:
+            # Steering would end before eviction is ever considered.
+            raise ValueError(
+                f"node steering eviction after {human_duration(evictions.after_s)}: must be "
+                f"less than the node steering max duration ({human_duration(max_s)})"
+            )
+        self._evictions = evictions
         self._rules = rules
         self._sink = sink
         self._share = share
@@ -142,6 +156,8 @@ class NodeSteering:
         self._resting.clear()
         self._adopted = False
         self._last = None
+        if self._evictions is not None:
+            self._evictions.forget()
         STEERED_NODES.set(0)
 
     def _adopt(self, wall: datetime) -> None:
@@ -155,9 +171,14 @@ class NodeSteering:
         self._adopted = True
 
     def run_pass(
-        self, snapshot: Snapshot, wall: datetime, cleared_nodes: Collection[str] = ()
+        self,
+        snapshot: Snapshot,
+        wall: datetime,
+        cleared_nodes: Collection[str] = (),
+        cleared_gpus: Collection[str] = (),
     ) -> None:
-        """``cleared_nodes``: nodes where GPU clearing empties a GPU for a waiting claim."""
+        """``cleared_nodes``: nodes where GPU clearing empties a GPU for a waiting claim;
+        ``cleared_gpus``: those GPUs (node/pool/uuid), no room for a pod eviction moves."""
         if self._rules.version() is None:
             return
         now = self._clock()
@@ -191,6 +212,8 @@ class NodeSteering:
         for name in chosen:
             if name not in self._active:
                 self._start(by_name[name], snapshot, group, chosen, wall)
+        if self._evictions is not None:
+            self._evictions.run(snapshot, list(self._active.values()), cleared_gpus)
         STEERED_NODES.set(len(self._active))
 
     def _group(self, snapshot: Snapshot, wall: datetime) -> list[GroupNode]:
@@ -289,10 +312,16 @@ class NodeSteering:
             if node.holders
             else f"its {node.gpus} GPUs are free"
         )
+        moved = "nobody is moved"
+        if self._evictions is not None:
+            moved = (
+                f"after {human_duration(self._evictions.after_s)} the pods that opted in may "
+                "be evicted, when all of its holders may move"
+            )
         message = (
             f"flexgpu keeps new claims off node {node.name} so that it empties and an "
             f"autoscaler can remove it: {held}, and the group's other nodes have "
-            f"{_gpu_count(room)} GPUs free; nobody is moved, and a claim that fits only here "
+            f"{_gpu_count(room)} GPUs free; {moved}, and a claim that fits only here "
             f"ends this at once; at most {human_duration(self._max_s)}"
         )
         log.info("%s", message)

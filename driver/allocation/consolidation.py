@@ -27,7 +27,7 @@ one holder must end on its own, evicting the others would cost them a restart an
 let the waiting claim in. Nor is it emptied while a moving pod's claims would fit nowhere
 else now (``driver.allocation.relocation``): its replacement would only wait. Evictions go
 through the Eviction API, so PodDisruptionBudgets are honoured; the controller
-(``controller.clearing_eviction``) makes the calls and bounds how many are in flight, and
+(``controller.place_eviction``) makes the calls and bounds how many are in flight, and
 reads the holders' pods; this module only decides, from what it is given.
 """
 

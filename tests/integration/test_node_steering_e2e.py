@@ -3,6 +3,11 @@ each, the fuller one holds three and the emptier one; the controller steers the 
 (one DeviceTaintRule for its pool), a new claim lands on the fuller node, and once that node
 is full the other nodes have no room for what the steered one holds: the rule is removed.
 
+With eviction on (3s), against the real workload controllers: the steered node's holder, a
+Deployment's pod that consented (``flexgpu.dev/movable: "true"``, claim from a
+ResourceClaimTemplate), is evicted and its ReplicaSet's new pod gets a GPU of the other node;
+a Job's pod, annotated too, is never evicted and the Node says why.
+
 Slices are published straight from the simulated backend, as in test_clearing_e2e.py; the
 pods are never started.
 """
@@ -38,13 +43,14 @@ from flexgpu.driver.topology import load_topology
 from flexgpu.kubelet_plugin.api.kube_api import KubeApi
 from flexgpu.kubelet_plugin.devices.node_devices import NodeDevices
 from flexgpu.kubelet_plugin.devices.slice_publisher import SlicePublisher
-from tests.conftest import wait_for
+from tests.conftest import holds_for, wait_for
 from tests.integration.gpu_workloads import ensure_device_classes
 from tools.cluster import ControlPlane, create_simulated_node
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+MOVABLE = {"flexgpu.dev/movable": "true"}
 FOUR_H100 = {
     "name": "steering-four-h100",
     "description": "4x H100, whole GPUs",
@@ -272,3 +278,224 @@ def test_rules_left_by_steering_turned_off_are_deleted_and_no_one_elses(
         objects.delete_cluster_custom_object(
             GROUP, rules_version, PLURAL, foreign["metadata"]["name"]
         )
+
+
+# --- eviction --------------------------------------------------------------------------------
+
+
+def _template(api: Any, ns: str, name: str) -> None:
+    exactly = {"deviceClassName": "gpu.flexgpu.dev", "count": 1}
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        },
+    )
+
+
+def _pod_template(
+    name: str, selector: dict[str, str], labels: dict[str, str], restart: str = "Always"
+) -> dict[str, Any]:
+    """Annotated movable, its claim from template ``name``."""
+    return {
+        "metadata": {"labels": labels, "annotations": MOVABLE},
+        "spec": {
+            "nodeSelector": selector,
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": restart,
+            "containers": [
+                {"name": "c", "image": "none", "resources": {"claims": [{"name": "g"}]}}
+            ],
+            "resourceClaims": [{"name": "g", "resourceClaimTemplateName": name}],
+        },
+    }
+
+
+def _live_pods(api: Any, ns: str, selector: str) -> list[Any]:
+    listed = client.CoreV1Api(api).list_namespaced_pod(ns, label_selector=selector).items
+    return [p for p in listed if p.metadata.deletion_timestamp is None]
+
+
+def _generated_pool(api: Any, ns: str, pod: Any) -> str:
+    """The pool of the claim generated for ``pod``; "" until it is allocated."""
+    status = client.CoreV1Api(api).read_namespaced_pod(pod.metadata.name, ns).status
+    for entry in (status.resource_claim_statuses if status else None) or []:
+        if entry.resource_claim_name:
+            return _pool(api, ns, entry.resource_claim_name)
+    return ""
+
+
+def _node_events(api: Any, node: str, reason: str) -> list[str]:
+    events = client.CoreV1Api(api).list_event_for_all_namespaces(
+        field_selector=f"involvedObject.name={node}"
+    )
+    return [str(e.message) for e in events.items if e.reason == reason]
+
+
+def _steer_with_eviction(cluster: ControlPlane, log: Path, group: dict[str, str]) -> Any:
+    """Only this test's two nodes are the group: no other test's node is steered or
+    emptied."""
+    return _running_controller(
+        cluster,
+        log,
+        "--node-steering-share=1",
+        "--node-steering-nodes=" + ",".join(f"{k}={v}" for k, v in group.items()),
+        "--node-steering-evict-after=3s",
+        "--node-steering-evict-max-in-flight=1",
+    )
+
+
+def _remove_rules(api: Any, version: str) -> None:
+    objects = client.CustomObjectsApi(api)
+    listed: Any = objects.list_cluster_custom_object(
+        GROUP, version, PLURAL, label_selector=f"{STEERING_LABEL}=true"
+    )
+    for rule in listed["items"]:
+        objects.delete_cluster_custom_object(GROUP, version, PLURAL, rule["metadata"]["name"])
+
+
+def test_a_steered_nodes_deployment_pod_is_evicted_and_runs_on_the_other_node(
+    api: Any,
+    cluster: ControlPlane,
+    nodes: tuple[str, str, str, dict[str, str]],
+    rules_version: str,
+    tmp_path: Path,
+) -> None:
+    """The fuller node is filled first, so the Deployment's pod (free to use either node)
+    lands on the emptier one; then one GPU of the fuller node is freed and the controller
+    starts: the emptier node is steered, and 3s later its only holder is evicted."""
+    ns, full, empty, both = nodes
+    group = both
+    for claim, count in (("busy", 3), ("filler", 1)):
+        _claim(api, ns, claim, count)
+        _pod(api, ns, claim, {"kubernetes.io/hostname": full})
+        wait_for(lambda c=claim: _pool(api, ns, c), timeout_s=90, what=f"{claim} allocated")
+    _template(api, ns, "serve")
+    client.AppsV1Api(api).create_namespaced_deployment(
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serve"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": _pod_template("serve", both, {"app": "serve"}),
+            },
+        },
+    )
+    first = wait_for(lambda: _live_pods(api, ns, "app=serve"), timeout_s=60, what="its pod")[0]
+    pool = wait_for(lambda: _generated_pool(api, ns, first), timeout_s=90, what="its claim")
+    assert pool == empty
+    core = client.CoreV1Api(api)
+    core.delete_namespaced_pod("filler", ns, grace_period_seconds=0)
+    client.ResourceV1Api(api).delete_namespaced_resource_claim("filler", ns)
+    wait_for(
+        lambda: (
+            not [
+                c
+                for c in client.ResourceV1Api(api).list_namespaced_resource_claim(ns).items
+                if c.metadata.name == "filler"
+            ]
+        ),
+        timeout_s=60,
+        what="the filler claim gone",
+    )
+    try:
+        with _steer_with_eviction(cluster, tmp_path / "controller.log", group) as log:
+            wait_for(
+                lambda: (
+                    "GpuNodeSteeringEviction"
+                    in {
+                        e.reason
+                        for e in core.list_namespaced_event(ns).items
+                        if e.involved_object.name == first.metadata.name
+                    }
+                ),
+                timeout_s=90,
+                what="GpuNodeSteeringEviction Event on the Deployment's pod",
+                explain=log.read_text,
+            )
+            assert _steered(api, rules_version) == [empty]
+            words = _node_events(api, empty, "GpuNodeSteeringEviction")
+            assert any(
+                f"emptying node {empty} that flexgpu steers so an autoscaler can remove it" in w
+                and 'the pod carries flexgpu.dev/movable: "true"' in w
+                for w in words
+            ), words
+            # Its ReplicaSet makes it again; the new claim goes to the fuller node, away from
+            # the steered node's taint.
+            second = wait_for(
+                lambda: [
+                    p
+                    for p in _live_pods(api, ns, "app=serve")
+                    if p.metadata.uid != first.metadata.uid
+                ],
+                timeout_s=60,
+                what="the Deployment's new pod",
+            )[0]
+            moved = wait_for(
+                lambda: _generated_pool(api, ns, second), timeout_s=90, what="its new claim"
+            )
+            assert moved == full, log.read_text()
+            assert second.spec.node_name in (None, full)
+    finally:
+        _remove_rules(api, rules_version)
+
+
+def test_a_steered_node_holding_a_jobs_pod_is_not_emptied_and_says_why(
+    api: Any,
+    cluster: ControlPlane,
+    nodes: tuple[str, str, str, dict[str, str]],
+    rules_version: str,
+    tmp_path: Path,
+) -> None:
+    ns, full, empty, group = nodes
+    _claim(api, ns, "busy", 3)
+    _pod(api, ns, "busy", {"kubernetes.io/hostname": full})
+    wait_for(lambda: _pool(api, ns, "busy"), timeout_s=90, what="busy allocated")
+    _template(api, ns, "train")
+    client.BatchV1Api(api).create_namespaced_job(
+        ns,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": _pod_template(
+                    "train", {"kubernetes.io/hostname": empty}, {}, restart="Never"
+                ),
+            },
+        },
+    )
+    train = wait_for(
+        lambda: _live_pods(api, ns, "job-name=train"), timeout_s=60, what="the Job's pod"
+    )[0]
+    assert wait_for(lambda: _generated_pool(api, ns, train), timeout_s=90, what="its claim") == (
+        empty
+    )
+    try:
+        with _steer_with_eviction(cluster, tmp_path / "controller.log", group) as log:
+            said = wait_for(
+                lambda: _node_events(api, empty, "GpuNodeSteeringWaitsForPods"),
+                timeout_s=90,
+                what="GpuNodeSteeringWaitsForPods Event on the node",
+                explain=log.read_text,
+            )
+            assert f"pod {ns}/{train.metadata.name} belongs to a Job" in said[0], said
+            assert _steered(api, rules_version) == [empty]
+            holds_for(
+                lambda: (
+                    [p.metadata.uid for p in _live_pods(api, ns, "job-name=train")]
+                    == [train.metadata.uid]
+                ),
+                seconds=12,
+                why="the controller passes at least every 10s once the snapshot changes",
+            )
+            assert not _node_events(api, empty, "GpuNodeSteeringEviction"), log.read_text()
+    finally:
+        _remove_rules(api, rules_version)

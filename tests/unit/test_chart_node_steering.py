@@ -141,3 +141,114 @@ def test_the_node_selector_names_the_steered_group(helm: Path) -> None:
     assert not [
         a for a in _args(render(helm, "controller.nodeSteering.enabled=true")) if "nodes=" in a
     ]
+
+
+def _evict_rights(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    rules = find(docs, "ClusterRole", "controller")["rules"]
+    return {
+        (resource, verb)
+        for rule in rules
+        for resource in rule["resources"]
+        if resource in ("pods/eviction", "poddisruptionbudgets")
+        for verb in rule["verbs"]
+    }
+
+
+EVICT_RIGHTS = {
+    ("pods/eviction", "create"),
+    ("poddisruptionbudgets", "get"),
+    ("poddisruptionbudgets", "list"),
+    ("poddisruptionbudgets", "watch"),
+}
+
+
+def test_eviction_is_off_by_default_and_steering_alone_grants_no_right_to_evict(
+    helm: Path,
+) -> None:
+    docs = render(helm, "controller.nodeSteering.enabled=true")
+    assert not [a for a in _args(docs) if a.startswith("--node-steering-evict")]
+    assert config_from_args(parse_args(_args(docs))).node_steering_evict_after_s is None
+    assert _evict_rights(docs) == set()
+    # Eviction asked for while steering is off: nothing to evict for, neither flags nor right.
+    off = render(helm, "controller.nodeSteering.eviction.enabled=true")
+    assert not [a for a in _args(off) if a.startswith("--node-steering")]
+    assert _evict_rights(off) == set()
+
+
+def test_eviction_on_passes_its_values_and_grants_evict_and_budget_reads(helm: Path) -> None:
+    docs = render(
+        helm,
+        "controller.clearing.enabled=false",
+        "controller.nodeSteering.enabled=true",
+        "controller.nodeSteering.eviction.enabled=true",
+        "controller.nodeSteering.eviction.after=20m",
+        "controller.nodeSteering.eviction.maxInFlight=2",
+    )
+    config = config_from_args(parse_args(_args(docs)))
+    assert (config.node_steering_evict_after_s, config.node_steering_evict_max_in_flight) == (
+        1200.0,
+        2,
+    )
+    assert config.clearing_evict_after_s is None
+    assert _evict_rights(docs) == EVICT_RIGHTS
+    # No delete on pods, whichever eviction is on.
+    rules = find(docs, "ClusterRole", "controller")["rules"]
+    assert not [r for r in rules if "pods" in r["resources"] and "delete" in r["verbs"]]
+    # Both evictions on: the rights once, each with its own flags.
+    both = render(
+        helm,
+        "controller.clearing.eviction.enabled=true",
+        "controller.nodeSteering.enabled=true",
+        "controller.nodeSteering.eviction.enabled=true",
+    )
+    config = config_from_args(parse_args(_args(both)))
+    assert (config.clearing_evict_after_s, config.node_steering_evict_after_s) == (600.0, 600.0)
+    assert _evict_rights(both) == EVICT_RIGHTS
+
+
+def test_eviction_after_the_steering_bound_is_refused_by_the_controller(helm: Path) -> None:
+    docs = render(
+        helm,
+        "controller.nodeSteering.enabled=true",
+        "controller.nodeSteering.eviction.enabled=true",
+        "controller.nodeSteering.eviction.after=2h",
+    )
+    with pytest.raises(SystemExit):
+        parse_args(_args(docs))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "controller.nodeSteering.eviction.maxInFlight=0",
+            "/controller/nodeSteering/eviction/maxInFlight",
+        ),
+        ("controller.nodeSteering.eviction.after=soon", "/controller/nodeSteering/eviction/after"),
+        (
+            "controller.nodeSteering.eviction.after=0m",
+            "controller.nodeSteering.eviction.after 0m: must be more than 0, such as 10m",
+        ),
+        ("controller.nodeSteering.eviction.often=1", "additional properties 'often' not allowed"),
+    ],
+)
+def test_bad_eviction_values_fail_naming_the_field(helm: Path, value: str, message: str) -> None:
+    result = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "t",
+            str(CHART),
+            "--set",
+            "controller.nodeSteering.enabled=true",
+            "--set",
+            "controller.nodeSteering.eviction.enabled=true",
+            "--set",
+            value,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr
