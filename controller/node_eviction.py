@@ -22,6 +22,7 @@ from prometheus_client import Counter, Gauge
 
 from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.events import EventTarget
+from flexgpu.controller.holder_consent import HolderConsent
 from flexgpu.controller.place_eviction import DEFAULT_MAX_IN_FLIGHT, Place, PlaceEvictions, Said
 from flexgpu.controller.pod_eviction import BudgetReader, EvictionSink, PodEvictor, PodReader
 
@@ -75,6 +76,7 @@ class NodeEvictions:
             max_in_flight=max_in_flight,
             clock=clock,
         )
+        self._consent = HolderConsent(pods, budgets, clock=clock)
 
     @property
     def after_s(self) -> float:
@@ -82,6 +84,11 @@ class NodeEvictions:
 
     def forget(self) -> None:
         self._engine.forget()
+        self._consent.forget()
+
+    def movable(self, snapshot: Snapshot, claim_keys: Iterable[str]) -> frozenset[str]:
+        """The claims of ``claim_keys`` whose pods may be moved, for steering's ranking."""
+        return self._consent.movable(snapshot, claim_keys)
 
     def run(
         self,

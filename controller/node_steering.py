@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final, Protocol
 
@@ -49,6 +49,7 @@ from flexgpu.driver.allocation.node_clearing import (
     DEFAULT_MAX_HELD_SHARE,
     GroupNode,
     choose_nodes,
+    may_steer,
     release_for,
 )
 from flexgpu.driver.allocation.node_holders import group_nodes
@@ -232,7 +233,17 @@ class NodeSteering:
             for c in snapshot.claims.values()
             if c.allocated_at is not None
         }
-        return group_nodes(nodes, snapshot.claim_models, snapshot.slice_index, ages, DRIVER_NAME)
+        group = group_nodes(nodes, snapshot.claim_models, snapshot.slice_index, ages, DRIVER_NAME)
+        if self._evictions is None:
+            return group
+        # Where eviction is on, a node whose holders may all move ranks first: only the
+        # holders of nodes that may be steered are asked about (their pods are read).
+        asked = [h.claim for n in group if may_steer(n, self._max_held_share) for h in n.holders]
+        movable = self._evictions.movable(snapshot, asked) if asked else frozenset()
+        return [
+            replace(n, holders=tuple(replace(h, movable=h.claim in movable) for h in n.holders))
+            for n in group
+        ]
 
     def _end_stale(self, group: Mapping[str, GroupNode], cleared: frozenset[str]) -> None:
         now = self._clock()

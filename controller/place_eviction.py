@@ -25,7 +25,8 @@ The cache holds only pods that wait for a node, so the holders' pods are read fr
 server, only for places past the bound (a few reads per pass). A pod is in flight from its
 eviction until a read finds it gone. Pods holding such a place that are being deleted count
 too, whoever deleted them: a new leader does not know what the old one evicted, and counting
-every ending pod keeps the bound. Each engine keeps its own bound.
+every ending pod keeps the bound. Each engine keeps its own bound. A read that fails (an error
+status, a broken connection) leaves that place for a later pass; the pass goes on.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from kubernetes import client
 from prometheus_client import Counter, Gauge
+from urllib3.exceptions import HTTPError
 
 from flexgpu.controller.cluster_state import Snapshot
 from flexgpu.controller.events import EventTarget
@@ -66,6 +69,8 @@ BLOCKED_RETRY_S: Final = 30.0
 # Pods are read at most this often: a busy cluster changes the snapshot every second, and a
 # place steered for minutes loses nothing by a few seconds more.
 READ_INTERVAL_S: Final = 10.0
+# A pod read that failed (an error status, a broken connection): that place waits a pass.
+READ_ERRORS: Final = (client.ApiException, HTTPError, OSError)
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,11 @@ class PlaceEvictions:
         self._read_at = now
         self._blocked = {u: t for u, t in self._blocked.items() if now - t < BLOCKED_RETRY_S}
         for uid, (namespace, name) in list(self._evicted.items()):
-            current = self._pods.read(namespace, name)
+            try:
+                current = self._pods.read(namespace, name)
+            except READ_ERRORS as err:
+                log.info("reading evicted pod %s/%s: %s", namespace, name, err)
+                continue  # still counted in flight: the bound holds while the server is away
             if current is None or current.uid != uid:
                 del self._evicted[uid]
         planned: list[_Planned] = []
@@ -195,11 +204,17 @@ class PlaceEvictions:
         if devices is None:
             return None  # not published any more: its steering ends on its own
         keys = sorted({h for d in devices for h in state.holders.get(d, ())})
-        read = [
-            read_holder(snapshot.claims[k], self._pods, self._budgets)
-            for k in keys
-            if k in snapshot.claims
-        ]
+        try:
+            read = [
+                read_holder(snapshot.claims[k], self._pods, self._budgets)
+                for k in keys
+                if k in snapshot.claims
+            ]
+        except READ_ERRORS as err:
+            # This place waits for a later pass; the other places and the rest of the
+            # controller's pass go on.
+            log.info("reading the pods holding %s: %s", place.words, err)
+            return None
         plan = plan_gpu([h for h, _ in read])
         if plan.evict:
             records = {p.uid: p for _, p in read if p is not None}

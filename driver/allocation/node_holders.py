@@ -17,7 +17,7 @@ publishing whole GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Final
 
@@ -74,12 +74,9 @@ def group_nodes(
     index: SliceIndex,
     holder_ages: Mapping[str, float],
     driver: str,
-    *,
-    movable: Collection[str] = (),
 ) -> list[GroupNode]:
     """Every node of ``nodes`` with at least one GPU of ``driver``, with its holders (claim
-    key order); ``holder_ages``: seconds since each claim was allocated (missing: 0);
-    ``movable``: the claims whose pods eviction may move (none where eviction is off)."""
+    key order); ``holder_ages``: seconds since each claim was allocated (missing: 0)."""
     described: list[GroupNode] = []
     for node in nodes:
         gpus = sum(1 for g in gpus_on_node(node, index) if g.driver == driver)
@@ -99,7 +96,7 @@ def group_nodes(
                 share = _share(driver, device, consumed, result.share_id is not None)
                 held[claim.key] = held.get(claim.key, Fraction(0)) + share
         holders = tuple(
-            NodeHolder(key, float(amount), holder_ages.get(key, 0.0), movable=key in movable)
+            NodeHolder(key, float(amount), holder_ages.get(key, 0.0))
             for key, amount in sorted(held.items())
         )
         described.append(GroupNode(node.name, gpus, holders))

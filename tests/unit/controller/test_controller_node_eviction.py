@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 from controller_builders import NOW, claim, load, pod, request
+from kubernetes import client
 from test_controller_clearing_eviction import OWNERS, Cluster, Evictor, budgets_of
 from test_controller_node_steering import BUSY, Clock, Rules, cluster, gpus
 
 from flexgpu.controller.events import EventTarget
+from flexgpu.controller.holder_consent import REREAD_S
 from flexgpu.controller.main import build_parser, config_from_args, parse_args
 from flexgpu.controller.node_eviction import (
     BLOCKED,
@@ -24,11 +26,19 @@ from flexgpu.controller.node_eviction import (
     WAITS,
     NodeEvictions,
 )
-from flexgpu.controller.node_steering import ENDED, STARTED, NodeSteering, SteeredNode
+from flexgpu.controller.node_steering import (
+    ENDED,
+    RECHECK_S,
+    STARTED,
+    NodeSteering,
+    SteeredNode,
+)
 from flexgpu.controller.place_eviction import BLOCKED_RETRY_S
+from flexgpu.controller.records import PodRecord
 from flexgpu.driver.allocation.consolidation import MOVABLE_ANNOTATION
 
 AFTER_S = 600.0
+NODES3 = ("n1", "n2", "n3")
 MAX_S = 3600.0
 
 
@@ -61,11 +71,12 @@ def holder(
     movable: bool = True,
     deleting: bool = False,
     only_here: bool = False,
+    node: str = "n2",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A claim generated for pod ``<name>-pod`` from a template, allocated whole GPU ``gpu``
     of n2 an hour ago, and that pod bound to n2: owned by ``owner``, annotated movable or
     not; ``only_here``: the pod may run on n2 alone (a node selector)."""
-    body = gpus(name, "n2", 1, first=gpu)
+    body = gpus(name, node, 1, first=gpu)
     body["metadata"]["ownerReferences"] = [
         {
             "apiVersion": "v1",
@@ -75,8 +86,8 @@ def holder(
             "controller": True,
         }
     ]
-    selector = {"kubernetes.io/hostname": "n2"} if only_here else None
-    running = pod(f"{name}-pod", node_name="n2", templates={"g": name}, node_selector=selector)
+    selector = {"kubernetes.io/hostname": node} if only_here else None
+    running = pod(f"{name}-pod", node_name=node, templates={"g": name}, node_selector=selector)
     running["status"]["phase"] = "Running"
     meta = running["metadata"]
     if movable:
@@ -340,3 +351,57 @@ def test_eviction_after_the_steering_has_ended_is_refused(
         NodeSteering(Rules(), Sink(), max_s=3600, evictions=evictions)
     with pytest.raises(ValueError, match=r"node steering eviction maxInFlight 0: must be 1"):
         NodeEvictions(Cluster(), Evictor(), Sink(), budgets_of(), after_s=60, max_in_flight=0)
+
+
+def test_a_node_whose_holders_may_all_move_is_steered_before_one_holding_a_job() -> None:
+    # n3 has fewer holders, but its Job's pod never moves: eviction could not empty it.
+    movable = [holder("web-a", 0), holder("web-b", 1)]
+    job = holder("train-job", 0, owner="Job", node="n3")
+    pairs = (*movable, job)
+    objects = cluster(BUSY, *(c for c, _ in pairs), pods=[p for _, p in pairs], nodes=NODES3)
+    with_eviction = Setup()
+    with_eviction.run(objects)
+    assert set(with_eviction.steering.active) == {"n2"}
+    # With eviction off nobody may move: fewest holders first, as before.
+    rules, sink = Rules(), Sink()
+    without = NodeSteering(rules, sink, share=0.5, max_s=MAX_S, clock=Clock())
+    without.run_pass(load(Cluster(), **objects), NOW)
+    assert set(without.active) == {"n3"}
+
+
+def test_consent_is_read_once_per_claim_within_the_reread_interval() -> None:
+    pairs = (holder("web-a", 0), holder("web-b", 1))
+    objects = cluster(BUSY, *(c for c, _ in pairs), pods=[p for _, p in pairs], nodes=NODES3)
+    setup = Setup()
+    setup.run(objects)
+    first = setup.state.reads
+    assert first >= 2  # both holders' pods read for the ranking
+    setup.run(objects, after_s=RECHECK_S)
+    assert setup.state.reads == first  # not past the bound yet: no new reads at all
+    setup.run(objects, after_s=REREAD_S)
+    assert setup.state.reads > first  # read again: an owner may take consent back
+
+
+def test_a_failed_read_counts_the_holder_as_staying_and_the_pass_goes_on() -> None:
+    class Failing(Cluster):
+        def read(self, namespace: str, name: str) -> PodRecord | None:
+            self.reads += 1
+            raise client.ApiException(status=500, reason="etcd timeout")
+
+    pairs = (holder("web-a", 0), holder("web-b", 1))
+    job = holder("train-job", 0, owner="Job", node="n3")
+    objects = cluster(
+        BUSY, *(c for c, _ in (*pairs, job)), pods=[p for _, p in (*pairs, job)], nodes=NODES3
+    )
+    state, rules, sink, clock = Failing(), Rules(), Sink(), Clock()
+    evictions = NodeEvictions(
+        state, Evictor("evicted"), sink, budgets_of(), after_s=AFTER_S, clock=clock
+    )
+    steering = NodeSteering(rules, sink, share=0.5, max_s=MAX_S, evictions=evictions, clock=clock)
+    steering.run_pass(load(state, **objects), NOW)
+    # Nobody known to move: ranked as with eviction off (fewest holders), nothing raised.
+    assert state.reads >= 1 and set(steering.active) == {"n3"}
+    # Past the bound the eviction engine's reads fail too: that node waits, nothing raised.
+    clock.now += AFTER_S
+    steering.run_pass(load(state, **objects), NOW)
+    assert set(steering.active) == {"n3"} and not sink.said(EVICTED)
