@@ -6,7 +6,8 @@ is full the other nodes have no room for what the steered one holds: the rule is
 With eviction on (3s), against the real workload controllers: the steered node's holder, a
 Deployment's pod that consented (``flexgpu.dev/movable: "true"``, claim from a
 ResourceClaimTemplate), is evicted and its ReplicaSet's new pod gets a GPU of the other node;
-a Job's pod, annotated too, is never evicted and the Node says why.
+a Job's pod, annotated too, is never evicted and the Node says why; and with eviction on, the
+node of a Deployment's pods is steered before the node of a Job's pod with fewer holders.
 
 Slices are published straight from the simulated backend, as in test_clearing_e2e.py; the
 pods are never started.
@@ -497,5 +498,78 @@ def test_a_steered_node_holding_a_jobs_pod_is_not_emptied_and_says_why(
                 why="the controller passes at least every 10s once the snapshot changes",
             )
             assert not _node_events(api, empty, "GpuNodeSteeringEviction"), log.read_text()
+    finally:
+        _remove_rules(api, rules_version)
+
+
+def test_with_eviction_on_the_node_of_movable_pods_is_steered_before_the_jobs(
+    api: Any,
+    cluster: ControlPlane,
+    nodes: tuple[str, str, str, dict[str, str]],
+    rules_version: str,
+    tmp_path: Path,
+) -> None:
+    """One node holds a Job's pod (one holder), the other a Deployment's two pods that
+    consented (two holders). By holders alone the Job's node would be steered; with eviction
+    on, the controller reads the holders' pods and steers the node eviction can empty. The
+    other node then has no room left for what the first holds, so only one is steered."""
+    ns, job_node, served, group = nodes
+    _template(api, ns, "train")
+    client.BatchV1Api(api).create_namespaced_job(
+        ns,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": _pod_template(
+                    "train", {"kubernetes.io/hostname": job_node}, {}, restart="Never"
+                ),
+            },
+        },
+    )
+    _template(api, ns, "serve")
+    client.AppsV1Api(api).create_namespaced_deployment(
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serve"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": _pod_template(
+                    "serve", {"kubernetes.io/hostname": served}, {"app": "serve"}
+                ),
+            },
+        },
+    )
+    for selector, count in (("job-name=train", 1), ("app=serve", 2)):
+        pods = wait_for(
+            lambda s=selector, n=count: live if len(live := _live_pods(api, ns, s)) == n else None,
+            timeout_s=60,
+            what=f"{count} pod(s) of {selector}",
+        )
+        for p in pods:
+            wait_for(lambda p=p: _generated_pool(api, ns, p), timeout_s=90, what="its claim")
+    try:
+        # Eviction on, but not before the test ends: only the ranking is looked at.
+        with _running_controller(
+            cluster,
+            tmp_path / "controller.log",
+            "--node-steering-share=1",
+            "--node-steering-nodes=" + ",".join(f"{k}={v}" for k, v in group.items()),
+            "--node-steering-evict-after=10m",
+        ) as log:
+            steered = wait_for(
+                lambda: _steered(api, rules_version), timeout_s=60, what="a node steered"
+            )
+            assert steered == [served], log.read_text()
+            holds_for(
+                lambda: _steered(api, rules_version) == [served],
+                seconds=12,
+                why="the controller passes at least every 10s once the snapshot changes",
+            )
     finally:
         _remove_rules(api, rules_version)
