@@ -106,6 +106,12 @@ class Controller:
         # Watched only where clearing or node steering may evict: a budget is consent to it.
         self.budgets: Budgets | None = None
         pods = ApiPods(work_api)
+
+        def evicting(budgets: Budgets) -> tuple[ApiPods, ApiPods, EventRecorder, Budgets]:
+            """What either eviction reads, evicts and tells with (pods read and evicted
+            through one client)."""
+            return pods, pods, EventRecorder(work_api, config.identity), budgets
+
         clearing_evicts = config.clearing_share > 0 and config.clearing_evict_after_s is not None
         node_evicts = (
             config.node_steering_share > 0 and config.node_steering_evict_after_s is not None
@@ -116,10 +122,7 @@ class Controller:
             evictions = None
             if config.clearing_evict_after_s is not None and self.budgets is not None:
                 evictions = Evictions(
-                    pods,
-                    pods,
-                    EventRecorder(work_api, config.identity),
-                    self.budgets,
+                    *evicting(self.budgets),
                     after_s=config.clearing_evict_after_s,
                     max_in_flight=config.clearing_evict_max_in_flight,
                 )
@@ -136,10 +139,7 @@ class Controller:
             node_evictions = None
             if config.node_steering_evict_after_s is not None and self.budgets is not None:
                 node_evictions = NodeEvictions(
-                    pods,
-                    pods,
-                    EventRecorder(work_api, config.identity),
-                    self.budgets,
+                    *evicting(self.budgets),
                     after_s=config.node_steering_evict_after_s,
                     max_in_flight=config.node_steering_evict_max_in_flight,
                 )

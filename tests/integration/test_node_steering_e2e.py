@@ -315,6 +315,43 @@ def _pod_template(
     }
 
 
+def _serve(api: Any, ns: str, replicas: int, selector: dict[str, str]) -> None:
+    """Deployment ``serve`` (pods labelled app=serve) of movable pods, claims from template
+    ``serve``."""
+    client.AppsV1Api(api).create_namespaced_deployment(
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serve"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": _pod_template("serve", selector, {"app": "serve"}),
+            },
+        },
+    )
+
+
+def _train(api: Any, ns: str, node: str) -> None:
+    """Job ``train``, its one pod on ``node``, annotated movable too, its claim from template
+    ``train``."""
+    client.BatchV1Api(api).create_namespaced_job(
+        ns,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "train"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": _pod_template(
+                    "train", {"kubernetes.io/hostname": node}, {}, restart="Never"
+                ),
+            },
+        },
+    )
+
+
 def _live_pods(api: Any, ns: str, selector: str) -> list[Any]:
     listed = client.CoreV1Api(api).list_namespaced_pod(ns, label_selector=selector).items
     return [p for p in listed if p.metadata.deletion_timestamp is None]
@@ -375,19 +412,7 @@ def test_a_steered_nodes_deployment_pod_is_evicted_and_runs_on_the_other_node(
         _pod(api, ns, claim, {"kubernetes.io/hostname": full})
         wait_for(lambda c=claim: _pool(api, ns, c), timeout_s=90, what=f"{claim} allocated")
     _template(api, ns, "serve")
-    client.AppsV1Api(api).create_namespaced_deployment(
-        ns,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "serve"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "serve"}},
-                "template": _pod_template("serve", both, {"app": "serve"}),
-            },
-        },
-    )
+    _serve(api, ns, 1, both)
     first = wait_for(lambda: _live_pods(api, ns, "app=serve"), timeout_s=60, what="its pod")[0]
     pool = wait_for(lambda: _generated_pool(api, ns, first), timeout_s=90, what="its claim")
     assert pool == empty
@@ -459,20 +484,7 @@ def test_a_steered_node_holding_a_jobs_pod_is_not_emptied_and_says_why(
     _pod(api, ns, "busy", {"kubernetes.io/hostname": full})
     wait_for(lambda: _pool(api, ns, "busy"), timeout_s=90, what="busy allocated")
     _template(api, ns, "train")
-    client.BatchV1Api(api).create_namespaced_job(
-        ns,
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "train"},
-            "spec": {
-                "backoffLimit": 0,
-                "template": _pod_template(
-                    "train", {"kubernetes.io/hostname": empty}, {}, restart="Never"
-                ),
-            },
-        },
-    )
+    _train(api, ns, empty)
     train = wait_for(
         lambda: _live_pods(api, ns, "job-name=train"), timeout_s=60, what="the Job's pod"
     )[0]
@@ -515,36 +527,9 @@ def test_with_eviction_on_the_node_of_movable_pods_is_steered_before_the_jobs(
     other node then has no room left for what the first holds, so only one is steered."""
     ns, job_node, served, group = nodes
     _template(api, ns, "train")
-    client.BatchV1Api(api).create_namespaced_job(
-        ns,
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "train"},
-            "spec": {
-                "backoffLimit": 0,
-                "template": _pod_template(
-                    "train", {"kubernetes.io/hostname": job_node}, {}, restart="Never"
-                ),
-            },
-        },
-    )
+    _train(api, ns, job_node)
     _template(api, ns, "serve")
-    client.AppsV1Api(api).create_namespaced_deployment(
-        ns,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "serve"},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": {"app": "serve"}},
-                "template": _pod_template(
-                    "serve", {"kubernetes.io/hostname": served}, {"app": "serve"}
-                ),
-            },
-        },
-    )
+    _serve(api, ns, 2, {"kubernetes.io/hostname": served})
     for selector, count in (("job-name=train", 1), ("app=serve", 2)):
         pods = wait_for(
             lambda s=selector, n=count: live if len(live := _live_pods(api, ns, s)) == n else None,

@@ -316,28 +316,6 @@ def test_the_flags_reach_the_configuration_and_default_to_never() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("flag", "words"),
-    [
-        (
-            "--node-steering-evict-after=0s",
-            "--node-steering-evict-after '0s': must be a duration of more than 0, such as 10m",
-        ),
-        ("--node-steering-evict-after=soon", "--node-steering-evict-after: 'soon' is not a"),
-        (
-            "--node-steering-evict-max-in-flight=0",
-            "--node-steering-evict-max-in-flight '0': must be a whole number of 1 or more",
-        ),
-    ],
-)
-def test_a_bad_flag_names_itself_the_value_and_what_is_allowed(
-    flag: str, words: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit):
-        build_parser().parse_args([flag])
-    assert words in capsys.readouterr().err
-
-
 def test_eviction_after_the_steering_has_ended_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -143,6 +143,15 @@ def test_off_by_default_and_the_flags_reach_the_configuration() -> None:
             "--node-steering-max-held-share '1.5': must be a number from 0 (only empty nodes) to 1",
         ),
         ("--node-steering-max=0s", "--node-steering-max '0s': must be a duration of more than 0"),
+        (
+            "--node-steering-evict-after=0s",
+            "--node-steering-evict-after '0s': must be a duration of more than 0, such as 10m",
+        ),
+        ("--node-steering-evict-after=soon", "--node-steering-evict-after: 'soon' is not a"),
+        (
+            "--node-steering-evict-max-in-flight=0",
+            "--node-steering-evict-max-in-flight '0': must be a whole number of 1 or more",
+        ),
     ],
 )
 def test_bad_flags_name_flag_value_and_what_is_allowed(
