@@ -107,6 +107,22 @@ def test_both_on_allow_both_keys_and_both_off_only_delete_what_they_left(helm: P
             "controller.nodeSteering.nodeSelector.pool=a\\,b",
             "/controller/nodeSteering/nodeSelector/pool",
         ),
+        (
+            "controller.nodeSteering.eviction.enabled=true,controller.nodeSteering.eviction.maxInFlight=0",
+            "/controller/nodeSteering/eviction/maxInFlight",
+        ),
+        (
+            "controller.nodeSteering.eviction.enabled=true,controller.nodeSteering.eviction.after=soon",
+            "/controller/nodeSteering/eviction/after",
+        ),
+        (
+            "controller.nodeSteering.eviction.enabled=true,controller.nodeSteering.eviction.after=0m",
+            "controller.nodeSteering.eviction.after 0m: must be more than 0, such as 10m",
+        ),
+        (
+            "controller.nodeSteering.eviction.enabled=true,controller.nodeSteering.eviction.often=1",
+            "additional properties 'often' not allowed",
+        ),
     ],
 )
 def test_bad_values_fail_naming_the_field(helm: Path, value: str, message: str) -> None:
@@ -215,40 +231,3 @@ def test_eviction_after_the_steering_bound_is_refused_by_the_controller(helm: Pa
     )
     with pytest.raises(SystemExit):
         parse_args(_args(docs))
-
-
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [
-        (
-            "controller.nodeSteering.eviction.maxInFlight=0",
-            "/controller/nodeSteering/eviction/maxInFlight",
-        ),
-        ("controller.nodeSteering.eviction.after=soon", "/controller/nodeSteering/eviction/after"),
-        (
-            "controller.nodeSteering.eviction.after=0m",
-            "controller.nodeSteering.eviction.after 0m: must be more than 0, such as 10m",
-        ),
-        ("controller.nodeSteering.eviction.often=1", "additional properties 'often' not allowed"),
-    ],
-)
-def test_bad_eviction_values_fail_naming_the_field(helm: Path, value: str, message: str) -> None:
-    result = subprocess.run(
-        [
-            str(helm),
-            "template",
-            "t",
-            str(CHART),
-            "--set",
-            "controller.nodeSteering.enabled=true",
-            "--set",
-            "controller.nodeSteering.eviction.enabled=true",
-            "--set",
-            value,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert message in result.stderr
